@@ -1,0 +1,309 @@
+"""``mcprof``: the command line over a store.
+
+Every command takes ``--store PATH`` (default ``$MCPROF_STORE`` or ``./mcprof-store``).
+Errors print one line, ``mcprof: error: ...``, and exit with status 1 (2 for usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from multicore_profiler.errors import ProfileError
+from multicore_profiler.ingest.abi import BufferLayout
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers, step_tables
+from multicore_profiler.ingest.decode import decode_buffers
+from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.store import Store, default_store_path, open_store
+
+FORMATS = ("table", "csv", "json", "parquet")
+
+
+def _emit(table: pa.Table, fmt: str, output: Path | None) -> None:
+    """Print or write query rows: a box table, CSV, a JSON array, or Parquet (to a file)."""
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.register("result", table)
+    if fmt == "table":
+        if output is not None:
+            raise ProfileError(
+                "--format table prints to the terminal; pick csv, json or parquet for -o"
+            )
+        width = shutil.get_terminal_size((160, 40)).columns
+        con.sql("SELECT * FROM result").show(max_width=width, max_rows=max(table.num_rows, 1))
+        return
+    if fmt == "parquet" and output is None:
+        raise ProfileError("--format parquet writes a binary file: give one with -o FILE")
+    options = {
+        "csv": "FORMAT csv, HEADER",
+        "json": "FORMAT json, ARRAY true",
+        "parquet": "FORMAT parquet",
+    }
+    with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
+        target = output if output is not None else Path(scratch) / f"result.{fmt}"
+        try:
+            con.execute(
+                f"COPY (SELECT * FROM result) TO $target ({options[fmt]})", {"target": str(target)}
+            )
+        except duckdb.Error as exc:
+            raise ProfileError(f"cannot write {target}: {exc}") from exc
+        if output is None:
+            sys.stdout.flush()
+            with open(target, "rb") as rows:
+                shutil.copyfileobj(rows, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+
+
+def _store(args: argparse.Namespace, *, create: bool = False) -> Store:
+    return open_store(args.store, create=create)
+
+
+def cmd_runs(args: argparse.Namespace) -> None:
+    table = _store(args).sql("SELECT * FROM run_summary ORDER BY start_time, run_id")
+    _emit(table, args.format, args.output)
+
+
+def cmd_query(args: argparse.Namespace) -> None:
+    _emit(_store(args).sql(args.sql), args.format, args.output)
+
+
+def _stage_names(pairs: Sequence[str]) -> dict[int, str]:
+    names = {}
+    for pair in pairs:
+        desc, sep, name = pair.partition("=")
+        try:
+            names[int(desc, 0)] = name
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise ProfileError(f"--stage takes DESC_ID=NAME (e.g. 0x30001=GMM1), got {pair!r}")
+    return names
+
+
+def _read_buffer(path: Path) -> np.ndarray:
+    try:
+        return np.fromfile(path, dtype=np.uint8)
+    except OSError as exc:
+        raise ProfileError(f"cannot read buffer file {path}: {exc.strerror or exc}") from exc
+
+
+def cmd_ingest_buffer(args: argparse.Namespace) -> None:
+    layout = BufferLayout(args.aic_slots, args.aiv_slots, args.aic_capacity, args.aiv_capacity)
+    decoded = decode_buffers(
+        [_read_buffer(p) for p in args.files], layout, frequency_hz=args.freq_mhz * 1e6
+    )
+    store = _store(args, create=True)
+    first = args.invocation
+    if first is None:
+        first = store.sql(
+            "SELECT coalesce(max(invocation_id) + 1, 0) AS next FROM invocations "
+            "WHERE run_id = $1 AND rank = $2",
+            [args.run or "", args.rank],
+        )["next"][0].as_py()
+    known = (
+        args.run is not None
+        and store.sql("SELECT 1 FROM runs WHERE run_id = $1", [args.run]).num_rows
+    )
+    run = None if known else RunInfo.begin(run_id=args.run, label=args.label)
+    if run is not None:
+        store.write_run(run)
+    run_id = args.run if known else run.run_id
+    kernel = KernelInfo(
+        kernel_name=args.kernel,
+        owner_label=args.owner_label,
+        stage_names=_stage_names(args.stage),
+        soc=args.soc,
+    )
+    launches = Launches(
+        rank=args.rank,
+        device=args.device,
+        step=args.step,
+        first_invocation_id=first,
+        direction=args.direction,
+    )
+    invocations, cores, records = step_tables(decoded, kernel, launches)
+    store.write_step(run_id, args.step, invocations=invocations, cores=cores, records=records)
+    if run is not None:
+        store.write_run(run.finish())
+    print(
+        f"run {run_id}: {decoded.buffers} invocation(s) from id {first}, "
+        f"{int(decoded.record_counts.sum())} records, {int(decoded.dropped_counts.sum())} dropped"
+    )
+
+
+def cmd_compact(args: argparse.Namespace) -> None:
+    report = _store(args).compact(args.run or None)
+    print(
+        f"compacted {report.runs} run(s): {report.files_before} files in {report.partitions} "
+        f"partition(s) merged into {report.files_after} ({report.rows} rows)"
+        + (
+            f"; {report.uncommitted_files} uncommitted file(s) left alone"
+            if report.uncommitted_files
+            else ""
+        )
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    """Profile a simulated MoE MegaKernel on two ranks and summarize its stages from SQL."""
+    store = _store(args, create=True)
+    kernel = SimulatedMoeKernel()
+    run = RunInfo.begin(label="demo", tags={"kernel": kernel.kernel_name})
+    store.write_run(run)
+    info = KernelInfo(
+        kernel_name=kernel.kernel_name,
+        owner_label=kernel.owner_label,
+        stage_names=kernel.stage_names,
+    )
+    rng = np.random.default_rng(args.seed)
+    launches_per_step, period = 4, 10**6
+    work = [(rank, step) for step in range(args.steps) for rank in range(2)]
+    for rank, step in tqdm(work, desc="demo", unit="step", disable=None):
+        first = step * launches_per_step
+        start = 10**9 + first * period
+        buffers = [kernel.launch(rng, start + i * period) for i in range(launches_per_step)]
+        launches = Launches(rank=rank, device=rank, step=step, first_invocation_id=first)
+        ingest_buffers(
+            store,
+            buffers,
+            kernel.layout,
+            frequency_hz=kernel.frequency_hz,
+            run_id=run.run_id,
+            kernel=info,
+            launches=launches,
+        )
+    store.write_run(run.finish())
+    summary = store.sql(
+        """SELECT stage, tasks, records,
+                  round(compute_p50_us, 2) AS p50_compute_us,
+                  round(compute_p99_us, 2) AS p99_compute_us,
+                  round(wait_p50_us, 2) AS p50_wait_us,
+                  round(wait_p99_us, 2) AS p99_wait_us
+           FROM stage_stats WHERE run_id = $1 AND stage IS NOT NULL ORDER BY stage_desc_id""",
+        [run.run_id],
+    )
+    totals = store.sql("SELECT * FROM run_summary WHERE run_id = $1", [run.run_id]).to_pylist()[0]
+    print(
+        f"run {run.run_id} in {store.root}: {totals['invocations']} invocations on "
+        f"{totals['ranks']} ranks, {totals['steps']} steps, {totals['records']} records, "
+        f"{totals['dropped']} dropped"
+    )
+    _emit(summary, "table", None)
+    print(f'try: mcprof query --store {store.root} "SELECT * FROM stage_stats"')
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--store",
+        type=Path,
+        default=default_store_path(),
+        help="store directory (default: $MCPROF_STORE or ./mcprof-store)",
+    )
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument(
+        "--format", choices=FORMATS, default="table", help="output format (default: table)"
+    )
+    output.add_argument(
+        "-o", "--output", type=Path, help="write to this file instead of standard output"
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="mcprof",
+        description="Intra-kernel profiles of MegaKernels, in a Parquet store queried with SQL.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    runs = commands.add_parser("runs", parents=[common, output], help="list the runs in the store")
+    runs.set_defaults(func=cmd_runs)
+
+    query = commands.add_parser(
+        "query", parents=[common, output], help="run SQL over the store's views"
+    )
+    query.add_argument("sql", help='e.g. "SELECT * FROM stage_stats"')
+    query.set_defaults(func=cmd_query)
+
+    ingest = commands.add_parser(
+        "ingest-buffer",
+        parents=[common],
+        help="decode raw profile buffers dumped from a device into the store",
+    )
+    ingest.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="one buffer per file, one invocation each",
+    )
+    for name in ("aic-slots", "aiv-slots", "aic-capacity", "aiv-capacity"):
+        ingest.add_argument(f"--{name}", type=int, required=True)
+    ingest.add_argument(
+        "--freq-mhz", type=float, required=True, help="cycle counter frequency in MHz"
+    )
+    ingest.add_argument("--rank", type=int, default=0)
+    ingest.add_argument("--device", type=int, default=0)
+    ingest.add_argument("--step", type=int, default=0)
+    ingest.add_argument("--kernel", default="MegaKernel", help="kernel name (default: MegaKernel)")
+    ingest.add_argument("--run", help="add to this run (created if new; default: a new run)")
+    ingest.add_argument("--label", help="label of a new run")
+    ingest.add_argument(
+        "--invocation", type=int, help="id of the first invocation (default: next free one)"
+    )
+    ingest.add_argument("--direction", default="forward")
+    ingest.add_argument("--soc", help="SoC name, e.g. Ascend910B4")
+    ingest.add_argument("--owner-label", default="Owner")
+    ingest.add_argument(
+        "--stage",
+        action="append",
+        default=[],
+        metavar="DESC_ID=NAME",
+        help="name a stage id (repeatable)",
+    )
+    ingest.set_defaults(func=cmd_ingest_buffer)
+
+    compact = commands.add_parser("compact", parents=[common], help="merge the small files of runs")
+    compact.add_argument(
+        "--run", action="append", default=[], help="run to compact (repeatable; default: all)"
+    )
+    compact.set_defaults(func=cmd_compact)
+
+    demo = commands.add_parser(
+        "demo", parents=[common], help="profile a simulated MegaKernel into the store"
+    )
+    demo.add_argument("--steps", type=int, default=6)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"mcprof: warning: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``mcprof`` command; return its exit status."""
+    args = _parser().parse_args(argv)
+    warnings.showwarning = _show_warning
+    try:
+        args.func(args)
+    except ProfileError as exc:
+        print(f"mcprof: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Typed errors: every failure a user can cause names what is wrong and where."""
+
+from __future__ import annotations
+
+
+class ProfileError(Exception):
+    """Base of every error multicore_profiler raises on bad input or state."""
+
+
+class LayoutError(ProfileError):
+    """A buffer layout or capacity plan that the ABI does not allow."""
+
+
+class DecodeError(ProfileError):
+    """A device profile buffer that does not match its planned layout."""
+
+
+class BufferSizeError(DecodeError):
+    """The buffer's byte size is not the size of its planned layout."""
+
+
+class FrequencyError(DecodeError):
+    """A cycle frequency that is not a positive finite number."""
+
+
+class SlotError(DecodeError):
+    """A slot whose header or records contradict the planned layout.
+
+    ``buffer`` is the buffer's index in a decoded batch, ``slot`` the slot's index in
+    the buffer, ``field`` the header or record field that is wrong (``None`` where the
+    whole slot is).
+    """
+
+    def __init__(self, message: str, *, slot: int, field: str | None, buffer: int = 0) -> None:
+        super().__init__(message)
+        self.buffer = buffer
+        self.slot = slot
+        self.field = field
+
+
+class RecordError(SlotError):
+    """A record inside a slot that cannot be a real measurement."""
+
+    def __init__(
+        self, message: str, *, slot: int, field: str, record: int, buffer: int = 0
+    ) -> None:
+        super().__init__(message, slot=slot, field=field, buffer=buffer)
+        self.record = record
+
+
+class EmptyBufferError(DecodeError):
+    """A buffer in which no slot holds a single record."""
+
+
+class StoreError(ProfileError):
+    """A store that cannot be opened, written or compacted as asked."""
+
+
+class QueryError(StoreError):
+    """SQL that the store cannot run; the message carries DuckDB's reason."""
+
+
+class DroppedRecordsWarning(UserWarning):
+    """The device dropped records because a slot was full; the rest are kept."""

@@ -1,0 +1,211 @@
+"""Device ABI v1: the byte layout of a MegaKernel profile buffer and its capacity plan.
+
+A buffer has no global header. It is ``aic_slots`` AIC slots followed by
+``aiv_slots`` AIV slots; a slot is a 64-byte header and ``capacity`` 32-byte
+records, the capacity being fixed per core type. Everything is little-endian and
+compatible with mindspore-ai/hyper-parallel's MegaKernel profiling.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from multicore_profiler.errors import LayoutError
+
+SLOT_HEADER_BYTES = 64
+RECORD_BYTES = 32
+MAX_CAPACITY = 256
+CAPACITY_ALIGN = 16
+
+DESC_WAIT_DEPENDENCY = 0x10000
+DESC_TERMINATE_TASK = 0x10006
+DESC_TRIGGER_EVENT = 0x10007
+DESC_COMPUTE_FALLBACK = 0x20000
+"""A compute record whose task has no stage id carries ``DESC_COMPUTE_FALLBACK + task_type``."""
+
+NO_OWNER = 0xFFFFFFFF
+
+PHASES = ("compute", "wait", "trigger", "terminate")
+"""Phase names in the order of their codes; everything that is not a control id is compute."""
+
+
+class CoreType(enum.IntEnum):
+    """Core type as written in a slot header (``core_type`` field)."""
+
+    AIC = 1
+    AIV = 2
+
+
+SLOT_HEADER_DTYPE = np.dtype(
+    {
+        "names": [
+            "entry_cycle",
+            "record_count",
+            "dropped_count",
+            "core_type",
+            "block_id",
+            "record_capacity",
+            "reserved",
+        ],
+        "formats": ["<u8", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4"],
+        "offsets": [0, 8, 12, 16, 20, 24, 28],
+        "itemsize": SLOT_HEADER_BYTES,
+    }
+)
+"""Slot header: 32 bytes of fields, then 32 bytes of padding."""
+
+RECORD_DTYPE = np.dtype(
+    [
+        ("start_cycle", "<u8"),
+        ("end_cycle", "<u8"),
+        ("desc_id", "<u4"),
+        ("task_id", "<u4"),
+        ("stage_task_index", "<u4"),
+        ("owner_id", "<u4"),
+    ]
+)
+
+
+def slot_dtype(capacity: int) -> np.dtype:
+    """The dtype of one whole slot (header and records) of a core type with this capacity."""
+    return np.dtype([("header", SLOT_HEADER_DTYPE), ("records", RECORD_DTYPE, (capacity,))])
+
+
+class QueuedTask(Protocol):
+    """What the capacity planner needs to know of a task in a worker's queue."""
+
+    @property
+    def waits(self) -> bool:
+        """The task waits on a dependent event (one WaitDependency record)."""
+        ...
+
+    @property
+    def triggers(self) -> bool:
+        """The task triggers an event when done (one TriggerEvent record)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """The plainest ``QueuedTask``: whether a task waits and whether it triggers."""
+
+    waits: bool
+    triggers: bool
+
+
+def task_record_count(task: QueuedTask) -> int:
+    """Records one task writes: its compute record, plus one per event it waits on or triggers."""
+    return 1 + bool(task.waits) + bool(task.triggers)
+
+
+def plan_capacity(queues: Iterable[Iterable[QueuedTask]]) -> int:
+    """Slot capacity for one core type: min(round_up(busiest worker's records, 16), 256).
+
+    ``queues`` holds the tasks each worker of that core type really runs.
+    """
+    busiest = max((sum(task_record_count(t) for t in queue) for queue in queues), default=0)
+    rounded = -(-busiest // CAPACITY_ALIGN) * CAPACITY_ALIGN
+    return min(rounded, MAX_CAPACITY)
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    """Where every slot of a profile buffer lies, as the host planned it.
+
+    The host always decodes against the layout it planned and checks every slot
+    header against it.
+    """
+
+    aic_slots: int
+    aiv_slots: int
+    aic_capacity: int
+    aiv_capacity: int
+
+    def __post_init__(self) -> None:
+        for name in ("aic_slots", "aiv_slots", "aic_capacity", "aiv_capacity"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise LayoutError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.aic_slots + self.aiv_slots == 0:
+            raise LayoutError(
+                "a buffer layout needs at least one slot (aic_slots + aiv_slots is 0)"
+            )
+        for name in ("aic_capacity", "aiv_capacity"):
+            value = getattr(self, name)
+            if value % CAPACITY_ALIGN or value > MAX_CAPACITY:
+                raise LayoutError(
+                    f"{name} must be a multiple of {CAPACITY_ALIGN} no larger than "
+                    f"{MAX_CAPACITY}, got {value}"
+                )
+
+    @classmethod
+    def plan(
+        cls,
+        aic_queues: Iterable[Iterable[QueuedTask]],
+        aiv_queues: Iterable[Iterable[QueuedTask]],
+        *,
+        aic_slots: int,
+        aiv_slots: int,
+    ) -> BufferLayout:
+        """Plan a layout from the task queues of the AIC and AIV workers (one queue per worker)."""
+        aic_queues, aiv_queues = list(aic_queues), list(aiv_queues)
+        for kind, queues, slots in (("AIC", aic_queues, aic_slots), ("AIV", aiv_queues, aiv_slots)):
+            if len(queues) > slots:
+                raise LayoutError(
+                    f"{len(queues)} {kind} workers do not fit in {slots} {kind} slots"
+                )
+        return cls(
+            aic_slots=aic_slots,
+            aiv_slots=aiv_slots,
+            aic_capacity=plan_capacity(aic_queues),
+            aiv_capacity=plan_capacity(aiv_queues),
+        )
+
+    def slots(self, core_type: CoreType) -> int:
+        """Number of slots of a core type."""
+        return self.aic_slots if core_type == CoreType.AIC else self.aiv_slots
+
+    def capacity(self, core_type: CoreType) -> int:
+        """Record capacity of every slot of a core type."""
+        return self.aic_capacity if core_type == CoreType.AIC else self.aiv_capacity
+
+    def stride(self, core_type: CoreType) -> int:
+        """Bytes from one slot of a core type to the next: 64 + capacity x 32."""
+        return SLOT_HEADER_BYTES + self.capacity(core_type) * RECORD_BYTES
+
+    def offset(self, core_type: CoreType) -> int:
+        """Byte offset of the first slot of a core type (AIC slots come first)."""
+        return 0 if core_type == CoreType.AIC else self.aic_slots * self.stride(CoreType.AIC)
+
+    @property
+    def total_slots(self) -> int:
+        """Slots of both core types."""
+        return self.aic_slots + self.aiv_slots
+
+    @property
+    def total_bytes(self) -> int:
+        """Size of the whole buffer in bytes."""
+        return self.offset(CoreType.AIV) + self.aiv_slots * self.stride(CoreType.AIV)
+
+    def slot_index(self, core_type: CoreType, block_id: int) -> int:
+        """Index of a core's slot in the buffer (AIV slots are numbered after the AIC ones)."""
+        return block_id if core_type == CoreType.AIC else self.aic_slots + block_id
+
+    def region(self, buffer: np.ndarray, core_type: CoreType) -> np.ndarray:
+        """The slots of one core type in a uint8 buffer, as a structured view (no copy).
+
+        The result has fields ``header`` and ``records`` (shape ``(slots, capacity)``);
+        writing to it writes the buffer, which is how a kernel fills its slots.
+        """
+        start = self.offset(core_type)
+        stop = start + self.slots(core_type) * self.stride(core_type)
+        return buffer[start:stop].view(slot_dtype(self.capacity(core_type)))
+
+    def new_buffer(self) -> np.ndarray:
+        """A zeroed buffer of this layout, as a kernel receives it before its launch."""
+        return np.zeros(self.total_bytes, dtype=np.uint8)

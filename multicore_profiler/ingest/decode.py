@@ -1,0 +1,425 @@
+"""Decode and validate device profile buffers into Arrow tables of cores and records.
+
+Every buffer is checked against the layout the host planned: a header that
+contradicts its slot, a record that cannot be a measurement or a buffer with no
+record at all raises a ``DecodeError`` naming the buffer, slot and field; nothing
+partial is ever returned. The work is vectorized: the headers of all buffers are
+checked at once, and records are taken a cache-sized batch of buffers at a time by
+one boolean gather of the valid 32-byte records and one copy per field.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from multicore_profiler.errors import (
+    BufferSizeError,
+    DecodeError,
+    DroppedRecordsWarning,
+    EmptyBufferError,
+    FrequencyError,
+    RecordError,
+    SlotError,
+)
+from multicore_profiler.ingest.abi import (
+    DESC_TERMINATE_TASK,
+    DESC_TRIGGER_EVENT,
+    DESC_WAIT_DEPENDENCY,
+    PHASES,
+    RECORD_BYTES,
+    RECORD_DTYPE,
+    SLOT_HEADER_BYTES,
+    SLOT_HEADER_DTYPE,
+    BufferLayout,
+    CoreType,
+)
+
+BufferLike = Any
+"""bytes, bytearray, memoryview, a contiguous numpy array or a contiguous CPU torch tensor."""
+
+_PHASE_DICTIONARY = pa.array(PHASES, pa.string())
+_CHUNK_RECORDS = 16384
+"""Record capacity gathered at a time, so that the gather and the field copies stay in cache."""
+
+
+def as_byte_array(buffer: BufferLike) -> np.ndarray:
+    """View a buffer as a uint8 numpy array of the same shape (bytes last), without copying."""
+    if type(buffer).__module__.startswith("torch"):
+        if buffer.device.type != "cpu":
+            raise DecodeError(
+                f"the buffer is a tensor on {buffer.device}; copy it to the host before decoding"
+            )
+        if not buffer.is_contiguous():
+            raise DecodeError("the buffer tensor is not contiguous")
+        buffer = buffer.detach().numpy()
+    if isinstance(buffer, np.ndarray):
+        if not buffer.flags.c_contiguous:
+            raise DecodeError("the buffer array is not C-contiguous")
+        return buffer.view(np.uint8) if buffer.ndim else buffer.reshape(1).view(np.uint8)
+    try:
+        return np.frombuffer(buffer, dtype=np.uint8)
+    except (TypeError, ValueError) as exc:
+        raise DecodeError(f"cannot read a {type(buffer).__name__} as a byte buffer: {exc}") from exc
+
+
+def check_frequency(frequency_hz: float) -> float:
+    """Return the cycle frequency as a float, or raise ``FrequencyError``."""
+    try:
+        value = float(frequency_hz)
+    except (TypeError, ValueError):
+        raise FrequencyError(f"cycle frequency must be a number, got {frequency_hz!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise FrequencyError(
+            f"cycle frequency must be positive and finite, got {frequency_hz!r} Hz"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class DecodedBuffers:
+    """What a batch of buffers of one layout holds, raw, as Arrow tables.
+
+    ``cores`` has a row per slot that is not idle, ``records`` a row per record; both
+    carry ``buffer``, the index of the buffer in the batch. Per-buffer arrays give each
+    buffer's anchor cycle (the smallest entry cycle of a slot with records), record
+    count and dropped count.
+    """
+
+    layout: BufferLayout
+    frequency_hz: float
+    cores: pa.Table
+    records: pa.Table
+    anchor_cycles: np.ndarray
+    record_counts: np.ndarray
+    dropped_counts: np.ndarray
+
+    @property
+    def buffers(self) -> int:
+        """Number of buffers decoded."""
+        return len(self.anchor_cycles)
+
+    def timed_records(self) -> pa.Table:
+        """``records`` with ``ts_us`` and ``dur_us``: (cycle - anchor) / frequency, in us."""
+        start = self.records.column("start_cycle").to_numpy()
+        end = self.records.column("end_cycle").to_numpy()
+        anchor = self.anchor_cycles[self.records.column("buffer").to_numpy()]
+        cycles_per_us = self.frequency_hz / 1e6
+        ts = (start - anchor).view(np.int64) / cycles_per_us
+        dur = (end - start) / cycles_per_us
+        return self.records.append_column("ts_us", pa.array(ts)).append_column(
+            "dur_us", pa.array(dur)
+        )
+
+
+@dataclass(frozen=True)
+class _Slots:
+    """Per-slot facts of a layout, as arrays indexed by slot."""
+
+    core_type: np.ndarray
+    block_id: np.ndarray
+    capacity: np.ndarray
+    header_bytes: np.ndarray
+
+    @classmethod
+    def of(cls, layout: BufferLayout) -> _Slots:
+        kinds = (CoreType.AIC, CoreType.AIV)
+        offsets = np.concatenate(
+            [layout.offset(k) + layout.stride(k) * np.arange(layout.slots(k)) for k in kinds]
+        )
+        return cls(
+            core_type=np.repeat(np.array(kinds, np.uint8), [layout.slots(k) for k in kinds]),
+            block_id=np.concatenate([np.arange(layout.slots(k), dtype=np.uint32) for k in kinds]),
+            capacity=np.repeat(
+                [layout.capacity(k) for k in kinds], [layout.slots(k) for k in kinds]
+            ),
+            header_bytes=(offsets[:, None] + np.arange(SLOT_HEADER_BYTES)).reshape(-1),
+        )
+
+
+class _Locator:
+    """Names where something is in a batch: 'buffer 3, slot 27 (AIV block 3)'."""
+
+    def __init__(self, layout: BufferLayout, slots: _Slots, batch: int) -> None:
+        self.layout, self.slots, self.batch = layout, slots, batch
+
+    def __call__(self, buffer: int, slot: int) -> str:
+        prefix = f"buffer {buffer}, " if self.batch > 1 else ""
+        kind = CoreType(int(self.slots.core_type[slot])).name
+        return f"{prefix}slot {slot} ({kind} block {self.slots.block_id[slot]})"
+
+    def core(self, buffer: int, slot: int) -> str:
+        """A core's short name, as its track is named: 'AIV/3' (with its buffer in a batch)."""
+        prefix = f"buffer {buffer} " if self.batch > 1 else ""
+        kind = CoreType(int(self.slots.core_type[slot])).name
+        return f"{prefix}{kind}/{self.slots.block_id[slot]}"
+
+    def slot_error(
+        self, bad: np.ndarray, headers: np.ndarray, field: str | None, message: str
+    ) -> SlotError:
+        """The error for the first (buffer, slot) set in ``bad``, counting the others."""
+        buffer, slot = (int(i) for i in np.argwhere(bad)[0])
+        more = int(bad.sum()) - 1
+        tail = f" (and {more} more slot{'s' if more > 1 else ''})" if more else ""
+        value = f"{field} is {headers[field][buffer, slot]}, " if field else ""
+        expected = message.format(
+            core=f"{self.slots.core_type[slot]} ({CoreType(int(self.slots.core_type[slot])).name})",
+            block=self.slots.block_id[slot],
+            capacity=self.slots.capacity[slot],
+        )
+        return SlotError(
+            f"{self(buffer, slot)}: {value}{expected}{tail}", slot=slot, field=field, buffer=buffer
+        )
+
+
+_HEADER_CHECKS = (
+    ("core_type", lambda h, s: h["core_type"] != s.core_type, "expected {core}"),
+    ("block_id", lambda h, s: h["block_id"] != s.block_id, "expected {block}"),
+    (
+        "record_capacity",
+        lambda h, s: h["record_capacity"] != s.capacity,
+        "expected the planned {capacity}",
+    ),
+    ("reserved", lambda h, s: h["reserved"] != 0, "expected 0"),
+    ("record_count", lambda h, s: h["record_count"] > s.capacity, "above the capacity {capacity}"),
+    (
+        "dropped_count",
+        lambda h, s: (h["dropped_count"] > 0) & (h["record_count"] < s.capacity),
+        "but the slot is not full (records are only dropped from a full slot)",
+    ),
+)
+
+
+def _as_batches(
+    buffers: Sequence[BufferLike] | np.ndarray, layout: BufferLayout
+) -> list[np.ndarray]:
+    """The buffers as 2-D uint8 arrays (buffer x byte), cache-sized, without copying."""
+    if isinstance(buffers, np.ndarray) or type(buffers).__module__.startswith("torch"):
+        rows = as_byte_array(buffers)
+        if rows.ndim == 1:
+            _check_size(rows.nbytes, 0, layout, batch=False)
+            return [rows.reshape(1, -1)]
+        if rows.ndim != 2:
+            raise DecodeError(f"a batch of buffers must be 2-D (buffer x byte), got {rows.ndim}-D")
+        _check_size(rows.shape[1], 0, layout, batch=False)
+        capacity = layout.aic_slots * layout.aic_capacity + layout.aiv_slots * layout.aiv_capacity
+        step = max(1, _CHUNK_RECORDS // max(capacity, 1))
+        return [rows[i : i + step] for i in range(0, len(rows), step)]
+    arrays = [as_byte_array(b).reshape(-1) for b in buffers]
+    for index, data in enumerate(arrays):
+        _check_size(data.nbytes, index, layout, batch=len(arrays) > 1)
+    return [data.reshape(1, -1) for data in arrays]
+
+
+def _check_size(nbytes: int, index: int, layout: BufferLayout, *, batch: bool) -> None:
+    if nbytes != layout.total_bytes:
+        prefix = f"buffer {index}: " if batch else ""
+        raise BufferSizeError(
+            f"{prefix}the buffer holds {nbytes} bytes but its layout {layout} "
+            f"needs {layout.total_bytes}"
+        )
+
+
+def decode_buffers(
+    buffers: Sequence[BufferLike] | np.ndarray, layout: BufferLayout, *, frequency_hz: float
+) -> DecodedBuffers:
+    """Decode a batch of buffers that share one planned layout.
+
+    ``buffers`` is a sequence of buffers or a 2-D array (buffer x byte). Raises a
+    ``DecodeError`` subclass for the first problem found; warns with
+    ``DroppedRecordsWarning`` when the device dropped records.
+    """
+    frequency = check_frequency(frequency_hz)
+    batches = _as_batches(buffers, layout)
+    count = sum(len(b) for b in batches)
+    if count == 0:
+        raise DecodeError("no buffer to decode")
+    slots = _Slots.of(layout)
+    where = _Locator(layout, slots, count)
+
+    raw = np.concatenate([b[:, slots.header_bytes] for b in batches])
+    raw = np.ascontiguousarray(raw).reshape(count, layout.total_slots, SLOT_HEADER_BYTES)
+    headers = raw.view(SLOT_HEADER_DTYPE)[..., 0]
+    active = raw.any(axis=2)
+    for field, check, message in _HEADER_CHECKS:
+        bad = check(headers, slots) & active
+        if bad.any():
+            raise where.slot_error(bad, headers, field, message)
+
+    counts = headers["record_count"].astype(np.int64) * active
+    per_buffer = counts.sum(axis=1)
+    if not per_buffer.all():
+        empty = int(np.flatnonzero(per_buffer == 0)[0])
+        prefix = f"buffer {empty}: " if count > 1 else ""
+        raise EmptyBufferError(
+            f"{prefix}no slot of the buffer holds a record ({layout.total_slots} slots, "
+            f"{int(active[empty].sum())} not idle); was profiling enabled for this launch?"
+        )
+
+    records = _gather(batches, layout, slots, counts, ~active, where, headers)
+    entry = headers["entry_cycle"]
+    anchors = np.where(counts > 0, entry, np.iinfo(np.uint64).max).min(axis=1)
+    dropped = headers["dropped_count"].astype(np.int64) * active
+    if dropped.any():
+        _warn_dropped(where, dropped)
+
+    live = np.flatnonzero(active.reshape(-1))
+    core_header = headers.reshape(-1)[live]
+    core_slot = (live % layout.total_slots).astype(np.uint32)
+    cores = pa.table(
+        {
+            "buffer": (live // layout.total_slots).astype(np.uint32),
+            "slot": core_slot,
+            "core_type": slots.core_type[core_slot],
+            "block_id": slots.block_id[core_slot],
+            "entry_cycle": core_header["entry_cycle"],
+            "record_count": core_header["record_count"],
+            "dropped_count": core_header["dropped_count"],
+            "record_capacity": core_header["record_capacity"],
+        }
+    )
+    return DecodedBuffers(
+        layout=layout,
+        frequency_hz=frequency,
+        cores=cores,
+        records=records,
+        anchor_cycles=anchors,
+        record_counts=per_buffer,
+        dropped_counts=dropped.sum(axis=1),
+    )
+
+
+def decode_buffer(
+    buffer: BufferLike, layout: BufferLayout, *, frequency_hz: float
+) -> DecodedBuffers:
+    """Decode one buffer against its planned layout (see ``decode_buffers``)."""
+    return decode_buffers([buffer], layout, frequency_hz=frequency_hz)
+
+
+_RECORD_COLUMNS = {
+    "buffer": np.uint32,
+    "core_type": np.uint8,
+    "block_id": np.uint32,
+    "record_index": np.uint16,
+    **{name: RECORD_DTYPE[name] for name in RECORD_DTYPE.names},
+    "phase": np.int8,
+}
+_PHASE_CODES = ((1, DESC_WAIT_DEPENDENCY), (2, DESC_TRIGGER_EVENT), (3, DESC_TERMINATE_TASK))
+
+
+@functools.lru_cache(maxsize=16)
+def _ramp(buffers: int, slots: int, capacity: int) -> np.ndarray:
+    """Record index of every record position of a region, for one gather with its mask."""
+    ramp = np.broadcast_to(np.arange(capacity, dtype=np.uint16), (buffers, slots, capacity)).copy()
+    ramp.flags.writeable = False
+    return ramp
+
+
+def _gather(
+    batches: list[np.ndarray],
+    layout: BufferLayout,
+    slots: _Slots,
+    counts: np.ndarray,
+    idle: np.ndarray,
+    where: _Locator,
+    headers: np.ndarray,
+) -> pa.Table:
+    """Copy the valid records of every slot into one contiguous column per field.
+
+    Works one batch and core type at a time so that the data stays in cache while it
+    is gathered, split into fields, given its slot's ids and phase, and checked.
+    """
+    total = int(counts.sum())
+    out = {name: np.empty(total, dtype) for name, dtype in _RECORD_COLUMNS.items()}
+    words = RECORD_DTYPE.names[2:]
+    row = position = 0
+    for batch in batches:
+        rows = np.arange(row, row + len(batch))
+        for kind in (CoreType.AIC, CoreType.AIV):
+            first, n, capacity = (
+                layout.slot_index(kind, 0),
+                layout.slots(kind),
+                layout.capacity(kind),
+            )
+            if n == 0 or capacity == 0:
+                continue
+            start = layout.offset(kind)
+            area = batch[:, start : start + n * layout.stride(kind)]
+            area = area.reshape(len(batch), n, -1)[:, :, SLOT_HEADER_BYTES:]
+            region_idle = idle[rows, first : first + n]
+            if region_idle.any() and area[region_idle].any():
+                bad = np.zeros_like(idle)
+                bad[rows, first : first + n] = region_idle & area.any(axis=2)
+                raise where.slot_error(
+                    bad,
+                    headers,
+                    None,
+                    "the header is all zero (an idle core) but its records are not",
+                )
+            mask = np.arange(capacity) < counts[rows, first : first + n, None]
+            valid = area.view(f"V{RECORD_BYTES}")[mask].view("<u8").reshape(-1, 4)
+            stop = position + len(valid)
+            span = slice(position, stop)
+            out["start_cycle"][span] = valid[:, 0]
+            out["end_cycle"][span] = valid[:, 1]
+            packed = valid[:, 2:].view("<u4")
+            for j, name in enumerate(words):
+                out[name][span] = packed[:, j]
+            region_counts = counts[rows, first : first + n]
+            if len(rows) == 1:
+                out["buffer"][span] = rows[0]
+            else:
+                out["buffer"][span] = np.repeat(rows, region_counts.sum(axis=1))
+            out["block_id"][span] = np.repeat(
+                np.tile(np.arange(n), len(rows)), region_counts.ravel()
+            )
+            out["record_index"][span] = _ramp(len(rows), n, capacity)[mask]
+            out["core_type"][span] = kind
+            phase = out["phase"][span]
+            phase[:] = 0
+            for code, desc_id in _PHASE_CODES:
+                phase[out["desc_id"][span] == desc_id] = code
+            late = out["end_cycle"][span] < out["start_cycle"][span]
+            if late.any():
+                raise _late_record(
+                    where, layout, out, position + int(np.flatnonzero(late)[0]), late
+                )
+            position = stop
+        row += len(batch)
+    phase = pa.DictionaryArray.from_arrays(out.pop("phase"), _PHASE_DICTIONARY)
+    return pa.table({**out, "phase": phase})
+
+
+def _late_record(
+    where: _Locator, layout: BufferLayout, out: dict[str, np.ndarray], i: int, late: np.ndarray
+) -> RecordError:
+    buffer, index = int(out["buffer"][i]), int(out["record_index"][i])
+    slot = layout.slot_index(CoreType(int(out["core_type"][i])), int(out["block_id"][i]))
+    return RecordError(
+        f"{where(buffer, slot)}, record {index}: end_cycle {out['end_cycle'][i]} is before "
+        f"start_cycle {out['start_cycle'][i]} ({int(late.sum())} such record(s) in this region)",
+        slot=slot,
+        field="end_cycle",
+        record=index,
+        buffer=buffer,
+    )
+
+
+def _warn_dropped(where: _Locator, dropped: np.ndarray) -> None:
+    lossy = np.argwhere(dropped)
+    names = [f"{where.core(int(b), int(s))} ({dropped[b, s]})" for b, s in lossy[:8]]
+    more = f" and {len(lossy) - 8} more" if len(lossy) > 8 else ""
+    warnings.warn(
+        DroppedRecordsWarning(
+            f"device dropped {int(dropped.sum())} records on {len(lossy)} core(s): "
+            f"{', '.join(names)}{more}; their slots were full (plan a larger capacity)"
+        ),
+        stacklevel=3,
+    )

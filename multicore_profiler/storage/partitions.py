@@ -1,0 +1,158 @@
+"""Hive-partitioned Parquet files, each written aside and renamed into place.
+
+A reader globbing ``*.parquet`` never sees a file being written: it is written
+under a ``.tmp`` name, flushed to disk, then renamed. File names are random, so any
+number of processes can add files to the same partition at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from multicore_profiler.errors import StoreError
+from multicore_profiler.storage.schema import TableSpec
+
+PARQUET_SUFFIX = ".parquet"
+TMP_SUFFIX = ".tmp"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it can name a partition directory, else raise ``StoreError``."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise StoreError(
+            f"run id {run_id!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return run_id
+
+
+def partition_dir(root: Path, spec: TableSpec, values: Mapping[str, object]) -> Path:
+    """The directory of one partition: ``root/<table>/run_id=<id>[/step=<n>]``."""
+    path = root / spec.name
+    for key in spec.partition_by:
+        if key not in values:
+            raise StoreError(f"a {spec.name} partition needs a value for {key!r}")
+        value = values[key]
+        if key == "run_id":
+            check_run_id(value)
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise StoreError(f"{key} must be a non-negative integer, got {value!r}")
+        path /= f"{key}={value}"
+    return path
+
+
+def conform(table: pa.Table, spec: TableSpec) -> pa.Table:
+    """The table with exactly the spec's columns, in order and type, or a ``StoreError``."""
+    names = set(table.column_names)
+    missing = [n for n in spec.schema.names if n not in names]
+    extra = sorted(names - set(spec.schema.names))
+    if missing or extra:
+        raise StoreError(
+            f"rows for {spec.name!r} do not fit its schema: missing {missing}, unexpected {extra}"
+        )
+    try:
+        return table.select(spec.schema.names).cast(spec.schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise StoreError(f"rows for {spec.name!r} do not fit its schema: {exc}") from exc
+
+
+ROW_GROUP_ROWS = 1 << 20
+
+
+def write_parquet(path: Path, tables: Iterable[pa.Table], spec: TableSpec) -> int:
+    """Write ``tables`` (already conformed) to one file at ``path``, durably; return its rows.
+
+    Small tables are gathered into row groups of about ``ROW_GROUP_ROWS`` rows. On
+    any failure the file is removed.
+    """
+    dictionary = [n for n in spec.schema.names if n not in spec.delta_columns]
+    pending: list[pa.Table] = []
+    rows = buffered = 0
+    try:
+        with (
+            open(path, "wb") as sink,
+            pq.ParquetWriter(
+                sink,
+                spec.schema,
+                compression="snappy",
+                use_dictionary=dictionary,
+                column_encoding=dict.fromkeys(spec.delta_columns, "DELTA_BINARY_PACKED"),
+            ) as writer,
+        ):
+            for table in tables:
+                pending.append(table)
+                buffered += table.num_rows
+                if buffered >= ROW_GROUP_ROWS:
+                    writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                    rows += buffered
+                    pending, buffered = [], 0
+            if pending:
+                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                rows += buffered
+            writer.close()
+            sink.flush()
+            os.fsync(sink.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return rows
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def new_file_name() -> str:
+    """A partition file name no other writer will pick."""
+    return f"part-{uuid.uuid4().hex}{PARQUET_SUFFIX}"
+
+
+def tmp_path(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed into place (invisible to readers)."""
+    return path.with_name(path.name + TMP_SUFFIX)
+
+
+def write_partition(
+    root: Path, spec: TableSpec, values: Mapping[str, object], table: pa.Table
+) -> Path:
+    """Add one file of rows to a partition, atomically; return its path."""
+    table = conform(table, spec)
+    directory = partition_dir(root, spec, values)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / new_file_name()
+    aside = tmp_path(final)
+    write_parquet(aside, [table], spec)
+    os.replace(aside, final)
+    fsync_dir(directory)
+    return final
+
+
+def glob_pattern(root: Path, spec: TableSpec) -> str:
+    """The glob that matches every live file of a table."""
+    return str(root / spec.name / "/".join(["*"] * len(spec.partition_by)) / f"*{PARQUET_SUFFIX}")
+
+
+def run_partitions(root: Path, spec: TableSpec, run_id: str) -> Iterator[tuple[Path, list[Path]]]:
+    """Each partition directory of a run with its live files, in a stable order."""
+    base = root / spec.name / f"run_id={check_run_id(run_id)}"
+    if not base.is_dir():
+        return
+    nested = len(spec.partition_by) > 1
+    directories = sorted(p for p in base.iterdir() if p.is_dir()) if nested else [base]
+    for directory in directories:
+        files = sorted(directory.glob(f"*{PARQUET_SUFFIX}"))
+        if files:
+            yield directory, files

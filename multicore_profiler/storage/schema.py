@@ -1,0 +1,126 @@
+"""Arrow schemas of the store's tables, and how each is partitioned and encoded.
+
+Partition columns (``run_id``, ``step``) live in the directory names, not in the
+files, so that DuckDB and Spark read the same hive layout without duplicate columns.
+Raw cycles and ids are kept exactly as the device wrote them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+_TIME = pa.timestamp("us", tz="UTC")
+_STRING_MAP = pa.map_(pa.string(), pa.string())
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One store table: its file schema, partition keys and Parquet encodings."""
+
+    name: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    delta_columns: tuple[str, ...] = ()
+    """Monotonic integer columns written with DELTA_BINARY_PACKED instead of a dictionary."""
+    sort_by: tuple[str, ...] = ()
+    """Order of rows in a compacted file."""
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column a query sees: partition keys first, then the file's columns."""
+        return self.partition_by + tuple(self.schema.names)
+
+
+RUNS = TableSpec(
+    name="runs",
+    schema=pa.schema(
+        [
+            ("updated_at", _TIME),
+            ("start_time", _TIME),
+            ("end_time", _TIME),
+            ("status", pa.string()),
+            ("commit", pa.string()),
+            ("branch", pa.string()),
+            ("label", pa.string()),
+            ("host", pa.string()),
+            ("versions", _STRING_MAP),
+            ("schedule", pa.string()),
+            ("tags", _STRING_MAP),
+        ]
+    ),
+    partition_by=("run_id",),
+    sort_by=("updated_at",),
+)
+
+INVOCATIONS = TableSpec(
+    name="invocations",
+    schema=pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("device", pa.int32()),
+            ("step", pa.int64()),
+            ("invocation_id", pa.int64()),
+            ("direction", pa.string()),
+            ("kernel_name", pa.string()),
+            ("soc", pa.string()),
+            ("frequency_hz", pa.float64()),
+            ("anchor_cycle", pa.uint64()),
+            ("aic_slots", pa.uint32()),
+            ("aiv_slots", pa.uint32()),
+            ("aic_capacity", pa.uint32()),
+            ("aiv_capacity", pa.uint32()),
+            ("record_count", pa.int64()),
+            ("dropped_count", pa.int64()),
+            ("owner_label", pa.string()),
+            ("stage_names", pa.map_(pa.uint32(), pa.string())),
+        ]
+    ),
+    partition_by=("run_id",),
+    sort_by=("rank", "invocation_id"),
+)
+
+CORES = TableSpec(
+    name="cores",
+    schema=pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("invocation_id", pa.int64()),
+            ("slot", pa.uint32()),
+            ("core_type", pa.uint8()),
+            ("block_id", pa.uint32()),
+            ("entry_cycle", pa.uint64()),
+            ("record_count", pa.uint32()),
+            ("dropped_count", pa.uint32()),
+            ("record_capacity", pa.uint32()),
+        ]
+    ),
+    partition_by=("run_id", "step"),
+    sort_by=("rank", "invocation_id", "slot"),
+)
+
+RECORDS = TableSpec(
+    name="records",
+    schema=pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("invocation_id", pa.int64()),
+            ("core_type", pa.uint8()),
+            ("block_id", pa.uint32()),
+            ("record_index", pa.uint16()),
+            ("start_cycle", pa.uint64()),
+            ("end_cycle", pa.uint64()),
+            ("desc_id", pa.uint32()),
+            ("task_id", pa.uint32()),
+            ("stage_task_index", pa.uint32()),
+            ("owner_id", pa.uint32()),
+            ("phase", pa.dictionary(pa.int8(), pa.string())),
+        ]
+    ),
+    partition_by=("run_id", "step"),
+    delta_columns=("start_cycle", "end_cycle"),
+    sort_by=("rank", "invocation_id", "core_type", "block_id", "record_index"),
+)
+
+TABLES = {spec.name: spec for spec in (RUNS, INVOCATIONS, CORES, RECORDS)}

@@ -1,0 +1,217 @@
+"""The store: a directory of hive-partitioned Parquet files, queried through DuckDB views.
+
+``open_store(path)`` returns a ``Store``; ``Store.sql(query)`` returns a
+``pyarrow.Table``. Views (``runs``, ``invocations``, ``cores``, ``records``,
+``records_ns``, ``stage_stats``, ``run_summary``) span every run in the store and
+are re-listed at each query, so rows written by other processes appear as soon as
+their files do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from multicore_profiler.errors import QueryError, StoreError
+from multicore_profiler.storage.compact import CompactionReport, compact
+from multicore_profiler.storage.partitions import glob_pattern, write_partition
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, RUNS, TABLES, TableSpec
+from multicore_profiler.storage.swap import StoreLock, read_consistent
+
+STORE_ENV = "MCPROF_STORE"
+DEFAULT_STORE = "mcprof-store"
+MARKER = "mcprof-store.json"
+FORMAT_VERSION = 1
+
+_HIVE_TYPES = {"run_id": "VARCHAR", "step": "BIGINT"}
+_PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64()}
+
+
+def default_store_path() -> Path:
+    """``$MCPROF_STORE`` if set, else ``./mcprof-store``."""
+    return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _empty_table(spec: TableSpec) -> pa.Table:
+    """A typed, empty table with the columns a query sees (partition keys first)."""
+    fields = [pa.field(k, _PARTITION_TYPES[k]) for k in spec.partition_by]
+    for field in spec.schema:
+        kind = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+        fields.append(pa.field(field.name, kind))
+    return pa.schema(fields).empty_table()
+
+
+class Store:
+    """A multicore_profiler store rooted at a directory; see ``open_store``."""
+
+    def __init__(self, root: Path | str, *, create: bool = True) -> None:
+        root = Path(root).expanduser().absolute()
+        marker = root / MARKER
+        if not root.exists():
+            if not create:
+                raise StoreError(f"no store at {root} (nothing has been written there yet)")
+            root.mkdir(parents=True, exist_ok=True)
+        if not root.is_dir():
+            raise StoreError(f"{root} is not a directory, so it cannot hold a store")
+        if not marker.exists():
+            if any(root.iterdir()) or not create:
+                raise StoreError(f"{root} is not a multicore_profiler store (no {MARKER} in it)")
+            aside = root / f".{MARKER}.{os.getpid()}.tmp"
+            aside.write_text(json.dumps({"format": FORMAT_VERSION}) + "\n")
+            os.replace(aside, marker)
+        version = json.loads(marker.read_text()).get("format")
+        if version != FORMAT_VERSION:
+            raise StoreError(
+                f"{root} is a store of format {version}; this version reads {FORMAT_VERSION}"
+            )
+        self._root = root
+        self._lock = StoreLock(root)
+        self._views = threading.Lock()
+        self._db = duckdb.connect()
+        self._db.execute("SET enable_progress_bar = false; SET TimeZone = 'UTC'")
+        self._empty: set[str] = set()
+        for spec in TABLES.values():
+            self._db.from_arrow(_empty_table(spec)).create(f"empty_{spec.name}")
+            self._point(spec)
+        self._db.execute(resources.files(__package__).joinpath("views.sql").read_text())
+
+    @property
+    def root(self) -> Path:
+        """The store's directory."""
+        return self._root
+
+    @property
+    def lock(self) -> StoreLock:
+        """The lock queries share and file swaps (compaction) take alone."""
+        return self._lock
+
+    def compact(self, run_ids: Sequence[str] | None = None) -> CompactionReport:
+        """Merge each partition's small files into one (default: every run); see ``compact``."""
+        return compact(self, run_ids)
+
+    def _has_files(self, spec: TableSpec) -> bool:
+        relative = Path(glob_pattern(self._root, spec)).relative_to(self._root)
+        return next(self._root.glob(str(relative)), None) is not None
+
+    def _point(self, spec: TableSpec) -> None:
+        """(Re)define ``raw_<table>`` over the table's files, or over an empty table if none."""
+        columns = ", ".join(_quoted(c) for c in spec.columns)
+        if self._has_files(spec):
+            types = ", ".join(f"{_sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
+            source = (
+                f"read_parquet({_sql_string(glob_pattern(self._root, spec))}, "
+                f"hive_partitioning = true, hive_types = {{{types}}}, union_by_name = true)"
+            )
+            self._empty.discard(spec.name)
+        else:
+            source = f"empty_{spec.name}"
+            self._empty.add(spec.name)
+        self._db.execute(
+            f"CREATE OR REPLACE VIEW raw_{spec.name} AS SELECT {columns} FROM {source}"
+        )
+
+    def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
+        """Run one SQL statement over the store's views; return its rows as Arrow.
+
+        Raises ``QueryError`` with DuckDB's reason when the query cannot run.
+        """
+
+        def read() -> pa.Table:
+            with self._views:
+                for name in list(self._empty):
+                    self._point(TABLES[name])
+            cursor = self._db.cursor()
+            try:
+                result = cursor.sql(query, params=params)
+                return pa.table({}) if result is None else result.to_arrow_table()
+            finally:
+                cursor.close()
+
+        for attempt in range(2):
+            try:
+                return read_consistent(self._root, self._lock, read)
+            except duckdb.IOException as exc:
+                if attempt or "No files found" not in str(exc):
+                    raise QueryError(f"query failed: {exc}") from exc
+                with self._views:
+                    for spec in TABLES.values():
+                        self._point(spec)
+            except duckdb.Error as exc:
+                raise QueryError(f"query failed: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def write_run(self, run: RunInfo) -> None:
+        """Record a run's current state (a newer row for the same run supersedes older ones)."""
+        write_partition(self._root, RUNS, {"run_id": run.run_id}, run.to_table())
+
+    def write_step(
+        self,
+        run_id: str,
+        step: int,
+        *,
+        invocations: pa.Table,
+        cores: pa.Table,
+        records: pa.Table,
+    ) -> None:
+        """Write one step's invocations with their cores and records.
+
+        Cores and records are written first and the invocations last: until the
+        invocations' file exists, no view shows the step's rows, so a writer that dies
+        half-way leaves nothing a query sees.
+        """
+        if invocations.num_rows == 0:
+            raise StoreError("a step needs at least one invocation")
+        steps = pc.unique(invocations["step"]).to_pylist()
+        if steps != [step]:
+            raise StoreError(f"invocations written to step {step} carry steps {steps}")
+        for name, table in (("cores", cores), ("records", records)):
+            for key in ("rank", "invocation_id"):
+                if (
+                    key in table.column_names
+                    and not pc.all(pc.is_in(table[key], value_set=invocations[key])).as_py()
+                ):
+                    raise StoreError(f"{name} rows name a {key} that no invocation of the step has")
+        partition = {"run_id": run_id, "step": step}
+        for spec, table in ((RECORDS, records), (CORES, cores)):
+            if table.num_rows:
+                write_partition(self._root, spec, partition, table)
+        write_partition(self._root, INVOCATIONS, partition, invocations)
+
+    def close(self) -> None:
+        """Release the DuckDB connection."""
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self._root)!r})"
+
+
+def open_store(path: Path | str | None = None, *, create: bool = True) -> Store:
+    """Open the store at ``path`` (default ``$MCPROF_STORE`` or ``./mcprof-store``).
+
+    With ``create=False`` a missing store is an error instead of a new empty one.
+    """
+    return Store(default_store_path() if path is None else path, create=create)
