@@ -59,15 +59,18 @@ def _read(path: Path, spec: TableSpec) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=spec.schema)
 
 
-def _pairs(table: pa.Table) -> list[tuple[int, int]]:
-    """The distinct (rank, invocation_id) pairs of a table, sorted."""
-    found = table.group_by(["rank", "invocation_id"]).aggregate([])
-    return sorted(zip(found["rank"].to_pylist(), found["invocation_id"].to_pylist(), strict=True))
+_KEY = ["rank", "invocation_id", "write_id"]
 
 
-def _invocation_keys(path: Path) -> list[tuple[int, int]]:
+def _keys(table: pa.Table) -> list[tuple[int, int, int]]:
+    """The distinct invocation keys (rank, invocation_id, write_id) of a table, sorted."""
+    found = table.group_by(_KEY).aggregate([])
+    return sorted(zip(*(found[k].to_pylist() for k in _KEY), strict=True))
+
+
+def _invocation_keys(path: Path) -> list[tuple[int, int, int]]:
     """The invocations a cores or records file holds rows of."""
-    return _pairs(pq.read_table(path, columns=["rank", "invocation_id"], partitioning=None))
+    return _keys(pq.read_table(path, columns=_KEY, partitioning=None))
 
 
 def _merged(files: list[Path], spec: TableSpec) -> Iterator[pa.Table]:
@@ -103,14 +106,8 @@ def compact(store: Store, run_ids: Sequence[str] | None = None) -> CompactionRep
         work: list[tuple[TableSpec, Path, list[Path]]] = []
         uncommitted = 0
         for run_id in run_ids:
-            written = set(
-                _pairs(
-                    store.sql(
-                        "SELECT rank, invocation_id FROM raw_invocations WHERE run_id = $1",
-                        [run_id],
-                    )
-                )
-            )
+            query = f"SELECT {', '.join(_KEY)} FROM raw_invocations WHERE run_id = $1"
+            written = set(_keys(store.sql(query, [run_id])))
             for spec in (RUNS, INVOCATIONS, CORES, RECORDS):
                 for directory, files in run_partitions(root, spec, run_id):
                     if spec in _KEYED:

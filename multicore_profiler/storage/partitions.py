@@ -73,7 +73,6 @@ def write_parquet(path: Path, tables: Iterable[pa.Table], spec: TableSpec) -> in
     Small tables are gathered into row groups of about ``ROW_GROUP_ROWS`` rows. On
     any failure the file is removed.
     """
-    dictionary = [n for n in spec.schema.names if n not in spec.delta_columns]
     pending: list[pa.Table] = []
     rows = buffered = 0
     try:
@@ -83,8 +82,9 @@ def write_parquet(path: Path, tables: Iterable[pa.Table], spec: TableSpec) -> in
                 sink,
                 spec.schema,
                 compression="snappy",
-                use_dictionary=dictionary,
+                use_dictionary=list(spec.dictionary_columns),
                 column_encoding=dict.fromkeys(spec.delta_columns, "DELTA_BINARY_PACKED"),
+                write_statistics=[n for n in spec.schema.names if n not in spec.dictionary_columns],
             ) as writer,
         ):
             for table in tables:

@@ -3,6 +3,11 @@
 Partition columns (``run_id``, ``step``) live in the directory names, not in the
 files, so that DuckDB and Spark read the same hive layout without duplicate columns.
 Raw cycles and ids are kept exactly as the device wrote them.
+
+``write_id`` is drawn afresh for every step a writer stores and stamped on its
+invocations, cores and records: rows join their invocation by (run, rank,
+invocation id, write id), so the leftovers of a writer that died mid-step never join
+the invocations a retry writes under the same ids.
 """
 
 from __future__ import annotations
@@ -23,7 +28,11 @@ class TableSpec:
     schema: pa.Schema
     partition_by: tuple[str, ...]
     delta_columns: tuple[str, ...] = ()
-    """Monotonic integer columns written with DELTA_BINARY_PACKED instead of a dictionary."""
+    """Integer columns of small steps (cycles, ids), written with DELTA_BINARY_PACKED."""
+    dictionary_columns: tuple[str, ...] = ()
+    """Columns of a few repeated values, dictionary-encoded (and without statistics).
+    Every other column is written plain: with snappy that is both the fastest and, for
+    runs of equal values, about as small."""
     sort_by: tuple[str, ...] = ()
     """Order of rows in a compacted file."""
 
@@ -62,6 +71,7 @@ INVOCATIONS = TableSpec(
             ("device", pa.int32()),
             ("step", pa.int64()),
             ("invocation_id", pa.int64()),
+            ("write_id", pa.int64()),
             ("direction", pa.string()),
             ("kernel_name", pa.string()),
             ("soc", pa.string()),
@@ -78,6 +88,7 @@ INVOCATIONS = TableSpec(
         ]
     ),
     partition_by=("run_id",),
+    dictionary_columns=("direction", "kernel_name", "soc", "owner_label"),
     sort_by=("rank", "invocation_id"),
 )
 
@@ -87,6 +98,7 @@ CORES = TableSpec(
         [
             ("rank", pa.int32()),
             ("invocation_id", pa.int64()),
+            ("write_id", pa.int64()),
             ("slot", pa.uint32()),
             ("core_type", pa.uint8()),
             ("block_id", pa.uint32()),
@@ -106,6 +118,7 @@ RECORDS = TableSpec(
         [
             ("rank", pa.int32()),
             ("invocation_id", pa.int64()),
+            ("write_id", pa.int64()),
             ("core_type", pa.uint8()),
             ("block_id", pa.uint32()),
             ("record_index", pa.uint16()),
@@ -119,7 +132,8 @@ RECORDS = TableSpec(
         ]
     ),
     partition_by=("run_id", "step"),
-    delta_columns=("start_cycle", "end_cycle"),
+    delta_columns=("start_cycle", "end_cycle", "task_id", "stage_task_index", "owner_id"),
+    dictionary_columns=("phase",),
     sort_by=("rank", "invocation_id", "core_type", "block_id", "record_index"),
 )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -173,9 +174,10 @@ class Store:
     ) -> None:
         """Write one step's invocations with their cores and records.
 
-        Cores and records are written first and the invocations last: until the
-        invocations' file exists, no view shows the step's rows, so a writer that dies
-        half-way leaves nothing a query sees.
+        Cores and records are written first and the invocations last, all stamped with
+        a fresh ``write_id``: until the invocations' file exists, no view shows the
+        step's rows, so a writer that dies half-way leaves nothing a query sees, even
+        after a retry writes the same invocation ids.
         """
         if invocations.num_rows == 0:
             raise StoreError("a step needs at least one invocation")
@@ -184,16 +186,14 @@ class Store:
             raise StoreError(f"invocations written to step {step} carry steps {steps}")
         for name, table in (("cores", cores), ("records", records)):
             for key in ("rank", "invocation_id"):
-                if (
-                    key in table.column_names
-                    and not pc.all(pc.is_in(table[key], value_set=invocations[key])).as_py()
-                ):
+                if key in table.column_names and not _within(table[key], invocations[key]):
                     raise StoreError(f"{name} rows name a {key} that no invocation of the step has")
+        write_id = pa.scalar(secrets.randbits(63), pa.int64())
         partition = {"run_id": run_id, "step": step}
-        for spec, table in ((RECORDS, records), (CORES, cores)):
-            if table.num_rows:
-                write_partition(self._root, spec, partition, table)
-        write_partition(self._root, INVOCATIONS, partition, invocations)
+        for spec, table in ((RECORDS, records), (CORES, cores), (INVOCATIONS, invocations)):
+            if table.num_rows or spec is INVOCATIONS:
+                stamped = table.append_column("write_id", pa.repeat(write_id, table.num_rows))
+                write_partition(self._root, spec, partition, stamped)
 
     def close(self) -> None:
         """Release the DuckDB connection."""
@@ -207,6 +207,19 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({str(self._root)!r})"
+
+
+def _within(values: pa.ChunkedArray, allowed: pa.ChunkedArray) -> bool:
+    """Whether every value is one of ``allowed``: by min and max when ``allowed`` is a
+    range of integers without holes (the usual case), else by lookup."""
+    allowed = pc.unique(allowed)
+    low, high = pc.min_max(allowed).values()
+    if low.is_valid and high.as_py() - low.as_py() + 1 == len(allowed):
+        seen = pc.min_max(values)
+        return len(values) == 0 or (
+            seen["min"].as_py() >= low.as_py() and seen["max"].as_py() <= high.as_py()
+        )
+    return pc.all(pc.is_in(values, value_set=allowed)).as_py() is not False
 
 
 def open_store(path: Path | str | None = None, *, create: bool = True) -> Store:

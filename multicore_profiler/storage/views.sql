@@ -18,20 +18,22 @@ SELECT * FROM raw_invocations;
 CREATE OR REPLACE VIEW cores AS
 SELECT c.* FROM raw_cores c
 SEMI JOIN raw_invocations i
-    ON c.run_id = i.run_id AND c.rank = i.rank AND c.invocation_id = i.invocation_id;
+    ON c.run_id = i.run_id AND c.rank = i.rank AND c.invocation_id = i.invocation_id
+    AND c.write_id = i.write_id;
 
 -- One row per device record, raw, of committed invocations only.
 CREATE OR REPLACE VIEW records AS
 SELECT r.* FROM raw_records r
 SEMI JOIN raw_invocations i
-    ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id;
+    ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
+    AND r.write_id = i.write_id;
 
 -- Records with times in ns from their invocation's anchor cycle and frequency, the
 -- kernel, and the stage of the record's task (a wait or trigger record takes the
 -- stage of its task's compute record). stage is NULL where the kernel bound no name.
 CREATE OR REPLACE VIEW records_ns AS
 WITH task_stage AS (
-    SELECT run_id, rank, invocation_id, task_id, min(desc_id) AS stage_desc_id
+    SELECT run_id, rank, invocation_id, write_id, task_id, min(desc_id) AS stage_desc_id
     FROM raw_records
     WHERE phase = 'compute'
     GROUP BY ALL
@@ -50,14 +52,15 @@ SELECT
 FROM raw_records r
 JOIN raw_invocations i
     ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
+    AND r.write_id = i.write_id
 LEFT JOIN task_stage t
     ON r.phase <> 'compute' AND t.run_id = r.run_id AND t.rank = r.rank
-    AND t.invocation_id = r.invocation_id AND t.task_id = r.task_id;
+    AND t.invocation_id = r.invocation_id AND t.write_id = r.write_id AND t.task_id = r.task_id;
 
--- Per run, kernel and stage: task count, compute and wait time distributions (us).
+-- Per run, kernel, direction and stage: task count, compute and wait times (us).
 CREATE OR REPLACE VIEW stage_stats AS
 SELECT
-    run_id, kernel_name, stage_desc_id, stage,
+    run_id, kernel_name, direction, stage_desc_id, stage,
     count(*) AS records,
     count(*) FILTER (WHERE phase = 'compute') AS tasks,
     sum(dur_ns) FILTER (WHERE phase = 'compute') / 1e3 AS compute_total_us,
