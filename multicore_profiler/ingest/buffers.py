@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.decode import BufferLike, DecodedBuffers, decode_buffers
@@ -74,11 +73,13 @@ def step_tables(
     )
 
     def stamped(table: pa.Table) -> pa.Table:
-        buffer = table["buffer"]
-        rank = pa.repeat(pa.scalar(launches.rank, pa.int32()), table.num_rows)
-        invocation = pc.add(buffer.cast(pa.int64()), launches.first_invocation_id)
+        invocation = table["buffer"].to_numpy().astype(np.int64)
+        invocation += launches.first_invocation_id
+        rank = np.full(table.num_rows, launches.rank, np.int32)
         rest = table.drop_columns(["buffer"])
-        return rest.add_column(0, "invocation_id", invocation).add_column(0, "rank", rank)
+        return rest.add_column(0, "invocation_id", pa.array(invocation)).add_column(
+            0, "rank", pa.array(rank)
+        )
 
     return invocations, stamped(decoded.cores), stamped(decoded.records)
 

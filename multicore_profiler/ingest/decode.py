@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,25 +197,30 @@ _HEADER_CHECKS = (
 )
 
 
-def _as_batches(
+def _as_groups(
     buffers: Sequence[BufferLike] | np.ndarray, layout: BufferLayout
 ) -> list[np.ndarray]:
-    """The buffers as 2-D uint8 arrays (buffer x byte), cache-sized, without copying."""
+    """The buffers as 2-D uint8 arrays (buffer x byte) without copying: one for a 2-D
+    array, one per buffer for a sequence."""
     if isinstance(buffers, np.ndarray) or type(buffers).__module__.startswith("torch"):
         rows = as_byte_array(buffers)
-        if rows.ndim == 1:
-            _check_size(rows.nbytes, 0, layout, batch=False)
-            return [rows.reshape(1, -1)]
-        if rows.ndim != 2:
+        if rows.ndim > 2:
             raise DecodeError(f"a batch of buffers must be 2-D (buffer x byte), got {rows.ndim}-D")
+        rows = rows.reshape(-1, rows.shape[-1])
         _check_size(rows.shape[1], 0, layout, batch=False)
-        capacity = layout.aic_slots * layout.aic_capacity + layout.aiv_slots * layout.aiv_capacity
-        step = max(1, _CHUNK_RECORDS // max(capacity, 1))
-        return [rows[i : i + step] for i in range(0, len(rows), step)]
+        return [rows]
     arrays = [as_byte_array(b).reshape(-1) for b in buffers]
     for index, data in enumerate(arrays):
         _check_size(data.nbytes, index, layout, batch=len(arrays) > 1)
     return [data.reshape(1, -1) for data in arrays]
+
+
+def _regions(rows: np.ndarray, layout: BufferLayout) -> Iterator[tuple[CoreType, np.ndarray]]:
+    """Each core type's slots in a group of buffers, as (buffer, slot, byte) views."""
+    for kind in (CoreType.AIC, CoreType.AIV):
+        start, n = layout.offset(kind), layout.slots(kind)
+        area = rows[:, start : start + n * layout.stride(kind)]
+        yield kind, area.reshape(len(rows), n, layout.stride(kind))
 
 
 def _check_size(nbytes: int, index: int, layout: BufferLayout, *, batch: bool) -> None:
@@ -237,15 +242,21 @@ def decode_buffers(
     ``DroppedRecordsWarning`` when the device dropped records.
     """
     frequency = check_frequency(frequency_hz)
-    batches = _as_batches(buffers, layout)
-    count = sum(len(b) for b in batches)
+    groups = _as_groups(buffers, layout)
+    count = sum(len(g) for g in groups)
     if count == 0:
         raise DecodeError("no buffer to decode")
     slots = _Slots.of(layout)
     where = _Locator(layout, slots, count)
 
-    raw = np.concatenate([b[:, slots.header_bytes] for b in batches])
-    raw = np.ascontiguousarray(raw).reshape(count, layout.total_slots, SLOT_HEADER_BYTES)
+    raw = np.concatenate(
+        [
+            np.concatenate(
+                [area[:, :, :SLOT_HEADER_BYTES] for _, area in _regions(g, layout)], axis=1
+            )
+            for g in groups
+        ]
+    )
     headers = raw.view(SLOT_HEADER_DTYPE)[..., 0]
     active = raw.any(axis=2)
     for field, check, message in _HEADER_CHECKS:
@@ -263,7 +274,7 @@ def decode_buffers(
             f"{int(active[empty].sum())} not idle); was profiling enabled for this launch?"
         )
 
-    records = _gather(batches, layout, slots, counts, ~active, where, headers)
+    records = _gather(groups, layout, counts, ~active, where, headers)
     entry = headers["entry_cycle"]
     anchors = np.where(counts > 0, entry, np.iinfo(np.uint64).max).min(axis=1)
     dropped = headers["dropped_count"].astype(np.int64) * active
@@ -309,9 +320,13 @@ _RECORD_COLUMNS = {
     "block_id": np.uint32,
     "record_index": np.uint16,
     **{name: RECORD_DTYPE[name] for name in RECORD_DTYPE.names},
-    "phase": np.int8,
 }
-_PHASE_CODES = ((1, DESC_WAIT_DEPENDENCY), (2, DESC_TRIGGER_EVENT), (3, DESC_TERMINATE_TASK))
+
+
+@functools.lru_cache(maxsize=16)
+def _blocks(buffers: int, slots: int) -> np.ndarray:
+    """Block id of every slot of a region, buffer after buffer."""
+    return np.tile(np.arange(slots, dtype=np.uint32), buffers)
 
 
 @functools.lru_cache(maxsize=16)
@@ -323,9 +338,8 @@ def _ramp(buffers: int, slots: int, capacity: int) -> np.ndarray:
 
 
 def _gather(
-    batches: list[np.ndarray],
+    groups: list[np.ndarray],
     layout: BufferLayout,
-    slots: _Slots,
     counts: np.ndarray,
     idle: np.ndarray,
     where: _Locator,
@@ -333,68 +347,82 @@ def _gather(
 ) -> pa.Table:
     """Copy the valid records of every slot into one contiguous column per field.
 
-    Works one batch and core type at a time so that the data stays in cache while it
-    is gathered, split into fields, given its slot's ids and phase, and checked.
+    Works a cache-sized batch of buffers and one core type at a time, so that the data
+    stays in cache while it is gathered, split into fields and given its slot's ids;
+    then derives the phase and checks the cycles of all records at once.
     """
     total = int(counts.sum())
     out = {name: np.empty(total, dtype) for name, dtype in _RECORD_COLUMNS.items()}
     words = RECORD_DTYPE.names[2:]
+    per_buffer = layout.aic_slots * layout.aic_capacity + layout.aiv_slots * layout.aiv_capacity
+    step = max(1, _CHUNK_RECORDS // max(per_buffer, 1))
+    kinds = [
+        (kind, layout.slot_index(kind, 0), layout.slots(kind), layout.capacity(kind))
+        for kind in (CoreType.AIC, CoreType.AIV)
+        if layout.slots(kind) and layout.capacity(kind)
+    ]
     row = position = 0
-    for batch in batches:
-        rows = np.arange(row, row + len(batch))
-        for kind in (CoreType.AIC, CoreType.AIV):
-            first, n, capacity = (
-                layout.slot_index(kind, 0),
-                layout.slots(kind),
-                layout.capacity(kind),
-            )
-            if n == 0 or capacity == 0:
-                continue
-            start = layout.offset(kind)
-            area = batch[:, start : start + n * layout.stride(kind)]
-            area = area.reshape(len(batch), n, -1)[:, :, SLOT_HEADER_BYTES:]
-            region_idle = idle[rows, first : first + n]
-            if region_idle.any() and area[region_idle].any():
-                bad = np.zeros_like(idle)
-                bad[rows, first : first + n] = region_idle & area.any(axis=2)
-                raise where.slot_error(
-                    bad,
-                    headers,
-                    None,
-                    "the header is all zero (an idle core) but its records are not",
-                )
-            mask = np.arange(capacity) < counts[rows, first : first + n, None]
-            valid = area.view(f"V{RECORD_BYTES}")[mask].view("<u8").reshape(-1, 4)
-            stop = position + len(valid)
-            span = slice(position, stop)
-            out["start_cycle"][span] = valid[:, 0]
-            out["end_cycle"][span] = valid[:, 1]
-            packed = valid[:, 2:].view("<u4")
-            for j, name in enumerate(words):
-                out[name][span] = packed[:, j]
-            region_counts = counts[rows, first : first + n]
-            if len(rows) == 1:
-                out["buffer"][span] = rows[0]
-            else:
-                out["buffer"][span] = np.repeat(rows, region_counts.sum(axis=1))
-            out["block_id"][span] = np.repeat(
-                np.tile(np.arange(n), len(rows)), region_counts.ravel()
-            )
-            out["record_index"][span] = _ramp(len(rows), n, capacity)[mask]
-            out["core_type"][span] = kind
-            phase = out["phase"][span]
-            phase[:] = 0
-            for code, desc_id in _PHASE_CODES:
-                phase[out["desc_id"][span] == desc_id] = code
-            late = out["end_cycle"][span] < out["start_cycle"][span]
-            if late.any():
-                raise _late_record(
-                    where, layout, out, position + int(np.flatnonzero(late)[0]), late
-                )
-            position = stop
-        row += len(batch)
-    phase = pa.DictionaryArray.from_arrays(out.pop("phase"), _PHASE_DICTIONARY)
-    return pa.table({**out, "phase": phase})
+    for group in groups:
+        regions = dict(_regions(group, layout))
+        for kind, first, n, _ in kinds:
+            block = idle[row : row + len(group), first : first + n]
+            _check_idle(regions[kind], block, (row, first), where, headers)
+        for chunk in range(0, len(group), step):
+            rows = slice(row + chunk, min(row + chunk + step, row + len(group)))
+            b = rows.stop - rows.start
+            for kind, first, n, capacity in kinds:
+                area = regions[kind][chunk : chunk + b, :, SLOT_HEADER_BYTES:]
+                region_counts = counts[rows, first : first + n]
+                mask = np.arange(capacity) < region_counts[..., None]
+                valid = area.view(f"V{RECORD_BYTES}")[mask].view("<u8").reshape(-1, 4)
+                span = slice(position, position + len(valid))
+                out["start_cycle"][span] = valid[:, 0]
+                out["end_cycle"][span] = valid[:, 1]
+                packed = valid[:, 2:].view("<u4")
+                for j, name in enumerate(words):
+                    out[name][span] = packed[:, j]
+                if b == 1:
+                    out["buffer"][span] = rows.start
+                else:
+                    out["buffer"][span] = np.repeat(
+                        np.arange(rows.start, rows.stop), region_counts.sum(axis=1)
+                    )
+                out["block_id"][span] = np.repeat(_blocks(b, n), region_counts.ravel())
+                out["record_index"][span] = _ramp(b, n, capacity)[mask]
+                out["core_type"][span] = kind
+                position = span.stop
+        row += len(group)
+    late = out["end_cycle"] < out["start_cycle"]
+    if late.any():
+        raise _late_record(where, layout, out, int(np.flatnonzero(late)[0]), late)
+    desc = out["desc_id"]
+    phase = (desc == DESC_WAIT_DEPENDENCY).view(np.int8)
+    phase += 2 * (desc == DESC_TRIGGER_EVENT).view(np.int8)
+    phase += 3 * (desc == DESC_TERMINATE_TASK).view(np.int8)
+    return pa.table({**out, "phase": pa.DictionaryArray.from_arrays(phase, _PHASE_DICTIONARY)})
+
+
+def _check_idle(
+    region: np.ndarray,
+    idle: np.ndarray,
+    origin: tuple[int, int],
+    where: _Locator,
+    headers: np.ndarray,
+) -> None:
+    """Raise if a slot whose header is all zero (an idle core) has any record byte set.
+
+    ``idle`` covers the region's buffers and slots; ``origin`` is its first (buffer, slot).
+    """
+    if not idle.any():
+        return
+    words = region[:, :, SLOT_HEADER_BYTES:].view("<u8")
+    if words[idle].any():
+        bad = np.zeros(headers.shape, bool)
+        buffers, slots = np.nonzero(idle & words.any(axis=2))
+        bad[buffers + origin[0], slots + origin[1]] = True
+        raise where.slot_error(
+            bad, headers, None, "the header is all zero (an idle core) but its records are not"
+        )
 
 
 def _late_record(
@@ -404,7 +432,7 @@ def _late_record(
     slot = layout.slot_index(CoreType(int(out["core_type"][i])), int(out["block_id"][i]))
     return RecordError(
         f"{where(buffer, slot)}, record {index}: end_cycle {out['end_cycle'][i]} is before "
-        f"start_cycle {out['start_cycle'][i]} ({int(late.sum())} such record(s) in this region)",
+        f"start_cycle {out['start_cycle'][i]} ({int(late.sum())} such record(s) in all)",
         slot=slot,
         field="end_cycle",
         record=index,
