@@ -1,0 +1,29 @@
+"""multicore_profiler: intra-kernel profiles of MegaKernels in a Parquet store queried with SQL.
+
+The public API: ``open_store`` (and ``Store``), the device buffer decoder
+(``BufferLayout``, ``decode_buffer``, ``decode_buffers``), ``ingest_buffers`` to write
+decoded launches as a step of a run, ``RunInfo``, and ``ProfileError``, the base of
+every error raised on bad input.
+"""
+
+from multicore_profiler.errors import ProfileError
+from multicore_profiler.ingest.abi import BufferLayout, CoreType
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.store import Store, open_store
+
+__all__ = [
+    "BufferLayout",
+    "CoreType",
+    "DecodedBuffers",
+    "KernelInfo",
+    "Launches",
+    "ProfileError",
+    "RunInfo",
+    "Store",
+    "decode_buffer",
+    "decode_buffers",
+    "ingest_buffers",
+    "open_store",
+]

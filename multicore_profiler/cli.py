@@ -19,11 +19,12 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from multicore_profiler.errors import ProfileError
+from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
 from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers, step_tables
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, default_store_path, open_store
 
@@ -100,31 +101,32 @@ def _read_buffer(path: Path) -> np.ndarray:
 
 def cmd_ingest_buffer(args: argparse.Namespace) -> None:
     layout = BufferLayout(args.aic_slots, args.aiv_slots, args.aic_capacity, args.aiv_capacity)
-    decoded = decode_buffers(
-        [_read_buffer(p) for p in args.files], layout, frequency_hz=args.freq_mhz * 1e6
-    )
-    store = _store(args, create=True)
-    first = args.invocation
-    if first is None:
-        first = store.sql(
-            "SELECT coalesce(max(invocation_id) + 1, 0) AS next FROM invocations "
-            "WHERE run_id = $1 AND rank = $2",
-            [args.run or "", args.rank],
-        )["next"][0].as_py()
-    known = (
-        args.run is not None
-        and store.sql("SELECT 1 FROM runs WHERE run_id = $1", [args.run]).num_rows
-    )
-    run = None if known else RunInfo.begin(run_id=args.run, label=args.label)
-    if run is not None:
-        store.write_run(run)
-    run_id = args.run if known else run.run_id
     kernel = KernelInfo(
         kernel_name=args.kernel,
         owner_label=args.owner_label,
         stage_names=_stage_names(args.stage),
         soc=args.soc,
     )
+    run_id = args.run and check_run_id(args.run)
+    decoded = decode_buffers(
+        [_read_buffer(p) for p in args.files], layout, frequency_hz=args.freq_mhz * 1e6
+    )
+    store = _store(args, create=True)
+    taken = store.sql(
+        "SELECT invocation_id FROM invocations WHERE run_id = $1 AND rank = $2 ORDER BY 1",
+        [run_id or "", args.rank],
+    )["invocation_id"].to_pylist()
+    first = (taken[-1] + 1 if taken else 0) if args.invocation is None else args.invocation
+    clash = sorted(set(taken) & set(range(first, first + decoded.buffers)))
+    if clash:
+        raise ProfileError(
+            f"run {run_id} already holds invocation(s) {clash} of rank {args.rank}; "
+            "leave out --invocation to append after them"
+        )
+    known = (
+        run_id is not None and store.sql("SELECT 1 FROM runs WHERE run_id = $1", [run_id]).num_rows
+    )
+    run = None if known else RunInfo.begin(run_id=run_id, label=args.label)
     launches = Launches(
         rank=args.rank,
         device=args.device,
@@ -133,7 +135,15 @@ def cmd_ingest_buffer(args: argparse.Namespace) -> None:
         direction=args.direction,
     )
     invocations, cores, records = step_tables(decoded, kernel, launches)
-    store.write_step(run_id, args.step, invocations=invocations, cores=cores, records=records)
+    if run is not None:
+        run_id = run.run_id
+        store.write_run(run)
+    try:
+        store.write_step(run_id, args.step, invocations=invocations, cores=cores, records=records)
+    except BaseException:
+        if run is not None:
+            store.write_run(run.finish("failed"))
+        raise
     if run is not None:
         store.write_run(run.finish())
     print(
@@ -294,14 +304,17 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``mcprof`` command; return its exit status."""
     args = _parser().parse_args(argv)
-    warnings.showwarning = _show_warning
-    try:
-        args.func(args)
-    except ProfileError as exc:
-        print(f"mcprof: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DroppedRecordsWarning)
+        warnings.showwarning = _show_warning
+        try:
+            args.func(args)
+        except ProfileError as exc:
+            lines = (line.strip() for line in str(exc).splitlines())
+            print(f"mcprof: error: {'; '.join(line for line in lines if line)}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 130
     return 0
 
 
