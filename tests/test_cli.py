@@ -1,0 +1,224 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from golden import AIC, AIV, NO_OWNER, TRIGGER, WAIT, Slot, pack
+
+from multicore_profiler.cli import main
+
+LAYOUT_ARGS = [
+    "--aic-slots",
+    "2",
+    "--aiv-slots",
+    "3",
+    "--aic-capacity",
+    "16",
+    "--aiv-capacity",
+    "16",
+]
+
+
+def golden(path: Path, *, dropped: int = 0) -> Path:
+    full = [(i, i + 1, 0x30001, i, i, 0) for i in range(16)]
+    slots = [
+        Slot(
+            AIC,
+            0,
+            100,
+            [(110, 160, WAIT, 7, 0, 5), (160, 400, 0x30001, 7, 0, 5), (400, 405, TRIGGER, 7, 0, 5)],
+        ),
+        Slot(AIV, 0, 100, [(150, 151, 0x20003, 8, 2, NO_OWNER)]),
+    ]
+    if dropped:
+        slots.append(Slot(AIV, 2, 100, full, dropped=dropped))
+    path.write_bytes(pack(2, 3, 16, 16, slots))
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def store_args(tmp_path: Path) -> list[str]:
+    return ["--store", str(tmp_path / "store")]
+
+
+def ingest(capsys, store_args: list[str], tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+    buffer = golden(tmp_path / "dump.bin")
+    return run(
+        capsys, "ingest-buffer", str(buffer), *LAYOUT_ARGS, "--freq-mhz", "50", *store_args, *extra
+    )
+
+
+def test_ingest_buffer_appends_invocations_to_a_run(capsys, store_args, tmp_path) -> None:
+    args = [
+        "--run",
+        "r1",
+        "--rank",
+        "1",
+        "--step",
+        "2",
+        "--kernel",
+        "HyperMegaMoe",
+        "--stage",
+        "0x30001=GMM1",
+    ]
+    assert ingest(capsys, store_args, tmp_path, *args) == (
+        0,
+        "run r1: 1 invocation(s) from id 0, 4 records, 0 dropped\n",
+        "",
+    )
+    assert ingest(capsys, store_args, tmp_path, *args)[1] == (
+        "run r1: 1 invocation(s) from id 1, 4 records, 0 dropped\n"
+    )
+    code, out, _ = run(
+        capsys,
+        "query",
+        *store_args,
+        "--format",
+        "csv",
+        "SELECT invocation_id, rank, step, stage, count(*) AS n FROM records_ns "
+        "GROUP BY ALL ORDER BY ALL",
+    )
+    assert code == 0
+    assert out == (
+        "invocation_id,rank,step,stage,n\n0,1,2,GMM1,3\n0,1,2,,1\n1,1,2,GMM1,3\n1,1,2,,1\n"
+    )
+
+
+def test_ingest_buffer_without_run_makes_a_new_complete_run(capsys, store_args, tmp_path) -> None:
+    code, out, _ = ingest(capsys, store_args, tmp_path, "--label", "from-device")
+    assert code == 0
+    run_id = out.split()[1].rstrip(":")
+    code, out, _ = run(capsys, "runs", *store_args, "--format", "json")
+    (row,) = json.loads(out)
+    assert (row["run_id"], row["status"], row["label"], row["invocations"], row["records"]) == (
+        run_id,
+        "complete",
+        "from-device",
+        1,
+        4,
+    )
+
+
+def test_query_formats(capsys, store_args, tmp_path) -> None:
+    ingest(capsys, store_args, tmp_path, "--run", "r1")
+    sql = "SELECT core, phase, ts_ns, dur_ns FROM records_ns ORDER BY core, record_index"
+    code, out, _ = run(capsys, "query", *store_args, "--format", "json", sql)
+    assert json.loads(out) == [
+        {"core": "AIC", "phase": "wait", "ts_ns": 200.0, "dur_ns": 1000.0},
+        {"core": "AIC", "phase": "compute", "ts_ns": 1200.0, "dur_ns": 4800.0},
+        {"core": "AIC", "phase": "trigger", "ts_ns": 6000.0, "dur_ns": 100.0},
+        {"core": "AIV", "phase": "compute", "ts_ns": 1000.0, "dur_ns": 20.0},
+    ]
+    target = tmp_path / "rows.parquet"
+    assert run(capsys, "query", *store_args, "--format", "parquet", "-o", str(target), sql)[0] == 0
+    assert pq.read_table(target).column("ts_ns").to_pylist() == [200.0, 1200.0, 6000.0, 1000.0]
+    code, out, _ = run(capsys, "query", *store_args, sql)
+    assert code == 0
+    assert "│ AIC     │ wait    │  200.0 │ 1000.0 │" in out
+    assert out.count("│ AI") == 4
+
+
+def test_demo_profiles_and_summarizes(capsys, store_args) -> None:
+    code, out, err = run(capsys, "demo", "--steps", "2", *store_args)
+    assert code == 0
+    assert err == ""
+    lines = out.splitlines()
+    assert lines[0].endswith("16 invocations on 2 ranks, 2 steps, 11520 records, 0 dropped")
+    stages = [
+        line.split("│")[1].strip() for line in lines if line.startswith("│ ") and "│" in line[2:]
+    ]
+    assert stages[-5:] == ["Dispatch", "GMM1", "SwiGLU", "GMM2", "Combine"]
+    assert run(capsys, "compact", *store_args)[1].startswith("compacted 1 run(s): ")
+
+
+def test_store_defaults_to_the_environment(capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MCPROF_STORE", str(tmp_path / "env"))
+    ingest(capsys, [], tmp_path, "--run", "r9")
+    assert run(capsys, "query", "--format", "csv", "SELECT run_id FROM runs")[1] == "run_id\nr9\n"
+
+
+def test_dropped_records_are_warned_about_on_one_line(capsys, store_args, tmp_path) -> None:
+    buffer = golden(tmp_path / "full.bin", dropped=3)
+    code, out, err = run(
+        capsys, "ingest-buffer", str(buffer), *LAYOUT_ARGS, "--freq-mhz", "50", *store_args
+    )
+    assert code == 0
+    assert out.endswith("20 records, 3 dropped\n")
+    assert err == (
+        "mcprof: warning: device dropped 3 records on 1 core(s): AIV/2 (3); "
+        "their slots were full (plan a larger capacity)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["runs"], "mcprof: error: no store at "),
+        (["query", "SELECT 1"], "mcprof: error: no store at "),
+        (["compact"], "mcprof: error: no store at "),
+    ],
+)
+def test_reading_a_missing_store_fails_in_one_line(capsys, store_args, argv, message) -> None:
+    code, out, err = run(capsys, *argv, *store_args)
+    assert (code, out) == (1, "")
+    assert err.startswith(message)
+    assert err.count("\n") == 1
+
+
+BUFFER_SIZE = "the buffer holds 2880 bytes but its layout BufferLayout(aic_slots=3, aiv_slots=3, "
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["query", "SELECT nope FROM records"],
+            'query failed: Binder Error: Referenced column "nope"',
+        ),
+        (["query", "--format", "parquet", "SELECT 1"], "--format parquet writes a binary file"),
+        (["query", "--format", "table", "-o", "x.txt", "SELECT 1"], "--format table prints to"),
+        (["ingest", "--aic-slots", "3", "--freq-mhz", "50"], BUFFER_SIZE),
+        (["ingest", "--freq-mhz", "0"], "cycle frequency must be positive and finite, got 0.0 Hz"),
+        (["ingest", "--freq-mhz", "50", "--stage", "GMM1"], "--stage takes DESC_ID=NAME"),
+        (["ingest", "--freq-mhz", "50", "--run", "a b"], "run id 'a b' is not valid"),
+        (["ingest", "--aic-capacity", "20", "--freq-mhz", "50"], "aic_capacity must be a multiple"),
+        (
+            ["ingest", "--freq-mhz", "50", "--run", "r1", "--invocation", "0"],
+            "run r1 already holds invocation(s) [0] of rank 0",
+        ),
+    ],
+)
+def test_errors_print_one_line_and_exit_1(capsys, store_args, tmp_path, argv, message) -> None:
+    ingest(capsys, store_args, tmp_path, "--run", "r1")
+    if argv[0] == "ingest":
+        argv = ["ingest-buffer", str(tmp_path / "dump.bin"), *LAYOUT_ARGS, *argv[1:]]
+    code, out, err = run(capsys, *argv, *store_args)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"mcprof: error: {message}")
+    assert err.count("\n") == 1
+    runs = run(capsys, "query", "--format", "csv", "SELECT run_id, status FROM runs", *store_args)
+    assert runs[1] == "run_id,status\nr1,complete\n", "a failed command leaves no run behind"
+
+
+def test_a_missing_buffer_file_is_named(capsys, store_args, tmp_path) -> None:
+    missing = str(tmp_path / "missing.bin")
+    code, _, err = run(
+        capsys, "ingest-buffer", missing, *LAYOUT_ARGS, "--freq-mhz", "1", *store_args
+    )
+    assert code == 1
+    assert err.startswith(f"mcprof: error: cannot read buffer file {missing}: No such file")
+
+
+def test_usage_errors_exit_2(capsys) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(["query"])
+    assert raised.value.code == 2
+    assert "the following arguments are required: sql" in capsys.readouterr().err

@@ -1,0 +1,214 @@
+"""Compaction merges small files without changing any answer, even for a query running meanwhile."""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from multicore_profiler.errors import StoreError
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage.partitions import write_partition
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.schema import RECORDS
+from multicore_profiler.storage.store import Store, open_store
+
+KERNEL = SimulatedMoeKernel(
+    experts=2, tiles=2, aic_workers=4, aiv_workers=4, aic_slots=4, aiv_slots=8
+)
+INFO = KernelInfo(
+    kernel_name=KERNEL.kernel_name, owner_label="Expert", stage_names=KERNEL.stage_names
+)
+QUERIES = {
+    "records": "SELECT * FROM records ORDER BY ALL",
+    "cores": "SELECT * FROM cores ORDER BY ALL",
+    "invocations": "SELECT * FROM invocations ORDER BY ALL",
+    "runs": "SELECT * FROM runs ORDER BY ALL",
+    "stage_stats": "SELECT * FROM stage_stats ORDER BY ALL",
+    "run_summary": "SELECT * FROM run_summary ORDER BY ALL",
+}
+
+
+def fill(store: Store, runs: int = 2, ranks: int = 2, steps: int = 3) -> int:
+    """Runs of several ranks and steps, two launches a step; returns the record count."""
+    rng = np.random.default_rng(0)
+    for r in range(runs):
+        run = RunInfo.begin(run_id=f"run{r}")
+        store.write_run(run)
+        for rank in range(ranks):
+            for step in range(steps):
+                buffers = [KERNEL.launch(rng, 10**6 * (step * 2 + i + 1)) for i in range(2)]
+                ingest_buffers(
+                    store,
+                    buffers,
+                    KERNEL.layout,
+                    frequency_hz=KERNEL.frequency_hz,
+                    run_id=run.run_id,
+                    kernel=INFO,
+                    launches=Launches(rank=rank, step=step, first_invocation_id=step * 2),
+                )
+        store.write_run(run.finish())
+    return runs * ranks * steps * 2 * KERNEL.records_per_launch
+
+
+def parquet_files(store: Store) -> list[Path]:
+    return sorted(store.root.rglob("*.parquet"))
+
+
+def test_compaction_changes_no_answer_and_leaves_one_file_per_partition(store: Store) -> None:
+    fill(store)
+    before = {name: store.sql(q) for name, q in QUERIES.items()}
+    files = len(parquet_files(store))
+    report = store.compact()
+    # Per run: runs (2 rows) and invocations (ranks x steps) files, cores and records per step.
+    assert (report.runs, report.partitions, report.files_before) == (2, 2 * (1 + 1 + 3 + 3), files)
+    assert report.files_after == report.partitions
+    assert len(parquet_files(store)) == report.partitions
+    for name, query in QUERIES.items():
+        assert store.sql(query).equals(before[name]), name
+    assert store.compact().partitions == 0
+    assert not list(store.root.rglob("*.tmp"))
+
+
+def test_compacting_one_run_leaves_the_others(store: Store) -> None:
+    fill(store)
+    other = sorted(p for p in parquet_files(store) if "run_id=run1" in str(p))
+    assert store.compact(["run0"]).runs == 1
+    assert sorted(p for p in parquet_files(store) if "run_id=run1" in str(p)) == other
+    with pytest.raises(StoreError, match="no run 'nope' in the store"):
+        store.compact(["nope"])
+
+
+def test_rows_of_uncommitted_invocations_are_left_alone(store: Store) -> None:
+    fill(store, runs=1, ranks=1, steps=2)
+    stray = store.sql("SELECT * EXCLUDE (run_id, step) FROM raw_records WHERE step = 1")
+    stray = stray.set_column(2, "write_id", pa.array([77] * len(stray), pa.int64()))
+    orphan = write_partition(store.root, RECORDS, {"run_id": "run0", "step": 1}, stray)
+    before = store.sql(QUERIES["records"])
+    report = store.compact()
+    assert report.uncommitted_files == 1
+    assert orphan.exists()
+    assert store.sql(QUERIES["records"]).equals(before)
+
+
+def test_a_second_compaction_at_once_is_refused(store: Store) -> None:
+    fill(store, runs=1, ranks=1, steps=1)
+    with open(store.root / ".mcprof.compact.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(StoreError, match=r"another compaction of the store at .* is running"):
+            store.compact()
+
+
+READER = """
+import sys, time
+from pathlib import Path
+from multicore_profiler.storage.store import open_store
+store = open_store(sys.argv[1], create=False)
+done = Path(sys.argv[2])
+seen = []
+while not done.exists() or not seen:
+    began = time.time()
+    row = store.sql(
+        "SELECT count(*) AS n, sum(start_cycle)::VARCHAR AS s, "
+        "count(DISTINCT (run_id, rank, invocation_id, core_type, block_id, record_index)) AS u "
+        "FROM records"
+    ).to_pylist()[0]
+    seen.append(f"{began} {time.time()} {row['n']} {row['s']} {row['u']}")
+print("\\n".join(seen))
+"""
+
+
+def test_a_query_during_compaction_sees_every_row_once(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "store")
+    total = fill(store, runs=3, ranks=2, steps=4)
+    expected = store.sql(
+        "SELECT count(*) AS n, sum(start_cycle)::VARCHAR AS s FROM records"
+    ).to_pylist()[0]
+    done = tmp_path / "done"
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(store.root), str(done)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)  # let the reader start querying
+    began = time.time()
+    report = store.compact()
+    ended = time.time()
+    done.touch()
+    out, _ = reader.communicate(timeout=120)
+    assert reader.returncode == 0
+    assert report.partitions == 3 * (1 + 1 + 4 + 4)
+    queries = [line.split(" ", 2) for line in out.strip().split("\n")]
+    during = [q for q in queries if float(q[1]) > began and float(q[0]) < ended]
+    assert during, "no query ran while the compaction did"
+    assert {q[2] for q in queries} == {f"{total} {expected['s']} {total}"}
+
+
+CRASHING_COMPACTION = """
+import os, signal, sys
+from pathlib import Path
+from multicore_profiler.storage.store import open_store
+real_unlink = Path.unlink
+def unlink(self, *args, **kwargs):
+    if self.suffix == ".parquet":  # the merged file is in place; its sources are not gone yet
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_unlink(self, *args, **kwargs)
+Path.unlink = unlink
+open_store(sys.argv[1]).compact()
+"""
+
+
+def test_a_compaction_killed_mid_swap_is_finished_by_the_next_reader(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "store")
+    total = fill(store, runs=1, ranks=2, steps=2)
+    before = store.sql(QUERIES["records"])
+    crashed = subprocess.run(
+        [sys.executable, "-c", CRASHING_COMPACTION, str(store.root)], check=False
+    )
+    assert crashed.returncode == -9
+    assert list((store.root / "_journal").glob("*.json")), "the swap was journaled"
+    merged_and_sources = len(parquet_files(store))
+    assert store.sql("SELECT count(*) AS n FROM records")["n"].to_pylist() == [total]
+    assert store.sql(QUERIES["records"]).equals(before)
+    assert not list((store.root / "_journal").glob("*.json"))
+    assert len(parquet_files(store)) < merged_and_sources
+
+
+WRITER = """
+import sys, numpy as np
+from multicore_profiler.ingest.buffers import Launches, ingest_buffers
+from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage.store import open_store
+store = open_store(sys.argv[1])
+kernel = SimulatedMoeKernel(
+    experts=2, tiles=2, aic_workers=4, aiv_workers=4, aic_slots=4, aiv_slots=8
+)
+rng = np.random.default_rng(1)
+for step in range(20):
+    buffers = [kernel.launch(rng, 10**6 * (i + 1)) for i in range(2)]
+    ingest_buffers(store, buffers, kernel.layout, frequency_hz=kernel.frequency_hz, run_id="live",
+                   launches=Launches(rank=5, step=step, first_invocation_id=2 * step))
+"""
+
+
+def test_compacting_a_run_that_is_being_written(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "store")
+    store.write_run(RunInfo.begin(run_id="live"))
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(store.root)])
+    while writer.poll() is None:
+        store.compact(["live"])
+    assert writer.returncode == 0
+    store.compact(["live"])
+    assert store.sql("SELECT count(*) AS n FROM records")["n"].to_pylist() == [
+        40 * KERNEL.records_per_launch
+    ]
+    assert store.sql("SELECT count(*) AS n FROM raw_records")["n"].to_pylist() == [
+        40 * KERNEL.records_per_launch
+    ]

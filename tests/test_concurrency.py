@@ -1,0 +1,158 @@
+"""Several processes write one store at once; a writer killed mid-step loses only that step."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage.store import open_store
+
+KERNEL = {
+    "experts": 2,
+    "tiles": 2,
+    "aic_workers": 4,
+    "aiv_workers": 4,
+    "aic_slots": 4,
+    "aiv_slots": 8,
+}
+LAUNCHES_PER_STEP = 2
+PER_LAUNCH = SimulatedMoeKernel(**KERNEL).records_per_launch
+
+WRITER = """
+import sys, time, numpy as np
+from pathlib import Path
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.store import open_store
+
+root, rank, steps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+store = open_store(root)
+kernel = SimulatedMoeKernel(**{kernel})
+if rank == 0:
+    store.write_run(RunInfo.begin(run_id="job"))
+rng = np.random.default_rng(rank)
+{prepare}
+for step in range(steps):
+    {before_step}
+    buffers = [kernel.launch(rng, 10**6 * (step * {n} + i + 1)) for i in range({n})]
+    ingest_buffers(
+        store, buffers, kernel.layout, frequency_hz=kernel.frequency_hz, run_id="job",
+        kernel=KernelInfo(kernel_name=kernel.kernel_name, stage_names=kernel.stage_names),
+        launches=Launches(rank=rank, device=rank, step=step, first_invocation_id=step * {n}),
+    )
+"""
+
+
+def writer(
+    root: Path, rank: int, steps: int, *, prepare: str = "", before_step: str = "pass"
+) -> subprocess.Popen:
+    script = WRITER.format(
+        kernel=KERNEL,
+        n=LAUNCHES_PER_STEP,
+        prepare=textwrap.dedent(prepare),
+        before_step=before_step,
+    )
+    return subprocess.Popen([sys.executable, "-c", script, str(root), str(rank), str(steps)])
+
+
+def counts(root: Path) -> dict[str, int]:
+    with open_store(root, create=False) as store:
+        row = store.sql(
+            """SELECT (SELECT count(*) FROM records) AS records,
+                      (SELECT count(*) FROM cores) AS cores,
+                      (SELECT count(*) FROM invocations) AS invocations,
+                      (SELECT count(DISTINCT (rank, step)) FROM records) AS steps"""
+        )
+    return row.to_pylist()[0]
+
+
+def test_four_writer_processes_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    open_store(root).close()
+    procs = [writer(root, rank, 10) for rank in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    invocations = 4 * 10 * LAUNCHES_PER_STEP
+    assert counts(root)["records"] == invocations * PER_LAUNCH
+    assert counts(root)["invocations"] == invocations
+    assert counts(root)["steps"] == 40
+    with open_store(root) as store:
+        unique = store.sql(
+            "SELECT count(DISTINCT (rank, invocation_id, core_type, block_id, record_index)) AS n "
+            "FROM records"
+        )
+    assert unique["n"].to_pylist() == [invocations * PER_LAUNCH]
+
+
+# Where the writer of step 5 stops: inside the records file, or after it is in place but
+# before the invocations file that commits the step.
+KILL_POINTS = {
+    "mid-file": """
+import pyarrow.parquet as pq
+import multicore_profiler.storage.partitions as partitions
+class Stalling(pq.ParquetWriter):
+    def write_table(self, table, *args, **kwargs):
+        super().write_table(table.slice(0, len(table) // 2), *args, **kwargs)
+        if STALL:
+            Path(sys.argv[1], "stalled").touch()
+            time.sleep(600)
+        super().write_table(table.slice(len(table) // 2), *args, **kwargs)
+partitions.pq = type("pq", (), {"ParquetWriter": Stalling})
+STALL = False
+""",
+    "before-commit": """
+import multicore_profiler.storage.store as store_module
+from multicore_profiler.storage.schema import INVOCATIONS
+real_write = store_module.write_partition
+def stalling(root, spec, values, table):
+    if STALL and spec is INVOCATIONS:
+        Path(sys.argv[1], "stalled").touch()
+        time.sleep(600)
+    return real_write(root, spec, values, table)
+store_module.write_partition = stalling
+STALL = False
+""",
+}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_writer_killed_mid_step_leaves_earlier_steps_whole(tmp_path: Path, point: str) -> None:
+    root = tmp_path / "store"
+    open_store(root).close()
+    proc = writer(root, 0, 6, prepare=KILL_POINTS[point], before_step="STALL = step == 5")
+    deadline = time.monotonic() + 120
+    while not (root / "stalled").exists():
+        assert proc.poll() is None, "the writer ended before it reached step 5"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+    expected = {
+        "records": 5 * LAUNCHES_PER_STEP * PER_LAUNCH,
+        "invocations": 5 * LAUNCHES_PER_STEP,
+        "steps": 5,
+    }
+    got = counts(root)
+    assert {k: got[k] for k in expected} == expected
+    for path in root.rglob("*.parquet"):
+        pq.read_metadata(path)  # every visible file is whole
+    if point == "mid-file":
+        assert list(root.rglob("*.parquet.tmp")), "the half-written file was written aside"
+    else:
+        with open_store(root) as store:
+            raw = store.sql("SELECT count(*) AS n FROM raw_records")["n"].to_pylist()[0]
+        assert raw == expected["records"] + LAUNCHES_PER_STEP * PER_LAUNCH
+
+    # The store goes on: the step can be written again and counts once.
+    again = writer(root, 1, 6)
+    assert again.wait(timeout=120) == 0
+    assert counts(root)["records"] == expected["records"] + 6 * LAUNCHES_PER_STEP * PER_LAUNCH

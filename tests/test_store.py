@@ -1,0 +1,337 @@
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from golden import AIC, AIV, NO_OWNER, TRIGGER, WAIT, Slot, pack
+
+from multicore_profiler.errors import QueryError, StoreError
+from multicore_profiler.ingest.abi import BufferLayout
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.storage.partitions import write_partition
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.schema import RECORDS
+from multicore_profiler.storage.store import Store, open_store
+
+LAYOUT = BufferLayout(aic_slots=2, aiv_slots=3, aic_capacity=16, aiv_capacity=16)
+KERNEL = KernelInfo(
+    kernel_name="HyperMegaMoe",
+    owner_label="Expert",
+    stage_names={0x30001: "GMM1"},
+    soc="Ascend910B4",
+)
+
+
+def golden() -> bytearray:
+    return pack(
+        2,
+        3,
+        16,
+        16,
+        [
+            Slot(
+                AIC,
+                0,
+                100,
+                [
+                    (110, 160, WAIT, 7, 0, 5),
+                    (160, 400, 0x30001, 7, 0, 5),
+                    (400, 405, TRIGGER, 7, 0, 5),
+                ],
+            ),
+            Slot(AIV, 0, 100, [(150, 151, 0x20003, 8, 2, NO_OWNER)]),
+        ],
+    )
+
+
+def write_golden(store: Store, run_id: str = "r1", **launch: int) -> None:
+    store.write_run(RunInfo.begin(run_id=run_id, label="golden"))
+    ingest_buffers(
+        store,
+        [golden()],
+        LAYOUT,
+        frequency_hz=50e6,
+        run_id=run_id,
+        kernel=KERNEL,
+        launches=Launches(**launch),
+    )
+
+
+def test_records_come_back_raw_and_exact(store: Store) -> None:
+    write_golden(store, rank=3, device=1, step=2, first_invocation_id=9)
+    rows = store.sql(
+        "SELECT * EXCLUDE (write_id) FROM records ORDER BY core_type, block_id, record_index"
+    ).to_pylist()
+    assert rows[0] == {
+        "run_id": "r1",
+        "step": 2,
+        "rank": 3,
+        "invocation_id": 9,
+        "core_type": 1,
+        "block_id": 0,
+        "record_index": 0,
+        "start_cycle": 110,
+        "end_cycle": 160,
+        "desc_id": WAIT,
+        "task_id": 7,
+        "stage_task_index": 0,
+        "owner_id": 5,
+        "phase": "wait",
+    }
+    assert [(r["start_cycle"], r["desc_id"], r["owner_id"], r["phase"]) for r in rows] == [
+        (110, WAIT, 5, "wait"),
+        (160, 0x30001, 5, "compute"),
+        (400, TRIGGER, 5, "trigger"),
+        (150, 0x20003, NO_OWNER, "compute"),
+    ]
+
+
+def test_invocation_row_keeps_layout_frequency_and_names(store: Store) -> None:
+    write_golden(store, rank=3, device=1, step=2, first_invocation_id=9)
+    (row,) = store.sql("SELECT * EXCLUDE (write_id) FROM invocations").to_pylist()
+    assert row == {
+        "run_id": "r1",
+        "rank": 3,
+        "device": 1,
+        "step": 2,
+        "invocation_id": 9,
+        "direction": "forward",
+        "kernel_name": "HyperMegaMoe",
+        "soc": "Ascend910B4",
+        "frequency_hz": 50e6,
+        "anchor_cycle": 100,
+        "aic_slots": 2,
+        "aiv_slots": 3,
+        "aic_capacity": 16,
+        "aiv_capacity": 16,
+        "record_count": 4,
+        "dropped_count": 0,
+        "owner_label": "Expert",
+        "stage_names": [(0x30001, "GMM1")],
+    }
+    cores = store.sql(
+        "SELECT slot, core_type, block_id, entry_cycle, record_count FROM cores ORDER BY slot"
+    )
+    assert cores.to_pylist() == [
+        {"slot": 0, "core_type": 1, "block_id": 0, "entry_cycle": 100, "record_count": 3},
+        {"slot": 2, "core_type": 2, "block_id": 0, "entry_cycle": 100, "record_count": 1},
+    ]
+
+
+def test_records_ns_times_phases_and_stage_names(store: Store) -> None:
+    write_golden(store)
+    rows = store.sql(
+        """SELECT core, phase, stage_desc_id, stage, ts_ns, dur_ns FROM records_ns
+           ORDER BY core_type, record_index"""
+    ).to_pylist()
+    assert [tuple(r.values()) for r in rows] == [
+        # The worked case: entry 100, start 110, end 160 at 50 MHz is 200 ns + 1000 ns.
+        ("AIC", "wait", 0x30001, "GMM1", 200.0, 1000.0),
+        ("AIC", "compute", 0x30001, "GMM1", 1200.0, 4800.0),
+        ("AIC", "trigger", 0x30001, "GMM1", 6000.0, 100.0),
+        ("AIV", "compute", 0x20003, None, 1000.0, 20.0),
+    ]
+
+
+def test_stage_stats_summarize_each_stage(store: Store) -> None:
+    write_golden(store)
+    rows = store.sql(
+        "SELECT * EXCLUDE (run_id, kernel_name, direction) FROM stage_stats ORDER BY stage_desc_id"
+    ).to_pylist()
+    assert rows == [
+        {
+            "stage_desc_id": 0x20003,
+            "stage": None,
+            "records": 1,
+            "tasks": 1,
+            "compute_total_us": 0.02,
+            "compute_p50_us": 0.02,
+            "compute_p99_us": 0.02,
+            "wait_p50_us": None,
+            "wait_p99_us": None,
+        },
+        {
+            "stage_desc_id": 0x30001,
+            "stage": "GMM1",
+            "records": 3,
+            "tasks": 1,
+            "compute_total_us": 4.8,
+            "compute_p50_us": 4.8,
+            "compute_p99_us": 4.8,
+            "wait_p50_us": 1.0,
+            "wait_p99_us": 1.0,
+        },
+    ]
+
+
+def test_runs_show_the_latest_state_and_what_each_holds(store: Store) -> None:
+    run = RunInfo.begin(run_id="r1", label="golden", tags={"model": "moe"})
+    store.write_run(run)
+    assert store.sql("SELECT status FROM runs")["status"].to_pylist() == ["running"]
+    for step in range(3):
+        ingest_buffers(
+            store,
+            [golden(), golden()],
+            LAYOUT,
+            frequency_hz=50e6,
+            run_id="r1",
+            kernel=KERNEL,
+            launches=Launches(step=step, first_invocation_id=2 * step),
+        )
+    store.write_run(run.finish())
+    (summary,) = store.sql("SELECT * FROM run_summary").to_pylist()
+    assert summary["status"] == "complete"
+    assert summary["end_time"] is not None
+    assert (summary["invocations"], summary["ranks"], summary["steps"]) == (6, 1, 3)
+    assert (summary["records"], summary["dropped"], summary["kernels"]) == (24, 0, "HyperMegaMoe")
+    (tags,) = store.sql("SELECT tags FROM runs").to_pylist()
+    assert tags == {"tags": [("model", "moe")]}
+
+
+def test_empty_store_answers_every_view_with_typed_empty_tables(store: Store) -> None:
+    for view in (
+        "runs",
+        "invocations",
+        "cores",
+        "records",
+        "records_ns",
+        "stage_stats",
+        "run_summary",
+    ):
+        assert store.sql(f"SELECT * FROM {view}").num_rows == 0
+    schema = store.sql("SELECT * FROM records_ns").schema
+    assert schema.field("ts_ns").type == pa.float64()
+    assert schema.field("start_cycle").type == pa.uint64()
+    assert schema.field("stage").type == pa.string()
+
+
+def test_a_store_sees_what_others_write_after_it_opened(tmp_path: Path) -> None:
+    reader = open_store(tmp_path / "s")
+    assert reader.sql("SELECT count(*) AS n FROM records")["n"].to_pylist() == [0]
+    writer = open_store(tmp_path / "s")
+    write_golden(writer)
+    assert reader.sql("SELECT count(*) AS n FROM records")["n"].to_pylist() == [4]
+    write_golden(writer, run_id="r2")
+    assert reader.sql("SELECT count(DISTINCT run_id) AS n FROM records_ns")["n"].to_pylist() == [2]
+
+
+def test_rows_of_a_dead_writer_never_join_a_retry(store: Store) -> None:
+    write_golden(store)
+    # A writer died after its records file and before its invocations file, under the
+    # very invocation id that the retry, written next, uses again.
+    leftover = store.sql("SELECT * EXCLUDE (run_id, step, write_id) FROM raw_records")
+    write_partition(
+        store.root,
+        RECORDS,
+        {"run_id": "r1", "step": 0},
+        leftover.append_column("write_id", pa.array([12345] * 4, pa.int64())),
+    )
+    assert store.sql("SELECT count(*) AS n FROM raw_records")["n"].to_pylist() == [8]
+    assert store.sql("SELECT count(*) AS n FROM records")["n"].to_pylist() == [4]
+    assert store.sql("SELECT count(*) AS n FROM records_ns")["n"].to_pylist() == [4]
+    assert store.sql("SELECT sum(records) AS n FROM stage_stats")["n"].to_pylist() == [4]
+
+
+def test_partition_files_are_laid_out_by_run_and_step(store: Store) -> None:
+    write_golden(store, step=4)
+    files = sorted(str(p.relative_to(store.root).parent) for p in store.root.rglob("*.parquet"))
+    assert files == [
+        "cores/run_id=r1/step=4",
+        "invocations/run_id=r1",
+        "records/run_id=r1/step=4",
+        "runs/run_id=r1",
+    ]
+    assert not list(store.root.rglob("*.tmp"))
+
+
+def test_bad_queries_raise_query_errors_with_duckdb_reason(store: Store) -> None:
+    with pytest.raises(QueryError, match="Table with name nowhere does not exist"):
+        store.sql("SELECT * FROM nowhere")
+    with pytest.raises(QueryError, match="Parser Error"):
+        store.sql("SELEKT 1")
+
+
+def test_query_parameters(store: Store) -> None:
+    write_golden(store)
+    write_golden(store, run_id="r2")
+    rows = store.sql("SELECT count(*) AS n FROM records WHERE run_id = $1", ["r2"])
+    assert rows["n"].to_pylist() == [4]
+
+
+def test_opening_what_is_not_a_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no store at"):
+        open_store(tmp_path / "missing", create=False)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="is not a multicore_profiler store"):
+        open_store(tmp_path / "other")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreError, match="is not a directory"):
+        open_store(tmp_path / "file")
+    future = tmp_path / "future"
+    open_store(future).close()
+    (future / "mcprof-store.json").write_text(json.dumps({"format": 99}))
+    with pytest.raises(StoreError, match="store of format 99"):
+        open_store(future)
+
+
+def test_default_store_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCPROF_STORE", str(tmp_path / "env-store"))
+    assert open_store().root == tmp_path / "env-store"
+    monkeypatch.delenv("MCPROF_STORE")
+    monkeypatch.chdir(tmp_path)
+    assert open_store().root == tmp_path / "mcprof-store"
+
+
+def test_write_step_refuses_rows_that_do_not_belong(store: Store) -> None:
+    write_golden(store)
+    invocations = store.sql("SELECT * EXCLUDE (run_id, write_id) FROM invocations")
+    cores = store.sql("SELECT * EXCLUDE (run_id, step, write_id) FROM cores")
+    records = store.sql("SELECT * EXCLUDE (run_id, step, write_id) FROM records")
+    with pytest.raises(StoreError, match=r"written to step 5 carry steps \[0\]"):
+        store.write_step("r1", 5, invocations=invocations, cores=cores, records=records)
+    strangers = records.set_column(1, "invocation_id", pa.array([7] * 4, pa.int64()))
+    with pytest.raises(StoreError, match="records rows name a invocation_id that no invocation"):
+        store.write_step("r1", 0, invocations=invocations, cores=cores, records=strangers)
+    with pytest.raises(StoreError, match=r"missing \['phase'\], unexpected \[\]"):
+        store.write_step(
+            "r1", 0, invocations=invocations, cores=cores, records=records.drop_columns(["phase"])
+        )
+    with pytest.raises(StoreError, match="run id 'a/b' is not valid"):
+        store.write_step("a/b", 0, invocations=invocations, cores=cores, records=records)
+    assert store.sql("SELECT count(*) AS n FROM raw_records")["n"].to_pylist() == [4]
+
+
+def test_run_rows_and_ids() -> None:
+    assert len(RunInfo.begin().run_id) == len("20261129T193200Z-1a2b3c4d")
+    run = RunInfo(run_id="x", start_time=datetime(2026, 1, 2, tzinfo=timezone.utc))
+    assert run.to_table()["start_time"].to_pylist()[0] == datetime(2026, 1, 2, tzinfo=timezone.utc)
+    with pytest.raises(ValueError, match="run status must be one of"):
+        RunInfo(run_id="x", start_time=run.start_time, status="done")
+
+
+def test_runs_record_the_revision_being_profiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", "-b", "feature"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    monkeypatch.chdir(repo)
+    monkeypatch.delenv("MCPROF_COMMIT", raising=False)
+    monkeypatch.delenv("MCPROF_BRANCH", raising=False)
+    run = RunInfo.begin()
+    assert (run.commit, run.branch) == (head.stdout.strip(), "feature")
+    monkeypatch.setenv("MCPROF_COMMIT", "abc123")
+    monkeypatch.setenv("MCPROF_BRANCH", "main")
+    run = RunInfo.begin()
+    assert (run.commit, run.branch) == ("abc123", "main")
+    assert run.versions["pyarrow"] == pa.__version__
