@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from multicore_profiler.ingest.abi import BufferLayout, CoreType
+from multicore_profiler.ingest.abi import CoreType, slot_dtype
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
@@ -44,7 +44,7 @@ def launches(kernel: SimulatedMoeKernel, count: int, distinct: int = 8) -> np.nd
     for core in (CoreType.AIC, CoreType.AIV):
         start = layout.offset(core)
         area = batch[:, start : start + layout.slots(core) * layout.stride(core)]
-        slots = area.reshape(-1).view(_slot_dtype(layout, core)).reshape(count, -1)
+        slots = area.reshape(-1).view(slot_dtype(layout.capacity(core))).reshape(count, -1)
         header, records = slots["header"], slots["records"]
         active = header["record_count"] > 0
         header["entry_cycle"] += np.where(active, shift[:, None], 0).astype(np.uint64)
@@ -52,10 +52,6 @@ def launches(kernel: SimulatedMoeKernel, count: int, distinct: int = 8) -> np.nd
         for name in ("start_cycle", "end_cycle"):
             records[name] += np.where(valid, shift[:, None, None], 0).astype(np.uint64)
     return batch
-
-
-def _slot_dtype(layout: BufferLayout, core: CoreType) -> np.dtype:
-    return layout.region(layout.new_buffer(), core).dtype
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:

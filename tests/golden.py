@@ -14,6 +14,9 @@ RECORD = struct.Struct("<QQIIII")
 AIC, AIV = 1, 2
 WAIT, TRIGGER, TERMINATE = 0x10000, 0x10007, 0x10006
 NO_OWNER = 0xFFFFFFFF
+GMM1 = 0x30001
+TASK7 = [(110, 160, WAIT, 7, 0, 5), (160, 400, GMM1, 7, 0, 5), (400, 405, TRIGGER, 7, 0, 5)]
+"""Task 7 of owner 5 on one core: a wait, its GMM1 compute and its trigger."""
 
 
 @dataclass

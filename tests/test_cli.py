@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from golden import AIC, AIV, NO_OWNER, TRIGGER, WAIT, Slot, pack
+from golden import AIC, AIV, NO_OWNER, TASK7, Slot, pack
 
 from multicore_profiler.cli import main
 
@@ -24,12 +24,7 @@ LAYOUT_ARGS = [
 def golden(path: Path, *, dropped: int = 0) -> Path:
     full = [(i, i + 1, 0x30001, i, i, 0) for i in range(16)]
     slots = [
-        Slot(
-            AIC,
-            0,
-            100,
-            [(110, 160, WAIT, 7, 0, 5), (160, 400, 0x30001, 7, 0, 5), (400, 405, TRIGGER, 7, 0, 5)],
-        ),
+        Slot(AIC, 0, 100, TASK7),
         Slot(AIV, 0, 100, [(150, 151, 0x20003, 8, 2, NO_OWNER)]),
     ]
     if dropped:

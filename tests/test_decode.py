@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from golden import AIC, AIV, NO_OWNER, TRIGGER, WAIT, Slot, pack
+from golden import AIC, AIV, NO_OWNER, TASK7, TRIGGER, WAIT, Slot, pack
 
 from multicore_profiler.errors import DroppedRecordsWarning
 from multicore_profiler.ingest.abi import BufferLayout
@@ -21,16 +21,7 @@ def golden() -> bytearray:
         16,
         16,
         [
-            Slot(
-                AIC,
-                0,
-                100,
-                [
-                    (110, 160, WAIT, 7, 0, 5),
-                    (160, 400, 0x30001, 7, 0, 5),
-                    (400, 405, TRIGGER, 7, 0, 5),
-                ],
-            ),
+            Slot(AIC, 0, 100, TASK7),
             Slot(AIV, 0, 90, [(95, 95, 0x20003, 8, 2, NO_OWNER)]),
             Slot(AIV, 2, 80),
         ],

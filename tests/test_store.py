@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from golden import AIC, AIV, NO_OWNER, TRIGGER, WAIT, Slot, pack
+from golden import AIC, AIV, NO_OWNER, TASK7, TRIGGER, WAIT, Slot, pack
 
 from multicore_profiler.errors import QueryError, StoreError
 from multicore_profiler.ingest.abi import BufferLayout
@@ -33,16 +34,7 @@ def golden() -> bytearray:
         16,
         16,
         [
-            Slot(
-                AIC,
-                0,
-                100,
-                [
-                    (110, 160, WAIT, 7, 0, 5),
-                    (160, 400, 0x30001, 7, 0, 5),
-                    (400, 405, TRIGGER, 7, 0, 5),
-                ],
-            ),
+            Slot(AIC, 0, 100, TASK7),
             Slot(AIV, 0, 100, [(150, 151, 0x20003, 8, 2, NO_OWNER)]),
         ],
     )
@@ -335,3 +327,12 @@ def test_runs_record_the_revision_being_profiled(
     run = RunInfo.begin()
     assert (run.commit, run.branch) == ("abc123", "main")
     assert run.versions["pyarrow"] == pa.__version__
+
+
+def test_a_table_whose_files_all_went_away_reads_as_empty(store: Store) -> None:
+    write_golden(store)
+    assert store.sql("SELECT count(*) AS n FROM records_ns")["n"].to_pylist() == [4]
+    for table in ("runs", "invocations", "cores", "records"):
+        shutil.rmtree(store.root / table)
+    assert store.sql("SELECT count(*) AS n FROM records_ns")["n"].to_pylist() == [0]
+    assert store.sql("SELECT count(*) AS n FROM run_summary")["n"].to_pylist() == [0]

@@ -126,29 +126,23 @@ class _Slots:
     core_type: np.ndarray
     block_id: np.ndarray
     capacity: np.ndarray
-    header_bytes: np.ndarray
 
     @classmethod
     def of(cls, layout: BufferLayout) -> _Slots:
         kinds = (CoreType.AIC, CoreType.AIV)
-        offsets = np.concatenate(
-            [layout.offset(k) + layout.stride(k) * np.arange(layout.slots(k)) for k in kinds]
-        )
+        counts = [layout.slots(k) for k in kinds]
         return cls(
-            core_type=np.repeat(np.array(kinds, np.uint8), [layout.slots(k) for k in kinds]),
-            block_id=np.concatenate([np.arange(layout.slots(k), dtype=np.uint32) for k in kinds]),
-            capacity=np.repeat(
-                [layout.capacity(k) for k in kinds], [layout.slots(k) for k in kinds]
-            ),
-            header_bytes=(offsets[:, None] + np.arange(SLOT_HEADER_BYTES)).reshape(-1),
+            core_type=np.repeat(np.array(kinds, np.uint8), counts),
+            block_id=np.concatenate([np.arange(n, dtype=np.uint32) for n in counts]),
+            capacity=np.repeat([layout.capacity(k) for k in kinds], counts),
         )
 
 
 class _Locator:
     """Names where something is in a batch: 'buffer 3, slot 27 (AIV block 3)'."""
 
-    def __init__(self, layout: BufferLayout, slots: _Slots, batch: int) -> None:
-        self.layout, self.slots, self.batch = layout, slots, batch
+    def __init__(self, slots: _Slots, batch: int) -> None:
+        self.slots, self.batch = slots, batch
 
     def __call__(self, buffer: int, slot: int) -> str:
         prefix = f"buffer {buffer}, " if self.batch > 1 else ""
@@ -247,7 +241,7 @@ def decode_buffers(
     if count == 0:
         raise DecodeError("no buffer to decode")
     slots = _Slots.of(layout)
-    where = _Locator(layout, slots, count)
+    where = _Locator(slots, count)
 
     raw = np.concatenate(
         [

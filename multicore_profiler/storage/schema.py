@@ -34,7 +34,8 @@ class TableSpec:
     Every other column is written plain: with snappy that is both the fastest and, for
     runs of equal values, about as small."""
     sort_by: tuple[str, ...] = ()
-    """Order of rows in a compacted file."""
+    """Order of rows in a compacted file of a table merged in memory (runs, invocations);
+    cores and records files are streamed in the order of their invocations instead."""
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -109,7 +110,6 @@ CORES = TableSpec(
         ]
     ),
     partition_by=("run_id", "step"),
-    sort_by=("rank", "invocation_id", "slot"),
 )
 
 RECORDS = TableSpec(
@@ -134,7 +134,6 @@ RECORDS = TableSpec(
     partition_by=("run_id", "step"),
     delta_columns=("start_cycle", "end_cycle", "task_id", "stage_task_index", "owner_id"),
     dictionary_columns=("phase",),
-    sort_by=("rank", "invocation_id", "core_type", "block_id", "record_index"),
 )
 
 TABLES = {spec.name: spec for spec in (RUNS, INVOCATIONS, CORES, RECORDS)}

@@ -27,7 +27,7 @@ from multicore_profiler.storage.compact import CompactionReport, compact
 from multicore_profiler.storage.partitions import glob_pattern, write_partition
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, RUNS, TABLES, TableSpec
-from multicore_profiler.storage.swap import StoreLock, read_consistent
+from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, read_consistent
 
 STORE_ENV = "MCPROF_STORE"
 DEFAULT_STORE = "mcprof-store"
@@ -75,6 +75,7 @@ class Store:
         if not marker.exists():
             if any(root.iterdir()) or not create:
                 raise StoreError(f"{root} is not a multicore_profiler store (no {MARKER} in it)")
+            (root / LOCK_FILE).touch()
             aside = root / f".{MARKER}.{os.getpid()}.tmp"
             aside.write_text(json.dumps({"format": FORMAT_VERSION}) + "\n")
             os.replace(aside, marker)
@@ -88,10 +89,10 @@ class Store:
         self._views = threading.Lock()
         self._db = duckdb.connect()
         self._db.execute("SET enable_progress_bar = false; SET TimeZone = 'UTC'")
-        self._empty: set[str] = set()
+        self._pointed: dict[str, bool] = {}
         for spec in TABLES.values():
             self._db.from_arrow(_empty_table(spec)).create(f"empty_{spec.name}")
-            self._point(spec)
+        self._point()
         self._db.execute(resources.files(__package__).joinpath("views.sql").read_text())
 
     @property
@@ -112,22 +113,25 @@ class Store:
         relative = Path(glob_pattern(self._root, spec)).relative_to(self._root)
         return next(self._root.glob(str(relative)), None) is not None
 
-    def _point(self, spec: TableSpec) -> None:
-        """(Re)define ``raw_<table>`` over the table's files, or over an empty table if none."""
-        columns = ", ".join(_quoted(c) for c in spec.columns)
-        if self._has_files(spec):
-            types = ", ".join(f"{_sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
-            source = (
-                f"read_parquet({_sql_string(glob_pattern(self._root, spec))}, "
-                f"hive_partitioning = true, hive_types = {{{types}}}, union_by_name = true)"
-            )
-            self._empty.discard(spec.name)
-        else:
+    def _point(self) -> None:
+        """Define each ``raw_<table>`` over the table's files, or over an empty table while
+        it has none (DuckDB refuses a glob that matches nothing); only what changed."""
+        for spec in TABLES.values():
+            has_files = self._has_files(spec)
+            if self._pointed.get(spec.name) == has_files:
+                continue
+            columns = ", ".join(_quoted(c) for c in spec.columns)
             source = f"empty_{spec.name}"
-            self._empty.add(spec.name)
-        self._db.execute(
-            f"CREATE OR REPLACE VIEW raw_{spec.name} AS SELECT {columns} FROM {source}"
-        )
+            if has_files:
+                types = ", ".join(f"{_sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
+                source = (
+                    f"read_parquet({_sql_string(glob_pattern(self._root, spec))}, "
+                    f"hive_partitioning = true, hive_types = {{{types}}}, union_by_name = true)"
+                )
+            self._db.execute(
+                f"CREATE OR REPLACE VIEW raw_{spec.name} AS SELECT {columns} FROM {source}"
+            )
+            self._pointed[spec.name] = has_files
 
     def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
         """Run one SQL statement over the store's views; return its rows as Arrow.
@@ -137,8 +141,7 @@ class Store:
 
         def read() -> pa.Table:
             with self._views:
-                for name in list(self._empty):
-                    self._point(TABLES[name])
+                self._point()
             cursor = self._db.cursor()
             try:
                 result = cursor.sql(query, params=params)
@@ -146,18 +149,10 @@ class Store:
             finally:
                 cursor.close()
 
-        for attempt in range(2):
-            try:
-                return read_consistent(self._root, self._lock, read)
-            except duckdb.IOException as exc:
-                if attempt or "No files found" not in str(exc):
-                    raise QueryError(f"query failed: {exc}") from exc
-                with self._views:
-                    for spec in TABLES.values():
-                        self._point(spec)
-            except duckdb.Error as exc:
-                raise QueryError(f"query failed: {exc}") from exc
-        raise AssertionError("unreachable")
+        try:
+            return read_consistent(self._root, self._lock, read)
+        except duckdb.Error as exc:
+            raise QueryError(f"query failed: {exc}") from exc
 
     def write_run(self, run: RunInfo) -> None:
         """Record a run's current state (a newer row for the same run supersedes older ones)."""

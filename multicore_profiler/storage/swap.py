@@ -39,6 +39,8 @@ class StoreLock:
 
     @contextmanager
     def _held(self, mode: int) -> Iterator[None]:
+        """Hold the lock in ``mode``. A user who cannot write the store opens the lock file
+        read-only (the store made it when it was created): flock works on either."""
         try:
             fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
         except PermissionError:
