@@ -121,6 +121,7 @@ while not done.exists() or not seen:
         "FROM records"
     ).to_pylist()[0]
     seen.append(f"{began} {time.time()} {row['n']} {row['s']} {row['u']}")
+    Path(sys.argv[2] + ".ready").touch()
 print("\\n".join(seen))
 """
 
@@ -137,7 +138,12 @@ def test_a_query_during_compaction_sees_every_row_once(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.0)  # let the reader start querying
+    ready = Path(f"{done}.ready")
+    deadline = time.monotonic() + 120
+    while not ready.exists():  # the reader is in its query loop
+        assert reader.poll() is None
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     began = time.time()
     report = store.compact()
     ended = time.time()

@@ -308,12 +308,11 @@ def decode_buffer(
     return decode_buffers([buffer], layout, frequency_hz=frequency_hz)
 
 
-_RECORD_COLUMNS = {
+_SLOT_COLUMNS = {
     "buffer": np.uint32,
     "core_type": np.uint8,
     "block_id": np.uint32,
     "record_index": np.uint16,
-    **{name: RECORD_DTYPE[name] for name in RECORD_DTYPE.names},
 }
 
 
@@ -346,8 +345,14 @@ def _gather(
     then derives the phase and checks the cycles of all records at once.
     """
     total = int(counts.sum())
-    out = {name: np.empty(total, dtype) for name, dtype in _RECORD_COLUMNS.items()}
-    words = RECORD_DTYPE.names[2:]
+    out = {name: np.empty(total, dtype) for name, dtype in _SLOT_COLUMNS.items()}
+    # The record fields as rows of two arrays, so that one transposing copy per array
+    # splits a gathered block into fields; each row is one contiguous column.
+    cycles = np.empty((2, total), np.uint64)
+    ids = np.empty((4, total), np.uint32)
+    names = RECORD_DTYPE.names
+    out.update(zip(names[:2], cycles, strict=True))
+    out.update(zip(names[2:], ids, strict=True))
     per_buffer = layout.aic_slots * layout.aic_capacity + layout.aiv_slots * layout.aiv_capacity
     step = max(1, _CHUNK_RECORDS // max(per_buffer, 1))
     kinds = [
@@ -370,11 +375,8 @@ def _gather(
                 mask = np.arange(capacity) < region_counts[..., None]
                 valid = area.view(f"V{RECORD_BYTES}")[mask].view("<u8").reshape(-1, 4)
                 span = slice(position, position + len(valid))
-                out["start_cycle"][span] = valid[:, 0]
-                out["end_cycle"][span] = valid[:, 1]
-                packed = valid[:, 2:].view("<u4")
-                for j, name in enumerate(words):
-                    out[name][span] = packed[:, j]
+                cycles[:, span] = valid[:, :2].T
+                ids[:, span] = valid[:, 2:].view("<u4").T
                 if b == 1:
                     out["buffer"][span] = rows.start
                 else:
