@@ -37,7 +37,7 @@ def launches(kernel: SimulatedMoeKernel, count: int, distinct: int = 8) -> np.nd
     """``count`` launch buffers (buffer x byte): ``distinct`` simulated ones, repeated later."""
     rng = np.random.default_rng(0)
     period = 10**6
-    base = np.stack([kernel.launch(rng, period * (i + 1)) for i in range(distinct)])
+    base = kernel.launches(rng, distinct, start_cycle=period, period=period)
     batch = np.resize(base, (count, base.shape[1]))
     shift = (np.arange(count) // distinct * distinct * period).astype(np.uint64)
     layout = kernel.layout

@@ -182,7 +182,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     for rank, step in tqdm(work, desc="demo", unit="step", disable=None):
         first = step * launches_per_step
         start = 10**9 + first * period
-        buffers = [kernel.launch(rng, start + i * period) for i in range(launches_per_step)]
+        buffers = kernel.launches(rng, launches_per_step, start_cycle=start, period=period)
         launches = Launches(rank=rank, device=rank, step=step, first_invocation_id=first)
         ingest_buffers(
             store,

@@ -44,7 +44,7 @@ def fill(store: Store, runs: int = 2, ranks: int = 2, steps: int = 3) -> int:
         store.write_run(run)
         for rank in range(ranks):
             for step in range(steps):
-                buffers = [KERNEL.launch(rng, 10**6 * (step * 2 + i + 1)) for i in range(2)]
+                buffers = KERNEL.launches(rng, 2, start_cycle=10**6 * (step * 2 + 1), period=10**6)
                 ingest_buffers(
                     store,
                     buffers,
@@ -198,7 +198,7 @@ kernel = SimulatedMoeKernel(
 )
 rng = np.random.default_rng(1)
 for step in range(20):
-    buffers = [kernel.launch(rng, 10**6 * (i + 1)) for i in range(2)]
+    buffers = kernel.launches(rng, 2, start_cycle=10**6, period=10**6)
     ingest_buffers(store, buffers, kernel.layout, frequency_hz=kernel.frequency_hz, run_id="live",
                    launches=Launches(rank=5, step=step, first_invocation_id=2 * step))
 """

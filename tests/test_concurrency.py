@@ -43,7 +43,7 @@ rng = np.random.default_rng(rank)
 {prepare}
 for step in range(steps):
     {before_step}
-    buffers = [kernel.launch(rng, 10**6 * (step * {n} + i + 1)) for i in range({n})]
+    buffers = kernel.launches(rng, {n}, start_cycle=10**6 * (step * {n} + 1), period=10**6)
     ingest_buffers(
         store, buffers, kernel.layout, frequency_hz=kernel.frequency_hz, run_id="job",
         kernel=KernelInfo(kernel_name=kernel.kernel_name, stage_names=kernel.stage_names),

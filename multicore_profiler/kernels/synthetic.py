@@ -165,6 +165,13 @@ class SimulatedMoeKernel:
             _fill(region, np.array(written, dtype=np.int64).reshape(-1, 7), core, start_cycle)
         return buffer
 
+    def launches(
+        self, rng: np.random.Generator, count: int, *, start_cycle: int, period: int
+    ) -> np.ndarray:
+        """``count`` launches, one every ``period`` cycles from ``start_cycle``: their
+        buffers as the rows of a 2-D array (buffer x byte)."""
+        return np.stack([self.launch(rng, start_cycle + i * period) for i in range(count)])
+
 
 def _fill(region: np.ndarray, rows: np.ndarray, core: CoreType, entry_cycle: int) -> None:
     """Write records (worker, start, end, desc, task, index, owner) into a region's slots."""
