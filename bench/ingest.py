@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from multicore_profiler.ingest.abi import CoreType, slot_dtype
+from multicore_profiler.ingest.abi import CoreType
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
@@ -42,9 +42,7 @@ def launches(kernel: SimulatedMoeKernel, count: int, distinct: int = 8) -> np.nd
     shift = (np.arange(count) // distinct * distinct * period).astype(np.uint64)
     layout = kernel.layout
     for core in (CoreType.AIC, CoreType.AIV):
-        start = layout.offset(core)
-        area = batch[:, start : start + layout.slots(core) * layout.stride(core)]
-        slots = area.reshape(-1).view(slot_dtype(layout.capacity(core))).reshape(count, -1)
+        slots = layout.region(batch, core)
         header, records = slots["header"], slots["records"]
         active = header["record_count"] > 0
         header["entry_cycle"] += np.where(active, shift[:, None], 0).astype(np.uint64)

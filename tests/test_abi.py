@@ -119,3 +119,15 @@ def test_region_is_a_writable_view_of_the_buffer() -> None:
     assert buffer[slot + 20] == 7
     assert buffer[slot + 64 + 31 * 32 + 28] == 9
     assert layout.slot_index(CoreType.AIV, 2) == 4
+
+
+def test_region_of_a_batch_views_every_buffer() -> None:
+    layout = BufferLayout(aic_slots=2, aiv_slots=3, aic_capacity=16, aiv_capacity=0)
+    batch = np.zeros((4, layout.total_bytes), np.uint8)
+    aic = layout.region(batch, CoreType.AIC)
+    assert aic.shape == (4, 2)
+    aic["header"]["entry_cycle"][3, 1] = 0x0102
+    slot = 3 * layout.total_bytes + layout.stride(CoreType.AIC)
+    assert batch.reshape(-1)[slot : slot + 2].tolist() == [2, 1]
+    assert layout.region(batch, CoreType.AIV)["records"].shape == (4, 3, 0)
+    assert layout.slot_bytes(batch[0], CoreType.AIV).shape == (3, 64)

@@ -196,15 +196,23 @@ class BufferLayout:
         """Index of a core's slot in the buffer (AIV slots are numbered after the AIC ones)."""
         return block_id if core_type == CoreType.AIC else self.aic_slots + block_id
 
-    def region(self, buffer: np.ndarray, core_type: CoreType) -> np.ndarray:
-        """The slots of one core type in a uint8 buffer, as a structured view (no copy).
-
-        The result has fields ``header`` and ``records`` (shape ``(slots, capacity)``);
-        writing to it writes the buffer, which is how a kernel fills its slots.
-        """
+    def slot_bytes(self, buffers: np.ndarray, core_type: CoreType) -> np.ndarray:
+        """The slots of one core type as bytes (no copy): ``(..., slots, stride)`` of a
+        uint8 buffer, or of a 2-D batch of them (buffer x byte)."""
         start = self.offset(core_type)
-        stop = start + self.slots(core_type) * self.stride(core_type)
-        return buffer[start:stop].view(slot_dtype(self.capacity(core_type)))
+        area = buffers[..., start : start + self.slots(core_type) * self.stride(core_type)]
+        return area.reshape(*buffers.shape[:-1], self.slots(core_type), self.stride(core_type))
+
+    def region(self, buffers: np.ndarray, core_type: CoreType) -> np.ndarray:
+        """The slots of one core type in a uint8 buffer (or a 2-D batch of them), as a
+        structured view (no copy).
+
+        The result has fields ``header`` and ``records`` (shape ``(..., slots,
+        capacity)``); writing to it writes the buffer, which is how a kernel fills its
+        slots.
+        """
+        slots = self.slot_bytes(buffers, core_type)
+        return slots.view(slot_dtype(self.capacity(core_type)))[..., 0]
 
     def new_buffer(self) -> np.ndarray:
         """A zeroed buffer of this layout, as a kernel receives it before its launch."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,14 +209,6 @@ def _as_groups(
     return [data.reshape(1, -1) for data in arrays]
 
 
-def _regions(rows: np.ndarray, layout: BufferLayout) -> Iterator[tuple[CoreType, np.ndarray]]:
-    """Each core type's slots in a group of buffers, as (buffer, slot, byte) views."""
-    for kind in (CoreType.AIC, CoreType.AIV):
-        start, n = layout.offset(kind), layout.slots(kind)
-        area = rows[:, start : start + n * layout.stride(kind)]
-        yield kind, area.reshape(len(rows), n, layout.stride(kind))
-
-
 def _check_size(nbytes: int, index: int, layout: BufferLayout, *, batch: bool) -> None:
     if nbytes != layout.total_bytes:
         prefix = f"buffer {index}: " if batch else ""
@@ -246,7 +238,11 @@ def decode_buffers(
     raw = np.concatenate(
         [
             np.concatenate(
-                [area[:, :, :SLOT_HEADER_BYTES] for _, area in _regions(g, layout)], axis=1
+                [
+                    layout.slot_bytes(g, kind)[:, :, :SLOT_HEADER_BYTES]
+                    for kind in (CoreType.AIC, CoreType.AIV)
+                ],
+                axis=1,
             )
             for g in groups
         ]
@@ -362,7 +358,7 @@ def _gather(
     ]
     row = position = 0
     for group in groups:
-        regions = dict(_regions(group, layout))
+        regions = {kind: layout.slot_bytes(group, kind) for kind, *_ in kinds}
         for kind, first, n, _ in kinds:
             block = idle[row : row + len(group), first : first + n]
             _check_idle(regions[kind], block, (row, first), where, headers)
