@@ -60,5 +60,27 @@ class QueryError(StoreError):
     """SQL that the store cannot run; the message carries DuckDB's reason."""
 
 
+class ScheduleError(ProfileError, ValueError):
+    """Profiler schedule arguments that cannot describe a schedule."""
+
+
+class ConfigError(ProfileError, ValueError):
+    """A kernel configuration that cannot run: a bad task graph (core type, event, count),
+    a bad kernel argument, or config bytes a kernel cannot read."""
+
+
+class SpecError(ProfileError):
+    """A kernel's profile spec that cannot be applied: a bad stage or a task matching two."""
+
+
+class SessionError(ProfileError):
+    """The capture API used out of order: a nested session, ``step()`` outside one, a call
+    prepared in one session and completed in another."""
+
+
+class CaptureError(ProfileError):
+    """Captured buffers that could not be drained or written to the store."""
+
+
 class DroppedRecordsWarning(UserWarning):
     """The device dropped records because a slot was full; the rest are kept."""

@@ -27,6 +27,10 @@ DESC_TERMINATE_TASK = 0x10006
 DESC_TRIGGER_EVENT = 0x10007
 DESC_COMPUTE_FALLBACK = 0x20000
 """A compute record whose task has no stage id carries ``DESC_COMPUTE_FALLBACK + task_type``."""
+MAX_TASK_TYPE = 0xFFFF
+"""Task types fit in 16 bits, so fallback ids lie in 0x20000..0x2FFFF."""
+RESERVED_DESC_IDS = range(DESC_WAIT_DEPENDENCY, DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE + 1)
+"""Control and fallback ids; a kernel's stage ids are any other non-zero 32-bit value."""
 
 NO_OWNER = 0xFFFFFFFF
 
