@@ -1,0 +1,582 @@
+"""The CPU reference MoE MegaKernel: a MoE layer forward run by host threads as workers.
+
+It follows the device protocol so the profiler can be tested without an NPU. A launch
+is the torch custom op ``mcprof::reference_moe``; it reads the RuntimeConfig bytes as
+a device kernel would, sorts the routed (token, k) pairs by expert in its prologue, and
+runs one host thread per worker on a persistent pool. Each worker runs its queue in
+task order: wait on an event counter, compute with torch, trigger. The config's
+``profile_enabled`` flag, read once per launch, picks the loop: the fast loop reads no
+clock and touches no buffer; the profiled loop writes the slot header and the wait,
+compute and trigger records of the device ABI into the worker's slot.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import enum
+import math
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from multicore_profiler.errors import ConfigError
+from multicore_profiler.ingest.abi import (
+    DESC_COMPUTE_FALLBACK,
+    DESC_TRIGGER_EVENT,
+    DESC_WAIT_DEPENDENCY,
+    CoreType,
+)
+from multicore_profiler.kernels.backend import Backend, CpuBackend
+from multicore_profiler.kernels.reference.graph import (
+    COMBINE,
+    DISPATCH,
+    GEMM,
+    GMM1_TILING,
+    GMM2_TILING,
+    SWIGLU,
+    build_moe_graph,
+    moe_spec,
+)
+from multicore_profiler.kernels.runtime import (
+    RuntimeConfig,
+    build_runtime_config,
+    header_layout,
+    parse_config,
+    prepare_call,
+)
+from multicore_profiler.kernels.spec import ProfileSpec
+
+clock: Callable[[], int] = time.perf_counter_ns
+"""The cycle counter of the profiled loop (1 GHz, as ``CpuBackend.frequency_hz``); looked
+up once per worker and launch, so a test can replace it."""
+
+WorkerTask = tuple[Callable[[int, int], object], int, int, int, int, int, int, int, int, int]
+"""A queued task as a worker runs it: (compute, arg0, arg1, wait_event, wait_count,
+trigger_event, task_id, desc_id, stage_task_index, owner_id)."""
+
+
+class _Aborted(Exception):
+    """Raised in a waiting worker when another worker of the launch failed."""
+
+
+class _Events:
+    """The event counters of one launch; ``error`` doubles as its abort flag."""
+
+    __slots__ = ("cond", "counts", "error")
+
+    def __init__(self, count: int) -> None:
+        self.counts = [0] * count
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+
+    def wait(self, event: int, needed: int) -> None:
+        """Block until ``event`` has been triggered ``needed`` times (or the launch fails)."""
+        with self.cond:
+            while self.counts[event] < needed:
+                if self.error is not None:
+                    raise _Aborted
+                self.cond.wait()
+
+    def trigger(self, event: int) -> None:
+        """Count one trigger of ``event`` and wake the waiters."""
+        with self.cond:
+            self.counts[event] += 1
+            self.cond.notify_all()
+
+    def trigger_timed(self, event: int, read_clock: Callable[[], int]) -> int:
+        """``trigger``, returning a clock read before any waiter can see the trigger, so a
+        wait never ends before the trigger record that released it."""
+        with self.cond:
+            self.counts[event] += 1
+            self.cond.notify_all()
+            return read_clock()
+
+    def fail(self, error: BaseException) -> None:
+        """Record the launch's first error and wake every waiter so that none hangs."""
+        with self.cond:
+            if self.error is None:
+                self.error = error
+            self.cond.notify_all()
+
+
+class _SlotWriter:
+    """Appends records to one worker's slot, counting what a full slot drops."""
+
+    __slots__ = ("block", "capacity", "counts", "dropped", "drops", "records", "written")
+
+    def __init__(self, region: np.ndarray, block: int, capacity: int) -> None:
+        self.records = region["records"][block]
+        self.counts = region["header"]["record_count"]
+        self.drops = region["header"]["dropped_count"]
+        self.block = block
+        self.capacity = capacity
+        self.written = 0
+        self.dropped = 0
+
+    def write(self, start: int, end: int, desc: int, task: int, index: int, owner: int) -> None:
+        """Write one record then bump ``record_count``; in a full slot bump ``dropped_count``."""
+        written = self.written
+        if written < self.capacity:
+            self.records[written] = (start, end, desc, task, index, owner)
+            self.written = written + 1
+            self.counts[self.block] = written + 1
+        else:
+            self.dropped += 1
+            self.drops[self.block] = self.dropped
+
+
+def _run_fast(queue: list[WorkerTask], events: _Events) -> None:
+    """A worker's queue without profiling: no clock, no buffer."""
+    for run, arg0, arg1, wait_event, wait_count, trigger_event, *_ in queue:
+        if wait_event >= 0:
+            events.wait(wait_event, wait_count)
+        run(arg0, arg1)
+        if trigger_event >= 0:
+            events.trigger(trigger_event)
+
+
+def _run_profiled(
+    queue: list[WorkerTask], events: _Events, region: np.ndarray, core_type: CoreType, block: int
+) -> None:
+    """A worker's queue with its slot header and wait / compute / trigger records."""
+    read = clock
+    capacity = region["records"].shape[1]
+    region["header"][block] = (read(), 0, 0, core_type, block, capacity, 0)
+    write = _SlotWriter(region, block, capacity).write
+    for run, arg0, arg1, wait_event, wait_count, trigger_event, task, desc, index, owner in queue:
+        if wait_event >= 0:
+            start = read()
+            events.wait(wait_event, wait_count)
+            write(start, read(), DESC_WAIT_DEPENDENCY, task, index, owner)
+        start = read()
+        run(arg0, arg1)
+        write(start, read(), desc, task, index, owner)
+        if trigger_event >= 0:
+            start = read()
+            end = events.trigger_timed(trigger_event, read)
+            write(start, end, DESC_TRIGGER_EVENT, task, index, owner)
+
+
+def _guarded(events: _Events, loop: Callable[..., None], *args: object) -> None:
+    """Run a worker loop; on an error, abort the launch instead of leaving others waiting."""
+    try:
+        loop(*args)
+    except _Aborted:
+        pass
+    except BaseException as error:
+        events.fail(error)
+
+
+class _WorkerPool:
+    """Persistent threads for launches of one worker count; one launch at a time."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self.executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=name)
+        self.lock = threading.Lock()
+        self.users = 0
+        started = threading.Barrier(workers)
+        for _ in range(workers):
+            self.executor.submit(started.wait)
+
+    def launch(self, jobs: list[tuple[object, ...]], events: _Events) -> None:
+        """Run every worker of a launch at once; re-raise the first error of any of them."""
+        with self.lock:
+            futures = [self.executor.submit(_guarded, events, *job) for job in jobs]
+            try:
+                concurrent.futures.wait(futures)
+            except BaseException as interrupted:
+                events.fail(interrupted)
+                concurrent.futures.wait(futures)
+                raise
+        if events.error is not None:
+            raise events.error
+
+
+_pools: dict[tuple[int, int], _WorkerPool] = {}
+_pools_lock = threading.Lock()
+
+
+def _acquire_pool(aic_workers: int, aiv_workers: int) -> _WorkerPool:
+    """The pool for these worker counts, made on first use; each acquire needs a release."""
+    key = (aic_workers, aiv_workers)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _WorkerPool(aic_workers + aiv_workers, f"mcprof-moe-{aic_workers}x{aiv_workers}")
+            _pools[key] = pool
+        pool.users += 1
+        return pool
+
+
+def _release_pool(aic_workers: int, aiv_workers: int) -> None:
+    """Drop one use of a pool; the last one shuts its threads down."""
+    with _pools_lock:
+        pool = _pools[aic_workers, aiv_workers]
+        pool.users -= 1
+        if pool.users == 0:
+            del _pools[aic_workers, aiv_workers]
+            pool.executor.shutdown(wait=False)
+
+
+@contextlib.contextmanager
+def _borrowed_pool(aic_workers: int, aiv_workers: int) -> Iterator[_WorkerPool]:
+    pool = _acquire_pool(aic_workers, aiv_workers)
+    try:
+        yield pool
+    finally:
+        _release_pool(aic_workers, aiv_workers)
+
+
+class _MoeLaunch:
+    """One launch's data: the prologue's routing (rows sorted by expert, each tile's row
+    range) and the per-launch buffers, with one compute method per task kind.
+
+    The config carries no token tile size, so Combine task i covers the tokens from
+    i * s to (i + 1) * s with s = ceil(T / Combine tasks): the kernel's ``token_tile``
+    when it divides T, else a smaller, even split (still every token exactly once)."""
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        *,
+        tiles_per_expert: int,
+        token_tiles: int,
+    ) -> None:
+        tokens, top_k = topk_ids.shape
+        experts = w1.shape[0]
+        flat = topk_ids.reshape(-1)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= experts):
+            raise ConfigError(
+                f"topk_ids must be expert ids of 0..{experts - 1}, got "
+                f"{int(flat.min())}..{int(flat.max())}"
+            )
+        order = torch.argsort(flat, stable=True)
+        self.token = order // top_k
+        self.inverse = torch.empty_like(order)
+        self.inverse[order] = torch.arange(len(order))
+        counts = torch.bincount(flat, minlength=experts).numpy()
+        offsets = np.cumsum(counts) - counts
+        size = -(-counts // tiles_per_expert)
+        edges = np.minimum(np.arange(tiles_per_expert + 1) * size[:, None], counts[:, None])
+        self.bounds = (offsets[:, None] + edges).tolist()
+        """Rows of tile j of expert e: ``bounds[e][j]`` to ``bounds[e][j + 1]``."""
+
+        rows, hidden = len(order), x.shape[1]
+        self.intermediate = w1.shape[2] // 2
+        self.x, self.w1, self.w2 = x, w1, w2
+        self.weights = topk_weights.to(x.dtype)
+        self.top_k = top_k
+        self.tokens = tokens
+        self.token_tile = -(-tokens // token_tiles)
+        self.gathered = x.new_empty(rows, hidden)
+        self.hidden = x.new_empty(rows, w1.shape[2])
+        self.activated = x.new_empty(rows, self.intermediate)
+        self.expert_out = x.new_empty(rows, w2.shape[2])
+        self.out = x.new_empty(tokens, w2.shape[2])
+
+    def dispatch(self, expert: int, tile: int) -> None:
+        """Gather the rows of x routed to the tile into the expert-major buffer."""
+        start, end = self.bounds[expert][tile : tile + 2]
+        torch.index_select(self.x, 0, self.token[start:end], out=self.gathered[start:end])
+
+    def gmm1(self, expert: int, tile: int) -> None:
+        """h = rows @ w1[e] (gate and up halves)."""
+        start, end = self.bounds[expert][tile : tile + 2]
+        torch.mm(self.gathered[start:end], self.w1[expert], out=self.hidden[start:end])
+
+    def swiglu(self, expert: int, tile: int) -> None:
+        """a = silu(gate) * up."""
+        start, end = self.bounds[expert][tile : tile + 2]
+        hidden = self.hidden[start:end]
+        gate, up = hidden[:, : self.intermediate], hidden[:, self.intermediate :]
+        torch.mul(F.silu(gate), up, out=self.activated[start:end])
+
+    def gmm2(self, expert: int, tile: int) -> None:
+        """y = a @ w2[e]."""
+        start, end = self.bounds[expert][tile : tile + 2]
+        torch.mm(self.activated[start:end], self.w2[expert], out=self.expert_out[start:end])
+
+    def combine(self, tile: int, _unused: int) -> None:
+        """out[t] = sum over k of weight[t, k] * y[row of (t, k)]: a gather, race-free."""
+        first = tile * self.token_tile
+        last = min(first + self.token_tile, self.tokens)
+        if last <= first:
+            return
+        rows = self.expert_out[self.inverse[first * self.top_k : last * self.top_k]]
+        rows = rows.view(last - first, self.top_k, -1)
+        torch.sum(rows * self.weights[first:last, :, None], dim=1, out=self.out[first:last])
+
+    def queues(self, tasks: np.ndarray, workers: dict[CoreType, int]) -> list[list[WorkerTask]]:
+        """Each worker's tasks in task order: AIC workers first, then AIV."""
+        handlers = {
+            (DISPATCH, 0): self.dispatch,
+            (GEMM, GMM1_TILING): self.gmm1,
+            (SWIGLU, 0): self.swiglu,
+            (GEMM, GMM2_TILING): self.gmm2,
+            (COMBINE, 0): self.combine,
+        }
+        task_type = tasks["task_type"]
+        kind = np.where(task_type == GEMM, tasks["tiling_position"], 0)
+        desc = tasks["profile_desc_id"]
+        desc = np.where(desc != 0, desc, DESC_COMPUTE_FALLBACK + task_type.astype(np.int64))
+        columns = zip(
+            task_type.tolist(),
+            kind.tolist(),
+            tasks["args"][:, 0].tolist(),
+            tasks["args"][:, 1].tolist(),
+            tasks["wait_event"].tolist(),
+            tasks["wait_count"].tolist(),
+            tasks["trigger_event"].tolist(),
+            tasks["task_id"].tolist(),
+            desc.tolist(),
+            tasks["profile_task_index"].tolist(),
+            tasks["profile_owner_id"].tolist(),
+            strict=True,
+        )
+        described: list[WorkerTask] = []
+        for task_type_, kind_, *fields in columns:
+            run = handlers.get((task_type_, kind_))
+            if run is None:
+                raise ConfigError(
+                    f"task {fields[5]}: the reference MoE kernel has no task of type "
+                    f"{task_type_} at tiling position {kind_}"
+                )
+            described.append((run, *fields))
+        queues = []
+        for core_type in (CoreType.AIC, CoreType.AIV):
+            mine = tasks["core_type"] == core_type
+            for worker in range(workers[core_type]):
+                picked = np.flatnonzero(mine & (tasks["worker"] == worker))
+                queues.append([described[i] for i in picked])
+        return queues
+
+
+def _parse_config(config: torch.Tensor) -> tuple[np.void, np.ndarray]:
+    """The config header and task descriptors, read from the config's bytes."""
+    if config.dtype != torch.uint8 or config.device.type != "cpu" or config.dim() != 1:
+        raise ConfigError("config must be the RuntimeConfig bytes: a 1-D uint8 CPU tensor")
+    return parse_config(config.contiguous().numpy())
+
+
+@torch.library.custom_op("mcprof::reference_moe", mutates_args=("profile_buffer",))
+def reference_moe(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    config: torch.Tensor,
+    profile_buffer: torch.Tensor,
+) -> torch.Tensor:
+    """One launch of the reference MoE MegaKernel: out [T, H].
+
+    ``config`` is the RuntimeConfig's bytes; ``profile_buffer`` is written only when the
+    config's ``profile_enabled`` is set, and must then be a zeroed buffer of its layout.
+    """
+    header, tasks = _parse_config(config)
+    workers = {CoreType.AIC: int(header["aic_workers"]), CoreType.AIV: int(header["aiv_workers"])}
+    dispatch = tasks["task_type"] == DISPATCH
+    launch = _MoeLaunch(
+        x,
+        topk_ids,
+        topk_weights,
+        w1,
+        w2,
+        tiles_per_expert=int(tasks["args"][dispatch, 1].max(initial=0)) + 1,
+        token_tiles=int(np.count_nonzero(tasks["task_type"] == COMBINE)),
+    )
+    queues = launch.queues(tasks, workers)
+    events = _Events(int(header["event_count"]))
+    blocks = [(c, w) for c in (CoreType.AIC, CoreType.AIV) for w in range(workers[c])]
+    if header["profile_enabled"]:
+        layout = header_layout(header)
+        if (
+            profile_buffer.dtype != torch.uint8
+            or profile_buffer.numel() != layout.total_bytes
+            or not profile_buffer.is_contiguous()
+        ):
+            raise ConfigError(
+                f"profiling is on but the profile buffer holds {profile_buffer.numel()} "
+                f"{profile_buffer.dtype} elements; its layout needs {layout.total_bytes} "
+                "contiguous bytes"
+            )
+        buffer = profile_buffer.numpy()
+        regions = {c: layout.region(buffer, c) for c in (CoreType.AIC, CoreType.AIV)}
+        jobs = [
+            (_run_profiled, queue, events, regions[c], c, w)
+            for queue, (c, w) in zip(queues, blocks, strict=True)
+        ]
+    else:
+        jobs = [(_run_fast, queue, events) for queue in queues]
+    with _borrowed_pool(workers[CoreType.AIC], workers[CoreType.AIV]) as pool:
+        pool.launch(jobs, events)
+    return launch.out
+
+
+@reference_moe.register_fake
+def _reference_moe_fake(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    config: torch.Tensor,
+    profile_buffer: torch.Tensor,
+) -> torch.Tensor:
+    """The op's output for tracing: a tensor like ``x``."""
+    return torch.empty_like(x)
+
+
+class _Default(enum.Enum):
+    SPEC = "the reference kernel's spec for its expert offset"
+
+
+class ReferenceMoeKernel:
+    """A MoE layer forward (top-k routing, SwiGLU experts) as a CPU MegaKernel.
+
+    Holds the expert weights, one RuntimeConfig per token count and, while open, a
+    persistent worker pool. ``spec`` defaults to ``moe_spec(expert_offset)``; ``None``
+    binds no spec (fallback names).
+    """
+
+    def __init__(
+        self,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        *,
+        tiles_per_expert: int = 2,
+        token_tile: int = 32,
+        aic_workers: int = 2,
+        aiv_workers: int = 2,
+        aic_slots: int | None = None,
+        aiv_slots: int | None = None,
+        expert_offset: int = 0,
+        spec: ProfileSpec | _Default | None = _Default.SPEC,
+        backend: Backend | None = None,
+        aic_capacity: int | None = None,
+        aiv_capacity: int | None = None,
+    ) -> None:
+        if w1.dim() != 3 or w2.dim() != 3 or w1.shape[0] != w2.shape[0] or w1.shape[2] % 2:
+            raise ConfigError(
+                "w1 must be [E, H, 2*I] and w2 [E, I, H] with the same E, got "
+                f"{tuple(w1.shape)} and {tuple(w2.shape)}"
+            )
+        for name, value in (
+            ("tiles_per_expert", tiles_per_expert),
+            ("token_tile", token_tile),
+            ("aic_workers", aic_workers),
+            ("aiv_workers", aiv_workers),
+        ):
+            if value < 1:
+                raise ConfigError(f"{name} must be at least 1, got {value}")
+        self.w1 = w1
+        self.w2 = w2
+        self.backend: Backend = CpuBackend() if backend is None else backend
+        self.spec = moe_spec(expert_offset) if spec is _Default.SPEC else spec
+        self.tiles_per_expert = tiles_per_expert
+        self.token_tile = token_tile
+        self._options = {
+            "aic_workers": aic_workers,
+            "aiv_workers": aiv_workers,
+            "aic_slots": aic_slots,
+            "aiv_slots": aiv_slots,
+            "aic_capacity": aic_capacity,
+            "aiv_capacity": aiv_capacity,
+        }
+        self._configs: dict[int, RuntimeConfig] = {}
+        _acquire_pool(aic_workers, aiv_workers)
+        self._release = weakref.finalize(self, _release_pool, aic_workers, aiv_workers)
+
+    def config_for(self, tokens: int) -> RuntimeConfig:
+        """The RuntimeConfig of a launch over ``tokens`` tokens (built once per count)."""
+        config = self._configs.get(tokens)
+        if config is None:
+            graph = build_moe_graph(
+                self.w1.shape[0], self.tiles_per_expert, max(1, math.ceil(tokens / self.token_tile))
+            )
+            config = build_runtime_config(
+                graph.tasks,
+                event_count=graph.event_count,
+                backend=self.backend,
+                spec=self.spec,
+                **self._options,
+            )
+            config = self._configs.setdefault(tokens, config)
+        return config
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        *,
+        direction: str = "forward",
+    ) -> torch.Tensor:
+        """The layer's output [T, H]; profiled when a recording capture session is open."""
+        if not self._release.alive:
+            raise ConfigError("this ReferenceMoeKernel is closed; make a new one")
+        call = prepare_call(self.config_for(len(x)), direction=direction)
+        with call:
+            return torch.ops.mcprof.reference_moe(
+                x, topk_ids, topk_weights, self.w1, self.w2, call.config.tensor, call.buffer
+            )
+
+    def close(self) -> None:
+        """Shut the worker pool down (when no other open kernel shares it)."""
+        self._release()
+
+    def __enter__(self) -> ReferenceMoeKernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def route(
+    x: torch.Tensor, router_weight: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing: softmax over ``x @ router_weight`` ([H, E]), the k best experts, their
+    weights renormalized to sum to 1. Returns (topk_ids int64, topk_weights)."""
+    probs = torch.softmax(x @ router_weight, dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    return ids, weights / weights.sum(dim=-1, keepdim=True)
+
+
+def moe_reference(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+) -> torch.Tensor:
+    """The MoE layer in plain torch, one expert at a time: the kernel's numerical oracle."""
+    out = torch.zeros(x.shape[0], w2.shape[2], dtype=x.dtype)
+    intermediate = w1.shape[2] // 2
+    for expert in range(w1.shape[0]):
+        token, slot = torch.nonzero(topk_ids == expert, as_tuple=True)
+        hidden = x[token] @ w1[expert]
+        activated = F.silu(hidden[:, :intermediate]) * hidden[:, intermediate:]
+        weight = topk_weights[token, slot].to(x.dtype)[:, None]
+        out.index_add_(0, token, (activated @ w2[expert]) * weight)
+    return out
+
+
+def make_moe_weights(
+    experts: int, hidden: int, intermediate: int, *, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random (router_weight [H, E], w1 [E, H, 2*I], w2 [E, I, H]), scaled to keep
+    activations of order one."""
+    router = torch.randn(hidden, experts, generator=generator) / math.sqrt(hidden)
+    w1 = torch.randn(experts, hidden, 2 * intermediate, generator=generator) / math.sqrt(hidden)
+    w2 = torch.randn(experts, intermediate, hidden, generator=generator) / math.sqrt(intermediate)
+    return router, w1, w2
