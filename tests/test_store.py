@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from golden import AIC, AIV, NO_OWNER, TASK7, TRIGGER, WAIT, Slot, pack
 
@@ -104,6 +105,8 @@ def test_invocation_row_keeps_layout_frequency_and_names(store: Store) -> None:
         "dropped_count": 0,
         "owner_label": "Expert",
         "stage_names": [(0x30001, "GMM1")],
+        "window_id": None,
+        "config_id": None,
     }
     cores = store.sql(
         "SELECT slot, core_type, block_id, entry_cycle, record_count FROM cores ORDER BY slot"
@@ -125,7 +128,7 @@ def test_records_ns_times_phases_and_stage_names(store: Store) -> None:
         ("AIC", "wait", 0x30001, "GMM1", 200.0, 1000.0),
         ("AIC", "compute", 0x30001, "GMM1", 1200.0, 4800.0),
         ("AIC", "trigger", 0x30001, "GMM1", 6000.0, 100.0),
-        ("AIV", "compute", 0x20003, None, 1000.0, 20.0),
+        ("AIV", "compute", 0x20003, "TaskType_3", 1000.0, 20.0),
     ]
 
 
@@ -137,7 +140,7 @@ def test_stage_stats_summarize_each_stage(store: Store) -> None:
     assert rows == [
         {
             "stage_desc_id": 0x20003,
-            "stage": None,
+            "stage": "TaskType_3",
             "records": 1,
             "tasks": 1,
             "compute_total_us": 0.02,
@@ -145,6 +148,8 @@ def test_stage_stats_summarize_each_stage(store: Store) -> None:
             "compute_p99_us": 0.02,
             "wait_p50_us": None,
             "wait_p99_us": None,
+            "expected_records": None,
+            "dropped": None,
         },
         {
             "stage_desc_id": 0x30001,
@@ -156,6 +161,8 @@ def test_stage_stats_summarize_each_stage(store: Store) -> None:
             "compute_p99_us": 4.8,
             "wait_p50_us": 1.0,
             "wait_p99_us": 1.0,
+            "expected_records": None,
+            "dropped": None,
         },
     ]
 
@@ -336,3 +343,16 @@ def test_a_table_whose_files_all_went_away_reads_as_empty(store: Store) -> None:
         shutil.rmtree(store.root / table)
     assert store.sql("SELECT count(*) AS n FROM records_ns")["n"].to_pylist() == [0]
     assert store.sql("SELECT count(*) AS n FROM run_summary")["n"].to_pylist() == [0]
+
+
+def test_a_store_written_before_a_column_existed_still_opens(store: Store) -> None:
+    """Files of an older writer lack window_id and config_id: they read as NULL."""
+    write_golden(store)
+    (path,) = (store.root / "invocations").rglob("*.parquet")
+    pq.write_table(pq.read_table(path).drop_columns(["window_id", "config_id"]), path)
+    with open_store(store.root, create=False) as reopened:
+        rows = reopened.sql(
+            "SELECT invocation_id, window_id, config_id FROM invocations ORDER BY 1"
+        ).to_pylist()
+        assert rows == [{"invocation_id": 0, "window_id": None, "config_id": None}]
+        assert reopened.sql("SELECT count(*) AS n FROM records_ns")["n"].to_pylist() == [4]

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.decode import BufferLike, DecodedBuffers, decode_buffers
+from multicore_profiler.kernels.runtime import RuntimeConfig
 from multicore_profiler.storage.schema import INVOCATIONS
 from multicore_profiler.storage.store import Store
 
@@ -26,6 +27,8 @@ class KernelInfo:
     owner_label: str = "Owner"
     stage_names: Mapping[int, str] = field(default_factory=dict)
     soc: str | None = None
+    config_id: str | None = None
+    """The RuntimeConfig the launches ran, whose task graph the ``tasks`` table holds."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class Launches:
     step: int = 0
     first_invocation_id: int = 0
     direction: str = "forward"
+    window_id: int | None = None
+    """The capture session's recording window (none for buffers ingested by hand)."""
 
 
 def step_tables(
@@ -69,6 +74,8 @@ def step_tables(
             "stage_names": pa.array(
                 [stage_names] * count, INVOCATIONS.schema.field("stage_names").type
             ),
+            "window_id": pa.array([launches.window_id] * count, pa.int64()),
+            "config_id": pa.array([kernel.config_id] * count, pa.string()),
         }
     )
 
@@ -82,6 +89,36 @@ def step_tables(
         )
 
     return invocations, stamped(decoded.cores), stamped(decoded.records)
+
+
+def task_table(rank: int, configs: Sequence[RuntimeConfig]) -> pa.Table:
+    """The ``tasks`` rows of kernel configs: each task's stage, owner, worker and events."""
+    parts = []
+    for config in configs:
+        tasks = config.tasks
+        count = len(tasks)
+        parts.append(
+            pa.table(
+                {
+                    "rank": pa.repeat(pa.scalar(rank, pa.int32()), count),
+                    "config_id": pa.repeat(pa.scalar(config.config_id), count),
+                    "kernel_name": pa.repeat(pa.scalar(config.metadata.kernel_name), count),
+                    "task_id": tasks["task_id"],
+                    "task_type": tasks["task_type"],
+                    "desc_id": config.effective_desc_ids(),
+                    "stage_task_index": tasks["profile_task_index"],
+                    "owner_id": tasks["profile_owner_id"],
+                    "core_type": tasks["core_type"].astype(np.uint8),
+                    "worker": tasks["worker"],
+                    "wait_event": tasks["wait_event"],
+                    "wait_count": tasks["wait_count"],
+                    "trigger_event": tasks["trigger_event"],
+                    "tiling_position": tasks["tiling_position"],
+                    "input_position": tasks["input_position"],
+                }
+            )
+        )
+    return pa.concat_tables(parts)
 
 
 def ingest_buffers(

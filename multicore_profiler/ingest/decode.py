@@ -219,13 +219,18 @@ def _check_size(nbytes: int, index: int, layout: BufferLayout, *, batch: bool) -
 
 
 def decode_buffers(
-    buffers: Sequence[BufferLike] | np.ndarray, layout: BufferLayout, *, frequency_hz: float
+    buffers: Sequence[BufferLike] | np.ndarray,
+    layout: BufferLayout,
+    *,
+    frequency_hz: float,
+    warn_dropped: bool = True,
 ) -> DecodedBuffers:
     """Decode a batch of buffers that share one planned layout.
 
     ``buffers`` is a sequence of buffers or a 2-D array (buffer x byte). Raises a
     ``DecodeError`` subclass for the first problem found; warns with
-    ``DroppedRecordsWarning`` when the device dropped records.
+    ``DroppedRecordsWarning`` when the device dropped records, unless ``warn_dropped``
+    is false (a caller that reports drops itself, from another thread).
     """
     frequency = check_frequency(frequency_hz)
     groups = _as_groups(buffers, layout)
@@ -268,7 +273,7 @@ def decode_buffers(
     entry = headers["entry_cycle"]
     anchors = np.where(counts > 0, entry, np.iinfo(np.uint64).max).min(axis=1)
     dropped = headers["dropped_count"].astype(np.int64) * active
-    if dropped.any():
+    if warn_dropped and dropped.any():
         _warn_dropped(where, dropped)
 
     live = np.flatnonzero(active.reshape(-1))

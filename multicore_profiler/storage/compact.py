@@ -26,7 +26,15 @@ from multicore_profiler.storage.partitions import (
     tmp_path,
     write_parquet,
 )
-from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, RUNS, TableSpec
+from multicore_profiler.storage.schema import (
+    CORES,
+    DISCARDS,
+    INVOCATIONS,
+    RECORDS,
+    RUNS,
+    TASKS,
+    TableSpec,
+)
 from multicore_profiler.storage.swap import recover, swap
 
 if TYPE_CHECKING:
@@ -108,7 +116,7 @@ def compact(store: Store, run_ids: Sequence[str] | None = None) -> CompactionRep
         for run_id in run_ids:
             query = f"SELECT {', '.join(_KEY)} FROM raw_invocations WHERE run_id = $1"
             written = set(_keys(store.sql(query, [run_id])))
-            for spec in (RUNS, INVOCATIONS, CORES, RECORDS):
+            for spec in (RUNS, INVOCATIONS, TASKS, DISCARDS, CORES, RECORDS):
                 for directory, files in run_partitions(root, spec, run_id):
                     if spec in _KEYED:
                         keyed = [(_invocation_keys(f), f) for f in files]

@@ -86,10 +86,12 @@ INVOCATIONS = TableSpec(
             ("dropped_count", pa.int64()),
             ("owner_label", pa.string()),
             ("stage_names", pa.map_(pa.uint32(), pa.string())),
+            ("window_id", pa.int64()),
+            ("config_id", pa.string()),
         ]
     ),
     partition_by=("run_id",),
-    dictionary_columns=("direction", "kernel_name", "soc", "owner_label"),
+    dictionary_columns=("direction", "kernel_name", "soc", "owner_label", "config_id"),
     sort_by=("rank", "invocation_id"),
 )
 
@@ -136,4 +138,52 @@ RECORDS = TableSpec(
     dictionary_columns=("phase",),
 )
 
-TABLES = {spec.name: spec for spec in (RUNS, INVOCATIONS, CORES, RECORDS)}
+TASKS = TableSpec(
+    name="tasks",
+    schema=pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("config_id", pa.string()),
+            ("kernel_name", pa.string()),
+            ("task_id", pa.uint32()),
+            ("task_type", pa.uint32()),
+            ("desc_id", pa.uint32()),
+            ("stage_task_index", pa.uint32()),
+            ("owner_id", pa.uint32()),
+            ("core_type", pa.uint8()),
+            ("worker", pa.uint32()),
+            ("wait_event", pa.int32()),
+            ("wait_count", pa.uint32()),
+            ("trigger_event", pa.int32()),
+            ("tiling_position", pa.uint32()),
+            ("input_position", pa.uint32()),
+        ]
+    ),
+    partition_by=("run_id",),
+    dictionary_columns=("config_id", "kernel_name"),
+    sort_by=("rank", "config_id", "task_id"),
+)
+"""A kernel's task graph, once per (run, rank, config): what invocations with that
+``config_id`` ran. ``desc_id`` is what the task's compute record carries (its stage id,
+else the 0x20000 + task type fallback); a wait or trigger event of -1 is none."""
+
+DISCARDS = TableSpec(
+    name="discards",
+    schema=pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("write_id", pa.int64()),
+            ("window_id", pa.int64()),
+            ("discarded_at", _TIME),
+            ("reason", pa.string()),
+        ]
+    ),
+    partition_by=("run_id",),
+    sort_by=("rank", "write_id"),
+)
+"""Writes withdrawn after they were committed (a capture window that ended in an
+exception): the views hide every invocation, core and record of a listed write. A
+tombstone rather than a deletion, so that a compaction merging the write's files
+meanwhile cannot bring its rows back."""
+
+TABLES = {spec.name: spec for spec in (RUNS, INVOCATIONS, CORES, RECORDS, TASKS, DISCARDS)}

@@ -14,6 +14,7 @@ import os
 import secrets
 import threading
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,16 @@ from multicore_profiler.errors import QueryError, StoreError
 from multicore_profiler.storage.compact import CompactionReport, compact
 from multicore_profiler.storage.partitions import glob_pattern, write_partition
 from multicore_profiler.storage.runs import RunInfo
-from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, RUNS, TABLES, TableSpec
+from multicore_profiler.storage.schema import (
+    CORES,
+    DISCARDS,
+    INVOCATIONS,
+    RECORDS,
+    RUNS,
+    TABLES,
+    TASKS,
+    TableSpec,
+)
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, read_consistent
 
 STORE_ENV = "MCPROF_STORE"
@@ -124,10 +134,12 @@ class Store:
             source = f"empty_{spec.name}"
             if has_files:
                 types = ", ".join(f"{_sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
-                source = (
+                files = (
                     f"read_parquet({_sql_string(glob_pattern(self._root, spec))}, "
                     f"hive_partitioning = true, hive_types = {{{types}}}, union_by_name = true)"
                 )
+                # By name with the typed empty table: a column no file has yet reads NULL.
+                source = f"(SELECT * FROM {source} UNION ALL BY NAME SELECT * FROM {files})"
             self._db.execute(
                 f"CREATE OR REPLACE VIEW raw_{spec.name} AS SELECT {columns} FROM {source}"
             )
@@ -166,8 +178,8 @@ class Store:
         invocations: pa.Table,
         cores: pa.Table,
         records: pa.Table,
-    ) -> None:
-        """Write one step's invocations with their cores and records.
+    ) -> int:
+        """Write one step's invocations with their cores and records; return the write id.
 
         Cores and records are written first and the invocations last, all stamped with
         a fresh ``write_id``: until the invocations' file exists, no view shows the
@@ -189,6 +201,42 @@ class Store:
             if table.num_rows or spec is INVOCATIONS:
                 stamped = table.append_column("write_id", pa.repeat(write_id, table.num_rows))
                 write_partition(self._root, spec, partition, stamped)
+        return write_id.as_py()
+
+    def write_tasks(self, run_id: str, tasks: pa.Table) -> Path:
+        """Write task graphs (rows of the ``tasks`` table) of a run; return the file.
+
+        A graph is keyed by (rank, config_id); writing one again (a retry) adds no row
+        to the ``tasks`` view.
+        """
+        if tasks.num_rows == 0:
+            raise StoreError("no task to write")
+        return write_partition(self._root, TASKS, {"run_id": run_id}, tasks)
+
+    def discard_writes(
+        self,
+        run_id: str,
+        rank: int,
+        write_ids: Sequence[int],
+        *,
+        window_id: int | None = None,
+        reason: str = "",
+    ) -> None:
+        """Withdraw committed step writes of a rank: one file, after which no view shows
+        any of their rows (all of them disappear at once)."""
+        if not write_ids:
+            return
+        count = len(write_ids)
+        rows = pa.table(
+            {
+                "rank": pa.repeat(pa.scalar(rank, pa.int32()), count),
+                "write_id": pa.array(write_ids, pa.int64()),
+                "window_id": pa.repeat(pa.scalar(window_id, pa.int64()), count),
+                "discarded_at": pa.repeat(pa.scalar(datetime.now(timezone.utc)), count),
+                "reason": pa.repeat(pa.scalar(reason, pa.string()), count),
+            }
+        )
+        write_partition(self._root, DISCARDS, {"run_id": run_id}, rows)
 
     def close(self) -> None:
         """Release the DuckDB connection."""

@@ -4,33 +4,52 @@
 -- Convert a cycle count (or difference) to nanoseconds at a frequency in Hz.
 CREATE OR REPLACE MACRO cycles_to_ns(cycles, frequency_hz) AS cycles * 1e9 / frequency_hz;
 
+-- Display name of a stage id: the kernel's name for it, else TaskType_<n> for the
+-- compute fallback 0x20000 + n (n < 0x10000), else DescId_<id>.
+CREATE OR REPLACE MACRO stage_name(stage_names, desc_id) AS
+CASE
+    WHEN desc_id IS NULL THEN NULL
+    ELSE coalesce(
+        stage_names[desc_id],
+        CASE WHEN desc_id BETWEEN 131072 AND 196607 THEN 'TaskType_' || (desc_id - 131072)
+             ELSE 'DescId_' || desc_id END)
+END;
+
 -- One row per run: its latest state (a run's row is written again as it progresses).
 CREATE OR REPLACE VIEW runs AS
 SELECT * FROM raw_runs
 QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY updated_at DESC) = 1;
 
 -- One row per kernel launch. An invocation's row is written after its cores and
--- records, so it is what makes them visible.
+-- records, so it is what makes them visible; a discarded write hides it again.
 CREATE OR REPLACE VIEW invocations AS
-SELECT * FROM raw_invocations;
+SELECT i.* FROM raw_invocations i
+ANTI JOIN raw_discards d ON i.run_id = d.run_id AND i.rank = d.rank AND i.write_id = d.write_id;
 
 -- One row per slot that was not idle, of committed invocations only.
 CREATE OR REPLACE VIEW cores AS
 SELECT c.* FROM raw_cores c
-SEMI JOIN raw_invocations i
+SEMI JOIN invocations i
     ON c.run_id = i.run_id AND c.rank = i.rank AND c.invocation_id = i.invocation_id
     AND c.write_id = i.write_id;
 
 -- One row per device record, raw, of committed invocations only.
 CREATE OR REPLACE VIEW records AS
 SELECT r.* FROM raw_records r
-SEMI JOIN raw_invocations i
+SEMI JOIN invocations i
     ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
     AND r.write_id = i.write_id;
 
+-- One row per task of a kernel's task graph, per run, rank and config (a graph
+-- written twice by a retry counts once).
+CREATE OR REPLACE VIEW tasks AS
+SELECT * FROM raw_tasks
+QUALIFY row_number() OVER (PARTITION BY run_id, rank, config_id, task_id) = 1;
+
 -- Records with times in ns from their invocation's anchor cycle and frequency, the
--- kernel, and the stage of the record's task (a wait or trigger record takes the
--- stage of its task's compute record). stage is NULL where the kernel bound no name.
+-- kernel, and the stage of the record's task: a wait or trigger record takes its
+-- task's stage from the task graph where the kernel handed one over, else from the
+-- task's compute record. Unnamed stages are TaskType_<n> or DescId_<id>.
 CREATE OR REPLACE VIEW records_ns AS
 WITH task_stage AS (
     SELECT run_id, rank, invocation_id, write_id, task_id, min(desc_id) AS stage_desc_id
@@ -39,37 +58,78 @@ WITH task_stage AS (
     GROUP BY ALL
 )
 SELECT
-    r.run_id, r.step, r.rank, i.device, r.invocation_id, i.kernel_name, i.direction,
+    r.run_id, r.step, r.rank, i.device, r.invocation_id, i.window_id, i.config_id,
+    i.kernel_name, i.direction,
     r.core_type,
     CASE r.core_type WHEN 1 THEN 'AIC' WHEN 2 THEN 'AIV' END AS core,
     r.block_id, r.record_index, r.task_id, r.desc_id, r.stage_task_index, r.owner_id,
     r.phase,
-    CASE WHEN r.phase = 'compute' THEN r.desc_id ELSE t.stage_desc_id END AS stage_desc_id,
-    i.stage_names[CASE WHEN r.phase = 'compute' THEN r.desc_id ELSE t.stage_desc_id END] AS stage,
+    CASE WHEN r.phase = 'compute' THEN r.desc_id
+         ELSE coalesce(g.desc_id, t.stage_desc_id) END AS stage_desc_id,
+    stage_name(
+        i.stage_names,
+        CASE WHEN r.phase = 'compute' THEN r.desc_id ELSE coalesce(g.desc_id, t.stage_desc_id) END
+    ) AS stage,
     r.start_cycle, r.end_cycle,
     cycles_to_ns(r.start_cycle::HUGEINT - i.anchor_cycle, i.frequency_hz) AS ts_ns,
     cycles_to_ns(r.end_cycle - r.start_cycle, i.frequency_hz) AS dur_ns
 FROM raw_records r
-JOIN raw_invocations i
+JOIN invocations i
     ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
     AND r.write_id = i.write_id
 LEFT JOIN task_stage t
     ON r.phase <> 'compute' AND t.run_id = r.run_id AND t.rank = r.rank
-    AND t.invocation_id = r.invocation_id AND t.write_id = r.write_id AND t.task_id = r.task_id;
+    AND t.invocation_id = r.invocation_id AND t.write_id = r.write_id AND t.task_id = r.task_id
+LEFT JOIN tasks g
+    ON r.phase <> 'compute' AND g.run_id = r.run_id AND g.rank = r.rank
+    AND g.config_id = i.config_id AND g.task_id = r.task_id;
 
--- Per run, kernel, direction and stage: task count, compute and wait times (us).
-CREATE OR REPLACE VIEW stage_stats AS
+-- Records each stage should have written, per run, kernel and direction, from the task
+-- graphs of the invocations whose kernel handed one over: a compute record per task,
+-- plus one per event it waits on and one per event it triggers.
+CREATE OR REPLACE VIEW stage_expected AS
 SELECT
-    run_id, kernel_name, direction, stage_desc_id, stage,
-    count(*) AS records,
-    count(*) FILTER (WHERE phase = 'compute') AS tasks,
-    sum(dur_ns) FILTER (WHERE phase = 'compute') / 1e3 AS compute_total_us,
-    quantile_cont(dur_ns, 0.5) FILTER (WHERE phase = 'compute') / 1e3 AS compute_p50_us,
-    quantile_cont(dur_ns, 0.99) FILTER (WHERE phase = 'compute') / 1e3 AS compute_p99_us,
-    quantile_cont(dur_ns, 0.5) FILTER (WHERE phase = 'wait') / 1e3 AS wait_p50_us,
-    quantile_cont(dur_ns, 0.99) FILTER (WHERE phase = 'wait') / 1e3 AS wait_p99_us
-FROM records_ns
+    i.run_id, i.kernel_name, i.direction, g.desc_id AS stage_desc_id,
+    stage_name(i.stage_names, g.desc_id) AS stage,
+    sum(1 + (g.wait_event >= 0)::INT + (g.trigger_event >= 0)::INT)::BIGINT AS expected_records
+FROM invocations i
+JOIN tasks g ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
 GROUP BY ALL;
+
+-- Per run, kernel, direction and stage: task count, compute and wait times (us), and,
+-- where the task graph is known, the records expected and how many the device dropped
+-- (counted over the invocations that have a task graph only).
+CREATE OR REPLACE VIEW stage_stats AS
+WITH measured AS (
+    SELECT
+        run_id, kernel_name, direction, stage_desc_id, stage,
+        count(*) AS records,
+        count(*) FILTER (WHERE config_id IS NOT NULL) AS graphed_records,
+        count(*) FILTER (WHERE phase = 'compute') AS tasks,
+        sum(dur_ns) FILTER (WHERE phase = 'compute') / 1e3 AS compute_total_us,
+        quantile_cont(dur_ns, 0.5) FILTER (WHERE phase = 'compute') / 1e3 AS compute_p50_us,
+        quantile_cont(dur_ns, 0.99) FILTER (WHERE phase = 'compute') / 1e3 AS compute_p99_us,
+        quantile_cont(dur_ns, 0.5) FILTER (WHERE phase = 'wait') / 1e3 AS wait_p50_us,
+        quantile_cont(dur_ns, 0.99) FILTER (WHERE phase = 'wait') / 1e3 AS wait_p99_us
+    FROM records_ns
+    GROUP BY ALL
+)
+SELECT
+    coalesce(m.run_id, e.run_id) AS run_id,
+    coalesce(m.kernel_name, e.kernel_name) AS kernel_name,
+    coalesce(m.direction, e.direction) AS direction,
+    coalesce(m.stage_desc_id, e.stage_desc_id) AS stage_desc_id,
+    coalesce(m.stage, e.stage) AS stage,
+    coalesce(m.records, 0) AS records,
+    coalesce(m.tasks, 0) AS tasks,
+    m.compute_total_us, m.compute_p50_us, m.compute_p99_us, m.wait_p50_us, m.wait_p99_us,
+    e.expected_records,
+    e.expected_records - coalesce(m.graphed_records, 0) AS dropped
+FROM measured m
+FULL JOIN stage_expected e
+    ON m.run_id = e.run_id AND m.kernel_name = e.kernel_name AND m.direction = e.direction
+    AND m.stage_desc_id IS NOT DISTINCT FROM e.stage_desc_id
+    AND m.stage IS NOT DISTINCT FROM e.stage;
 
 -- One row per run with what it holds: invocations, ranks, steps, records, dropped.
 CREATE OR REPLACE VIEW run_summary AS
@@ -82,5 +142,5 @@ SELECT
     coalesce(sum(i.dropped_count), 0)::BIGINT AS dropped,
     string_agg(DISTINCT i.kernel_name, ', ' ORDER BY i.kernel_name) AS kernels
 FROM runs r
-LEFT JOIN raw_invocations i ON i.run_id = r.run_id
+LEFT JOIN invocations i ON i.run_id = r.run_id
 GROUP BY ALL;
