@@ -1,15 +1,19 @@
 """multicore_profiler: intra-kernel profiles of MegaKernels in a Parquet store queried with SQL.
 
-The public API: ``open_store`` (and ``Store``), the device buffer decoder
+The public API: the capture session (``mega_kernel_profile``, ``schedule``,
+``ProfilerAction``), ``open_store`` (and ``Store``), the device buffer decoder
 (``BufferLayout``, ``decode_buffer``, ``decode_buffers``), ``ingest_buffers`` to write
 decoded launches as a step of a run, ``RunInfo``, and ``ProfileError``, the base of
-every error raised on bad input.
+every error raised on bad input. Kernel authors find specs, RuntimeConfig and the
+launch hook in ``multicore_profiler.kernels``.
 """
 
 from multicore_profiler.errors import ProfileError
 from multicore_profiler.ingest.abi import BufferLayout, CoreType
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
+from multicore_profiler.ingest.schedule import ProfilerAction, schedule
+from multicore_profiler.ingest.session import MegaKernelProfile, mega_kernel_profile
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store
 
@@ -19,11 +23,15 @@ __all__ = [
     "DecodedBuffers",
     "KernelInfo",
     "Launches",
+    "MegaKernelProfile",
     "ProfileError",
+    "ProfilerAction",
     "RunInfo",
     "Store",
     "decode_buffer",
     "decode_buffers",
     "ingest_buffers",
+    "mega_kernel_profile",
     "open_store",
+    "schedule",
 ]

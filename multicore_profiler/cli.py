@@ -17,13 +17,17 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import torch
+import torch.profiler
 from tqdm import tqdm
 
 from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
 from multicore_profiler.ingest.abi import BufferLayout
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers, step_tables
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import decode_buffers
-from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.ingest.schedule import schedule
+from multicore_profiler.ingest.session import mega_kernel_profile
+from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, default_store_path, open_store
@@ -165,51 +169,52 @@ def cmd_compact(args: argparse.Namespace) -> None:
     )
 
 
+DEMO_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
-    """Profile a simulated MoE MegaKernel on two ranks and summarize its stages from SQL."""
+    """Run the CPU reference MoE MegaKernel under both profilers; summarize its stages in SQL."""
     store = _store(args, create=True)
-    kernel = SimulatedMoeKernel()
-    run = RunInfo.begin(label="demo", tags={"kernel": kernel.kernel_name})
-    store.write_run(run)
-    info = KernelInfo(
-        kernel_name=kernel.kernel_name,
-        owner_label=kernel.owner_label,
-        stage_names=kernel.stage_names,
-    )
-    rng = np.random.default_rng(args.seed)
-    launches_per_step, period = 4, 10**6
-    work = [(rank, step) for step in range(args.steps) for rank in range(2)]
-    for rank, step in tqdm(work, desc="demo", unit="step", disable=None):
-        first = step * launches_per_step
-        start = 10**9 + first * period
-        buffers = kernel.launches(rng, launches_per_step, start_cycle=start, period=period)
-        launches = Launches(rank=rank, device=rank, step=step, first_invocation_id=first)
-        ingest_buffers(
-            store,
-            buffers,
-            kernel.layout,
-            frequency_hz=kernel.frequency_hz,
-            run_id=run.run_id,
-            kernel=info,
-            launches=launches,
-        )
-    store.write_run(run.finish())
+    generator = torch.Generator().manual_seed(args.seed)
+    router, w1, w2 = make_moe_weights(8, 256, 512, generator=generator)
+    torch_trace = store.root.parent / f"{store.root.name}-torch"
+    with (
+        ReferenceMoeKernel(w1, w2, tiles_per_expert=2, token_tile=64) as kernel,
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as outer,
+        mega_kernel_profile(
+            store=store,
+            schedule=schedule(**DEMO_SCHEDULE),
+            label="demo",
+            tags={"kernel": "ReferenceMegaMoe", "tokens": "256"},
+        ) as prof,
+    ):
+        for _ in tqdm(range(args.steps), desc="demo", unit="step", disable=None):
+            for _ in range(args.launches):
+                x = torch.randn(256, 256, generator=generator)
+                kernel(x, *route(x, router, 2))
+            prof.step()
+            outer.step()
+    torch_trace.mkdir(exist_ok=True)
+    trace_path = torch_trace / f"{prof.run_id}.pt.trace.json"
+    outer.export_chrome_trace(str(trace_path))
     summary = store.sql(
-        """SELECT stage, tasks, records,
-                  round(compute_p50_us, 2) AS p50_compute_us,
-                  round(compute_p99_us, 2) AS p99_compute_us,
-                  round(wait_p50_us, 2) AS p50_wait_us,
-                  round(wait_p99_us, 2) AS p99_wait_us
-           FROM stage_stats WHERE run_id = $1 AND stage IS NOT NULL ORDER BY stage_desc_id""",
-        [run.run_id],
+        """SELECT stage, records,
+                  round(compute_p50_us, 1) AS p50_compute_us,
+                  round(compute_p99_us, 1) AS p99_compute_us,
+                  round(wait_p50_us, 1) AS p50_wait_us,
+                  round(wait_p99_us, 1) AS p99_wait_us,
+                  dropped
+           FROM stage_stats WHERE run_id = $1 ORDER BY stage_desc_id""",
+        [prof.run_id],
     )
-    totals = store.sql("SELECT * FROM run_summary WHERE run_id = $1", [run.run_id]).to_pylist()[0]
+    totals = store.sql("SELECT * FROM run_summary WHERE run_id = $1", [prof.run_id]).to_pylist()
     print(
-        f"run {run.run_id} in {store.root}: {totals['invocations']} invocations on "
-        f"{totals['ranks']} ranks, {totals['steps']} steps, {totals['records']} records, "
-        f"{totals['dropped']} dropped"
+        f"run {prof.run_id} in {store.root}: {totals[0]['invocations']} invocations in "
+        f"{len(prof.windows)} window(s) of {schedule(**DEMO_SCHEDULE)}, "
+        f"{totals[0]['records']} records, {totals[0]['dropped']} dropped"
     )
     _emit(summary, "table", None)
+    print(f"torch.profiler trace: {trace_path}")
     print(f'try: mcprof query --store {store.root} "SELECT * FROM stage_stats"')
 
 
@@ -289,9 +294,12 @@ def _parser() -> argparse.ArgumentParser:
     compact.set_defaults(func=cmd_compact)
 
     demo = commands.add_parser(
-        "demo", parents=[common], help="profile a simulated MegaKernel into the store"
+        "demo", parents=[common], help="profile the CPU reference MegaKernel into the store"
     )
-    demo.add_argument("--steps", type=int, default=6)
+    demo.add_argument("--steps", type=int, default=10, help="steps to run (default 10)")
+    demo.add_argument(
+        "--launches", type=int, default=2, help="kernel launches per step (default 2)"
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_demo)
     return parser

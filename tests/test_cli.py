@@ -9,6 +9,8 @@ from golden import AIC, AIV, NO_OWNER, TASK7, Slot, pack
 
 from multicore_profiler.cli import main
 
+STAGES = ("Dispatch", "GMM1", "SwiGLU", "GMM2", "Combine")
+
 LAYOUT_ARGS = [
     "--aic-slots",
     "2",
@@ -83,7 +85,8 @@ def test_ingest_buffer_appends_invocations_to_a_run(capsys, store_args, tmp_path
     )
     assert code == 0
     assert out == (
-        "invocation_id,rank,step,stage,n\n0,1,2,GMM1,3\n0,1,2,,1\n1,1,2,GMM1,3\n1,1,2,,1\n"
+        "invocation_id,rank,step,stage,n\n0,1,2,GMM1,3\n0,1,2,TaskType_3,1\n"
+        "1,1,2,GMM1,3\n1,1,2,TaskType_3,1\n"
     )
 
 
@@ -121,16 +124,30 @@ def test_query_formats(capsys, store_args, tmp_path) -> None:
     assert out.count("│ AI") == 4
 
 
-def test_demo_profiles_and_summarizes(capsys, store_args) -> None:
-    code, out, err = run(capsys, "demo", "--steps", "2", *store_args)
+def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
+    code, out, _ = run(capsys, "demo", "--steps", "5", "--launches", "1", *store_args)
     assert code == 0
-    assert err == ""
     lines = out.splitlines()
-    assert lines[0].endswith("16 invocations on 2 ranks, 2 steps, 11520 records, 0 dropped")
-    stages = [
-        line.split("│")[1].strip() for line in lines if line.startswith("│ ") and "│" in line[2:]
+    # Steps 2, 3 and 4 record one launch each of 184 records (see the task graph).
+    assert lines[0].endswith(
+        "3 invocations in 1 window(s) of schedule(wait=1, warmup=1, active=3, repeat=0, "
+        "skip_first=0, skip_first_wait=0), 552 records, 0 dropped"
+    )
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in lines
+        if line.startswith("│ ") and line.split("│")[1].strip() in STAGES
     ]
-    assert stages[-5:] == ["Dispatch", "GMM1", "SwiGLU", "GMM2", "Combine"]
+    assert [(r[0], r[1], r[-1]) for r in rows] == [
+        ("Dispatch", "96", "0"),
+        ("GMM1", "144", "0"),
+        ("SwiGLU", "144", "0"),
+        ("GMM2", "144", "0"),
+        ("Combine", "24", "0"),
+    ]
+    trace = Path(lines[-2].removeprefix("torch.profiler trace: "))
+    assert trace.parent == tmp_path / "store-torch"
+    assert trace.read_text().count('"name": "mcprof::reference_moe"') == 5
     assert run(capsys, "compact", *store_args)[1].startswith("compacted 1 run(s): ")
 
 

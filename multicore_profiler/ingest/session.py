@@ -1,0 +1,443 @@
+"""The capture session: ``mega_kernel_profile()`` and ``prof.step()``, shaped like torch.profiler.
+
+While a session is open, every MegaKernel launch passes through it (the kernel calls
+``prepare_call``). The schedule decides per step whether launches run plain (no
+buffer, no clock), profile for warmup (buffers thrown away) or record. At the end of
+each recorded step the session synchronizes the device, copies the buffers to the
+host, returns them to the pool and hands the copies to a background writer that
+stores them as that step's partition. A window (the recorded steps of one schedule
+cycle) ends with ``on_trace_ready(prof)``, once its rows are in the store.
+
+The user gives no rank, device, frequency or buffer: the rank comes from
+torch.distributed when it is initialized, everything else from the kernel's config
+and backend.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from itertools import count
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from multicore_profiler.errors import DroppedRecordsWarning, SessionError
+from multicore_profiler.ingest.abi import CoreType
+from multicore_profiler.ingest.pool import BufferPool
+from multicore_profiler.ingest.schedule import ProfilerAction, Schedule
+from multicore_profiler.ingest.writer import CapturedCall, StepBatch, StepWriter
+from multicore_profiler.kernels.runtime import (
+    PreparedCall,
+    RuntimeConfig,
+    install_sink,
+    remove_sink,
+)
+from multicore_profiler.storage.runs import RunInfo, new_run_id
+from multicore_profiler.storage.store import Store, open_store
+
+RUN_ID_ENV = "MCPROF_RUN_ID"
+_PACKAGE = "multicore_profiler."
+
+ScheduleFn = Callable[[int], Any]
+"""A step number to an action: ``schedule(...)``, or ``torch.profiler.schedule(...)``."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """A recording window that has ended: its index, steps and invocations kept."""
+
+    index: int
+    steps: tuple[int, ...]
+    invocations: int
+
+
+def _action(value: Any) -> ProfilerAction:
+    """A schedule's answer as our ``ProfilerAction`` (torch's enum maps by name)."""
+    name = getattr(value, "name", None)
+    if name not in ProfilerAction.__members__:
+        raise SessionError(f"the schedule returned {value!r}, which is not a ProfilerAction")
+    return ProfilerAction[name]
+
+
+def _describe(schedule: ScheduleFn | None) -> str:
+    """A schedule as the ``runs`` table keeps it: ``schedule(wait=1, ...)`` also for
+    ``torch.profiler.schedule`` (read from its closure), else the callable's name."""
+    if schedule is None:
+        return "every step"
+    if isinstance(schedule, Schedule):
+        return str(schedule)
+    code = getattr(schedule, "__code__", None)
+    cells = getattr(schedule, "__closure__", None) or ()
+    values = (
+        dict(zip(code.co_freevars, (c.cell_contents for c in cells), strict=True)) if code else {}
+    )
+    names = ("wait", "warmup", "active", "repeat", "skip_first", "skip_first_wait")
+    if all(n in values for n in names[:3]):
+        args = ", ".join(f"{n}={values[n]}" for n in names if n in values)
+        return f"{getattr(schedule, '__module__', '')}.schedule({args})".lstrip(".")
+    return getattr(schedule, "__qualname__", type(schedule).__qualname__)
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _distributed() -> tuple[int, int]:
+    """(rank, world size) from torch.distributed, or (0, 1) when it is not initialized."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _job_run_id(world_size: int) -> str:
+    """One run id for every rank of a job: ``$MCPROF_RUN_ID``, else rank 0's, broadcast."""
+    run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
+    if world_size > 1 and not os.environ.get(RUN_ID_ENV):
+        import torch.distributed as dist
+
+        box = [run_id]
+        dist.broadcast_object_list(box, src=0)
+        run_id = box[0]
+    return run_id
+
+
+def _dropped(buffer: np.ndarray, config: RuntimeConfig) -> int:
+    layout = config.layout
+    return sum(
+        int(layout.region(buffer, core)["header"]["dropped_count"].sum())
+        for core in (CoreType.AIC, CoreType.AIV)
+    )
+
+
+class MegaKernelProfile:
+    """An open capture session; see ``mega_kernel_profile``."""
+
+    def __init__(
+        self,
+        *,
+        schedule: ScheduleFn | None,
+        on_trace_ready: Callable[[MegaKernelProfile], object] | None,
+        store: Store | Path | str | None,
+        detailed_task_names: bool,
+        max_pending_calls: int,
+        label: str | None,
+        tags: Mapping[str, str] | None,
+    ) -> None:
+        if isinstance(max_pending_calls, bool) or not isinstance(max_pending_calls, int):
+            raise SessionError(f"max_pending_calls must be an int, got {max_pending_calls!r}")
+        if max_pending_calls < 1:
+            raise SessionError(f"max_pending_calls must be >= 1, got {max_pending_calls}")
+        if on_trace_ready is not None and not callable(on_trace_ready):
+            raise SessionError(f"on_trace_ready must be callable, got {on_trace_ready!r}")
+        if schedule is not None and not callable(schedule):
+            raise SessionError(f"schedule must be callable, got {schedule!r}")
+        self._schedule = schedule
+        self._on_trace_ready = on_trace_ready
+        self._store_arg = store
+        self.detailed_task_names = detailed_task_names
+        """Whether traces exported from this session name each task, not only its stage."""
+        self.max_pending_calls = max_pending_calls
+        self._label = label
+        self._tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.pool = BufferPool()
+        """The session's profile buffers, reused across launches."""
+        self.windows: list[Window] = []
+        """Windows that have ended, oldest first."""
+        self.step_num = 0
+        self.current_action = ProfilerAction.NONE
+        self.rank = 0
+        self.run_id: str | None = None
+        self._store: Store | None = None
+        self._run: RunInfo | None = None
+        self._writer: StepWriter | None = None
+        self._state = "new"
+        self._lock = threading.Lock()
+        self._pending: list[PreparedCall] = []
+        self._window: int | None = None
+        self._window_steps: list[int] = []
+        self._window_first_invocation = 0
+        self._next_invocation = 0
+        self._sequence = count()
+        self._configs_written: set[str] = set()
+
+    @property
+    def store(self) -> Store:
+        """The store the session writes; still open after the session, for queries."""
+        return self._started()[0]
+
+    def _started(self) -> tuple[Store, StepWriter, RunInfo]:
+        if self._store is None or self._writer is None or self._run is None:
+            raise SessionError("the session has not started: use it in a 'with' statement")
+        return self._store, self._writer, self._run
+
+    @property
+    def invocations(self) -> int:
+        """Recorded invocations handed to the writer so far."""
+        return self._next_invocation
+
+    def _act(self, step: int) -> ProfilerAction:
+        if self._schedule is None:
+            return ProfilerAction.RECORD
+        return _action(self._schedule(step))
+
+    def __enter__(self) -> MegaKernelProfile:
+        if self._state != "new":
+            raise SessionError("a mega_kernel_profile session cannot be entered twice")
+        install_sink(self)
+        try:
+            self.rank, world = _distributed()
+            self.current_action = self._act(0)
+            self._store = (
+                self._store_arg
+                if isinstance(self._store_arg, Store)
+                else open_store(self._store_arg)
+            )
+            self.run_id = _job_run_id(world)
+            self._run = RunInfo.begin(
+                run_id=self.run_id,
+                label=self._label,
+                tags=self._tags,
+                schedule=_describe(self._schedule),
+            )
+            self._store.write_run(self._run)
+            self._writer = StepWriter(self._store, self.run_id, self.rank)
+        except BaseException:
+            remove_sink(self)
+            raise
+        self._state = "open"
+        if self.current_action.records:
+            self._open_window()
+        return self
+
+    def step(self) -> None:
+        """Mark the end of a step: store what it recorded, move to the next step's action."""
+        if self._state != "open":
+            raise SessionError(
+                "prof.step() called outside its session (the 'with mega_kernel_profile()' "
+                "block has not started or has ended)"
+            )
+        previous = self.current_action
+        self._drain()
+        self.step_num += 1
+        action = self._act(self.step_num)
+        if previous.records and (previous is ProfilerAction.RECORD_AND_SAVE or not action.records):
+            if previous is ProfilerAction.RECORD:
+                warnings.warn(
+                    f"Incorrect schedule: RECORD followed by {action.name} at step "
+                    f"{self.step_num}; the window ends without on_trace_ready",
+                    stacklevel=_caller_stacklevel(),
+                )
+            self._close_window(ready=previous is ProfilerAction.RECORD_AND_SAVE)
+        self.current_action = action
+        if action.records:
+            if self._window is None:
+                self._open_window()
+            else:
+                self._window_steps.append(self.step_num)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._state != "open":
+            return
+        try:
+            if exc is None:
+                self._finish()
+            else:
+                self._abandon(exc)
+        finally:
+            self._state = "closed"
+            remove_sink(self)
+            self.pool.clear()
+
+    def _finish(self) -> None:
+        """Normal exit: store the last step, close the window, mark the run complete."""
+        store, writer, run = self._started()
+        try:
+            self._drain()
+            self._close_window(ready=True)
+            writer.close()
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+        store.write_run(run.finish("complete"))
+
+    def _abandon(self, error: BaseException) -> None:
+        """Exit on an exception: drop the open window's buffers and rows, mark the run failed."""
+        store, writer, run = self._started()
+        with self._lock:
+            calls, self._pending = self._pending, []
+        self._release(calls)
+        writer.abort()
+        if self._window is not None:
+            store.discard_writes(
+                run.run_id,
+                self.rank,
+                writer.write_ids(self._window),
+                window_id=self._window,
+                reason=f"{type(error).__name__}: {error}",
+            )
+            self._window = None
+        store.write_run(run.finish("failed"))
+
+    def _open_window(self) -> None:
+        self._window = len(self.windows)
+        self._window_steps = [self.step_num]
+        self._window_first_invocation = self._next_invocation
+
+    def _close_window(self, *, ready: bool) -> None:
+        window = self._window
+        if window is None:
+            return
+        self._started()[1].flush()
+        self.windows.append(
+            Window(
+                index=window,
+                steps=tuple(self._window_steps),
+                invocations=self._next_invocation - self._window_first_invocation,
+            )
+        )
+        self._window = None
+        if ready and self._on_trace_ready is not None:
+            self._on_trace_ready(self)
+
+    # The sink protocol: what prepare_call and PreparedCall call.
+
+    def prepare(self, config: RuntimeConfig, direction: str) -> PreparedCall:
+        """A launch's call: plain unless this step profiles, then with a pooled buffer."""
+        if not self.current_action.profiles:
+            return PreparedCall(config, config.backend.placeholder, direction=direction)
+        buffer = self.pool.acquire(config.backend, config.layout.total_bytes)
+        return PreparedCall(
+            config.with_profiling(),
+            buffer,
+            direction=direction,
+            sink=self,
+            sequence=next(self._sequence),
+        )
+
+    def complete(self, call: PreparedCall) -> None:
+        """A profiled launch went out: keep its buffer until the step ends."""
+        if self._state != "open":
+            self.pool.release(call.buffer)
+            raise SessionError(
+                "a profiled call completed after its session ended; its buffer is dropped"
+            )
+        with self._lock:
+            self._pending.append(call)
+            full = len(self._pending) >= self.max_pending_calls
+        if full:
+            self._drain()
+
+    def cancel(self, call: PreparedCall) -> None:
+        """A profiled launch failed: its buffer goes back unread."""
+        self.pool.release(call.buffer)
+
+    def _release(self, calls: list[PreparedCall]) -> None:
+        for backend in {id(c.config.backend): c.config.backend for c in calls}.values():
+            backend.synchronize()
+        for call in calls:
+            self.pool.release(call.buffer)
+
+    def _drain(self) -> None:
+        """Synchronize the pending launches; in a recording window, hand their host copies
+        to the writer, else (warmup) just return their buffers."""
+        with self._lock:
+            calls, self._pending = self._pending, []
+        if not calls:
+            return
+        window = self._window
+        if window is None:
+            self._release(calls)
+            return
+        writer = self._started()[1]
+        for backend in {id(c.config.backend): c.config.backend for c in calls}.values():
+            backend.synchronize()
+        captured = [
+            CapturedCall(c.config, c.direction, c.config.backend.to_host(c.buffer)) for c in calls
+        ]
+        for call in calls:
+            self.pool.release(call.buffer)
+        dropped = sum(_dropped(c.buffer, c.config) for c in captured)
+        if dropped:
+            warnings.warn(
+                DroppedRecordsWarning(
+                    f"step {self.step_num}: the device dropped {dropped} records in "
+                    f"{len(captured)} launch(es) because slots were full (plan a larger "
+                    "capacity); the rest are kept"
+                ),
+                stacklevel=_caller_stacklevel(),
+            )
+        new_configs = []
+        for c in captured:
+            if c.config.config_id not in self._configs_written:
+                self._configs_written.add(c.config.config_id)
+                new_configs.append(c.config)
+        batch = StepBatch(
+            step=self.step_num,
+            window=window,
+            first_invocation_id=self._next_invocation,
+            calls=captured,
+            new_configs=new_configs,
+        )
+        self._next_invocation += len(captured)
+        writer.put(batch)
+
+    def __repr__(self) -> str:
+        return (
+            f"MegaKernelProfile(run {self.run_id}, rank {self.rank}, step {self.step_num}, "
+            f"{self.current_action.name}, {self._state})"
+        )
+
+
+def mega_kernel_profile(
+    *,
+    schedule: ScheduleFn | None = None,
+    on_trace_ready: Callable[[MegaKernelProfile], object] | None = None,
+    store: Store | Path | str | None = None,
+    detailed_task_names: bool = False,
+    max_pending_calls: int = 16,
+    label: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> MegaKernelProfile:
+    """Profile the MegaKernel launches of a block of code into a store, step by step.
+
+    Use it like ``torch.profiler.profile``::
+
+        with mega_kernel_profile(schedule=schedule(wait=1, warmup=1, active=3)) as prof:
+            for batch in data:
+                model(batch)
+                prof.step()
+
+    Without a schedule every launch is recorded and the one window ends at exit.
+    ``store`` is a ``Store`` or a path (default ``$MCPROF_STORE`` or ``./mcprof-store``).
+    ``max_pending_calls`` bounds the launches held on the device before they are
+    drained within a step. Sessions do not nest. On an exception inside the block the
+    open window's buffers and rows are discarded, the run is marked failed, and the
+    exception propagates.
+    """
+    return MegaKernelProfile(
+        schedule=schedule,
+        on_trace_ready=on_trace_ready,
+        store=store,
+        detailed_task_names=detailed_task_names,
+        max_pending_calls=max_pending_calls,
+        label=label,
+        tags=tags,
+    )
