@@ -1,4 +1,4 @@
-# make demo: create .venv, install, and profile a simulated MegaKernel into ./mcprof-store.
+# make demo: create .venv, install, and profile the CPU reference MegaKernel into ./mcprof-store.
 # make test: install if needed, then lint, check formatting and run the tests.
 PYTHON ?= python3
 VENV := .venv
@@ -26,6 +26,7 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) mcprof-store
+	rm -rf $(VENV) mcprof-store mcprof-store-torch

@@ -328,6 +328,9 @@ def test_max_pending_calls_drains_within_a_step(
     ).to_pylist() == [{"step": 0, "ids": [0, 1, 2, 3, 4]}]
     files = list((store.root / "invocations" / f"run_id={prof.run_id}").glob("*.parquet"))
     assert len(files) == 3  # drained at 2, 4, and at exit
+    stats = prof.writer_stats
+    assert (stats.batches, stats.invocations) == (3, 5)
+    assert stats.cpu_seconds > 0
 
 
 def test_without_a_schedule_every_call_records_and_exit_closes_the_window(

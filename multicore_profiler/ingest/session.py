@@ -32,7 +32,7 @@ from multicore_profiler.errors import DroppedRecordsWarning, SessionError
 from multicore_profiler.ingest.abi import CoreType
 from multicore_profiler.ingest.pool import BufferPool
 from multicore_profiler.ingest.schedule import ProfilerAction, Schedule
-from multicore_profiler.ingest.writer import CapturedCall, StepBatch, StepWriter
+from multicore_profiler.ingest.writer import CapturedCall, StepBatch, StepWriter, WriterStats
 from multicore_profiler.kernels.runtime import (
     PreparedCall,
     RuntimeConfig,
@@ -187,6 +187,11 @@ class MegaKernelProfile:
     def invocations(self) -> int:
         """Recorded invocations handed to the writer so far."""
         return self._next_invocation
+
+    @property
+    def writer_stats(self) -> WriterStats:
+        """Step writes and invocations stored so far, and the writer's CPU time."""
+        return self._started()[1].stats
 
     def _act(self, step: int) -> ProfilerAction:
         if self._schedule is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -26,6 +27,16 @@ from multicore_profiler.storage.store import Store
 
 QUEUE_DEPTH = 4
 """Batches waiting to be written before the session's next drain blocks."""
+
+
+@dataclass
+class WriterStats:
+    """What a session's writer has done: step writes, invocations, and the CPU time it
+    took (which a job on the same CPU pays for)."""
+
+    batches: int = 0
+    invocations: int = 0
+    cpu_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,8 @@ class StepWriter:
         self._error: BaseException | None = None
         self._discarding = threading.Event()
         self._writes: dict[int, list[int]] = defaultdict(list)
-        self.invocations_written = 0
+        self.stats = WriterStats()
+        """Updated by the writer thread after each batch."""
         self._thread = threading.Thread(target=self._run, name="mcprof-writer", daemon=True)
         self._thread.start()
 
@@ -105,7 +117,9 @@ class StepWriter:
                 if batch is None:
                     return
                 if self._error is None and not self._discarding.is_set():
+                    began = time.thread_time()
                     self._write(batch)
+                    self.stats.cpu_seconds += time.thread_time() - began
             except BaseException as exc:
                 self._error = exc
             finally:
@@ -152,4 +166,5 @@ class StepWriter:
             self._run_id, batch.step, invocations=invocations, cores=cores, records=records
         )
         self._writes[batch.window].append(write_id)
-        self.invocations_written += invocations.num_rows
+        self.stats.batches += 1
+        self.stats.invocations += invocations.num_rows

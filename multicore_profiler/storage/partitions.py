@@ -58,8 +58,11 @@ def conform(table: pa.Table, spec: TableSpec) -> pa.Table:
         raise StoreError(
             f"rows for {spec.name!r} do not fit its schema: missing {missing}, unexpected {extra}"
         )
+    selected = table.select(spec.schema.names)
+    if selected.schema.equals(spec.schema):
+        return selected
     try:
-        return table.select(spec.schema.names).cast(spec.schema)
+        return selected.cast(spec.schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise StoreError(f"rows for {spec.name!r} do not fit its schema: {exc}") from exc
 
