@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -355,6 +356,38 @@ def test_without_a_schedule_every_call_records_and_exit_closes_the_window(
     assert store.sql("SELECT schedule FROM runs")["schedule"].to_pylist() == ["every step"]
 
 
+def test_start_and_stop_without_a_with_block(
+    store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
+) -> None:
+    prof = mega_kernel_profile(store=store, schedule=schedule(wait=1, warmup=0, active=1))
+    assert prof.start() is prof
+    kernel(*batch)
+    prof.step()
+    kernel(*batch)
+    prof.stop()
+    assert prof.windows == [Window(index=0, steps=(1,), invocations=1)]
+    assert store.sql("SELECT status FROM runs")["status"].to_pylist() == ["complete"]
+
+
+def test_launches_from_several_threads_get_distinct_ids(
+    store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
+) -> None:
+    with mega_kernel_profile(store=store, max_pending_calls=2) as prof:
+        threads = [
+            threading.Thread(target=lambda: [kernel(*batch) for _ in range(4)]) for _ in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert prof.invocations == 12
+    assert store.sql(
+        "SELECT list(invocation_id ORDER BY invocation_id) AS ids FROM invocations"
+    ).to_pylist() == [{"ids": list(range(12))}]
+    per_launch = sum(expected_per_worker(kernel.config_for(TOKENS)).values())
+    assert store.sql("SELECT count(*) AS n FROM records")["n"].to_pylist() == [12 * per_launch]
+
+
 def test_torch_schedule_is_accepted(
     store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
 ) -> None:
@@ -427,18 +460,23 @@ def _rank_job(rank: int, world: int, init_file: str, store_path: str) -> None:
             EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
         )
         x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(rank))
-        with (
-            ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
-            mega_kernel_profile(store=store_path) as prof,
-        ):
-            kernel(x, *route(x, router, TOP_K))
-            prof.step()
-            kernel(x, *route(x, router, TOP_K))
+        one_step_windows = schedule(wait=0, warmup=0, active=1)
+        with ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
+            try:
+                with mega_kernel_profile(store=store_path, schedule=one_step_windows) as prof:
+                    kernel(x, *route(x, router, TOP_K))
+                    prof.step()
+                    kernel(x, *route(x, router, TOP_K))
+                    if rank == 1:
+                        raise RuntimeError("rank 1 died")
+            except RuntimeError:
+                pass
     finally:
         dist.destroy_process_group()
 
 
 def test_ranks_of_a_job_share_one_run(store: Store, tmp_path: Path) -> None:
+    """Each rank writes its own rows under rank 0's run id; a failed rank fails the run."""
     import torch.multiprocessing as mp
 
     mp.spawn(_rank_job, args=(2, str(tmp_path / "init"), str(store.root)), nprocs=2, join=True)
@@ -449,8 +487,13 @@ def test_ranks_of_a_job_share_one_run(store: Store, tmp_path: Path) -> None:
     ).to_pylist()
     assert rows == [
         {"rank": 0, "runs": 1, "steps": [0, 1], "ids": [0, 1]},
-        {"rank": 1, "runs": 1, "steps": [0, 1], "ids": [0, 1]},
+        {"rank": 1, "runs": 1, "steps": [0], "ids": [0]},  # its second window was discarded
     ]
-    assert store.sql("SELECT count(*) AS n, any_value(status) AS s FROM runs").to_pylist() == [
-        {"n": 1, "s": "complete"}
-    ]
+    assert store.sql(
+        "SELECT count(*) AS n, any_value(status) AS status, any_value(ranks_reporting) AS ranks,"
+        " any_value(ranks_failed) AS failed FROM runs"
+    ).to_pylist() == [{"n": 1, "status": "failed", "ranks": 2, "failed": 1}]
+    assert store.sql(
+        "SELECT rank, status FROM raw_runs QUALIFY row_number() OVER "
+        "(PARTITION BY rank ORDER BY updated_at DESC) = 1 ORDER BY rank"
+    ).to_pylist() == [{"rank": 0, "status": "complete"}, {"rank": 1, "status": "failed"}]

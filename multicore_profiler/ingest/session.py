@@ -165,6 +165,7 @@ class MegaKernelProfile:
         self._writer: StepWriter | None = None
         self._state = "new"
         self._lock = threading.Lock()
+        self._draining = threading.Lock()
         self._pending: list[PreparedCall] = []
         self._window: int | None = None
         self._window_steps: list[int] = []
@@ -216,6 +217,7 @@ class MegaKernelProfile:
                 label=self._label,
                 tags=self._tags,
                 schedule=_describe(self._schedule),
+                rank=self.rank,
             )
             self._store.write_run(self._run)
             self._writer = StepWriter(self._store, self.run_id, self.rank)
@@ -226,6 +228,14 @@ class MegaKernelProfile:
         if self.current_action.records:
             self._open_window()
         return self
+
+    def start(self) -> MegaKernelProfile:
+        """Open the session without a ``with`` block (as ``torch.profiler``'s ``start``)."""
+        return self.__enter__()
+
+    def stop(self) -> None:
+        """Close a session opened with ``start()``: store what is left, end the run."""
+        self.__exit__(None, None, None)
 
     def step(self) -> None:
         """Mark the end of a step: store what it recorded, move to the next step's action."""
@@ -354,31 +364,55 @@ class MegaKernelProfile:
         """A profiled launch failed: its buffer goes back unread."""
         self.pool.release(call.buffer)
 
-    def _release(self, calls: list[PreparedCall]) -> None:
+    @staticmethod
+    def _synchronize(calls: list[PreparedCall]) -> None:
+        """Wait until the launches of ``calls`` have written their buffers."""
         for backend in {id(c.config.backend): c.config.backend for c in calls}.values():
             backend.synchronize()
+
+    def _release(self, calls: list[PreparedCall]) -> None:
+        self._synchronize(calls)
         for call in calls:
             self.pool.release(call.buffer)
 
     def _drain(self) -> None:
         """Synchronize the pending launches; in a recording window, hand their host copies
-        to the writer, else (warmup) just return their buffers."""
-        with self._lock:
-            calls, self._pending = self._pending, []
-        if not calls:
-            return
-        window = self._window
-        if window is None:
-            self._release(calls)
-            return
-        writer = self._started()[1]
-        for backend in {id(c.config.backend): c.config.backend for c in calls}.values():
-            backend.synchronize()
-        captured = [
-            CapturedCall(c.config, c.direction, c.config.backend.to_host(c.buffer)) for c in calls
-        ]
-        for call in calls:
-            self.pool.release(call.buffer)
+        to the writer, else (warmup) just return their buffers. Drains run one at a time,
+        so invocation ids follow the order in which launches completed, from any thread."""
+        with self._draining:
+            with self._lock:
+                calls, self._pending = self._pending, []
+            if not calls:
+                return
+            window = self._window
+            if window is None:
+                self._release(calls)
+                return
+            self._synchronize(calls)
+            captured = [
+                CapturedCall(c.config, c.direction, c.config.backend.to_host(c.buffer))
+                for c in calls
+            ]
+            for call in calls:
+                self.pool.release(call.buffer)
+            self._report_dropped(captured)
+            new_configs = []
+            for c in captured:
+                if c.config.config_id not in self._configs_written:
+                    self._configs_written.add(c.config.config_id)
+                    new_configs.append(c.config)
+            batch = StepBatch(
+                step=self.step_num,
+                window=window,
+                first_invocation_id=self._next_invocation,
+                calls=captured,
+                new_configs=new_configs,
+            )
+            self._next_invocation += len(captured)
+            self._started()[1].put(batch)
+
+    def _report_dropped(self, captured: list[CapturedCall]) -> None:
+        """Warn, in the job's thread, when the device dropped records of these launches."""
         dropped = sum(_dropped(c.buffer, c.config) for c in captured)
         if dropped:
             warnings.warn(
@@ -389,20 +423,6 @@ class MegaKernelProfile:
                 ),
                 stacklevel=_caller_stacklevel(),
             )
-        new_configs = []
-        for c in captured:
-            if c.config.config_id not in self._configs_written:
-                self._configs_written.add(c.config.config_id)
-                new_configs.append(c.config)
-        batch = StepBatch(
-            step=self.step_num,
-            window=window,
-            first_invocation_id=self._next_invocation,
-            calls=captured,
-            new_configs=new_configs,
-        )
-        self._next_invocation += len(captured)
-        writer.put(batch)
 
     def __repr__(self) -> str:
         return (

@@ -76,6 +76,8 @@ class RunInfo:
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     schedule: str | None = None
     tags: dict[str, str] = dataclasses.field(default_factory=dict)
+    rank: int | None = None
+    """The rank whose session this row reports (every rank of a job writes its own)."""
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
@@ -90,6 +92,7 @@ class RunInfo:
         label: str | None = None,
         tags: dict[str, str] | None = None,
         schedule: str | None = None,
+        rank: int | None = None,
     ) -> RunInfo:
         """A run starting now, with this process's host, git revision and versions."""
         commit, branch = source_revision()
@@ -104,6 +107,7 @@ class RunInfo:
             versions=package_versions(),
             schedule=schedule,
             tags=dict(tags or {}),
+            rank=rank,
         )
 
     def finish(self, status: str = "complete") -> RunInfo:

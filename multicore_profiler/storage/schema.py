@@ -58,6 +58,7 @@ RUNS = TableSpec(
             ("versions", _STRING_MAP),
             ("schedule", pa.string()),
             ("tags", _STRING_MAP),
+            ("rank", pa.int32()),
         ]
     ),
     partition_by=("run_id",),

@@ -15,10 +15,35 @@ CASE
              ELSE 'DescId_' || desc_id END)
 END;
 
--- One row per run: its latest state (a run's row is written again as it progresses).
+-- One row per run: its latest state (a run's row is written again as it progresses),
+-- over every rank that reports it: failed if any rank failed, else running while any
+-- rank runs, else complete. Provenance comes from the lowest rank.
 CREATE OR REPLACE VIEW runs AS
-SELECT * FROM raw_runs
-QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY updated_at DESC) = 1;
+WITH latest AS (
+    SELECT * FROM raw_runs
+    QUALIFY row_number() OVER (PARTITION BY run_id, rank ORDER BY updated_at DESC) = 1
+)
+SELECT
+    run_id,
+    max(updated_at) AS updated_at,
+    min(start_time) AS start_time,
+    CASE WHEN bool_or(end_time IS NULL) THEN NULL ELSE max(end_time) END AS end_time,
+    CASE
+        WHEN bool_or(status = 'failed') THEN 'failed'
+        WHEN bool_or(status = 'running') THEN 'running'
+        ELSE 'complete'
+    END AS status,
+    arg_min(commit, coalesce(rank, -1)) AS commit,
+    arg_min(branch, coalesce(rank, -1)) AS branch,
+    arg_min(label, coalesce(rank, -1)) AS label,
+    arg_min(host, coalesce(rank, -1)) AS host,
+    arg_min(versions, coalesce(rank, -1)) AS versions,
+    arg_min(schedule, coalesce(rank, -1)) AS schedule,
+    arg_min(tags, coalesce(rank, -1)) AS tags,
+    count(*) AS ranks_reporting,
+    count(*) FILTER (WHERE status = 'failed') AS ranks_failed
+FROM latest
+GROUP BY run_id;
 
 -- One row per kernel launch. An invocation's row is written after its cores and
 -- records, so it is what makes them visible; a discarded write hides it again.
