@@ -388,6 +388,28 @@ def test_launches_from_several_threads_get_distinct_ids(
     assert store.sql("SELECT count(*) AS n FROM records")["n"].to_pylist() == [12 * per_launch]
 
 
+def test_sessions_sharing_a_run_id_continue_its_ids(
+    store: Store,
+    kernel: ReferenceMoeKernel,
+    batch: tuple[torch.Tensor, ...],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MCPROF_RUN_ID", "shared-run")
+    for _ in range(2):
+        with mega_kernel_profile(store=store) as prof:
+            kernel(*batch)
+            prof.step()
+            kernel(*batch)
+    assert prof.windows == [Window(index=1, steps=(0, 1), invocations=2)]
+    assert store.sql(
+        "SELECT run_id, window_id, list(invocation_id ORDER BY invocation_id) AS ids "
+        "FROM invocations GROUP BY ALL ORDER BY window_id"
+    ).to_pylist() == [
+        {"run_id": "shared-run", "window_id": 0, "ids": [0, 1]},
+        {"run_id": "shared-run", "window_id": 1, "ids": [2, 3]},
+    ]
+
+
 def test_torch_schedule_is_accepted(
     store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
 ) -> None:

@@ -171,6 +171,7 @@ class MegaKernelProfile:
         self._window_steps: list[int] = []
         self._window_first_invocation = 0
         self._next_invocation = 0
+        self._first_window = 0
         self._sequence = count()
         self._configs_written: set[str] = set()
 
@@ -220,6 +221,7 @@ class MegaKernelProfile:
                 rank=self.rank,
             )
             self._store.write_run(self._run)
+            self._continue_run(self._store)
             self._writer = StepWriter(self._store, self.run_id, self.rank)
         except BaseException:
             remove_sink(self)
@@ -311,8 +313,19 @@ class MegaKernelProfile:
             self._window = None
         store.write_run(run.finish("failed"))
 
+    def _continue_run(self, store: Store) -> None:
+        """Start invocation and window ids after those this rank already wrote to the run
+        (a run id given by ``$MCPROF_RUN_ID`` to several sessions, or a retried job)."""
+        taken = store.sql(
+            """SELECT max(invocation_id) + 1 AS invocation, max(window_id) + 1 AS next_window
+               FROM raw_invocations WHERE run_id = $1 AND rank = $2""",
+            [self.run_id, self.rank],
+        ).to_pylist()[0]
+        self._next_invocation = taken["invocation"] or 0
+        self._first_window = taken["next_window"] or 0
+
     def _open_window(self) -> None:
-        self._window = len(self.windows)
+        self._window = self._first_window + len(self.windows)
         self._window_steps = [self.step_num]
         self._window_first_invocation = self._next_invocation
 
