@@ -21,7 +21,6 @@ import threading
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from itertools import count
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -172,7 +171,6 @@ class MegaKernelProfile:
         self._window_first_invocation = 0
         self._next_invocation = 0
         self._first_window = 0
-        self._sequence = count()
         self._configs_written: set[str] = set()
 
     @property
@@ -357,7 +355,6 @@ class MegaKernelProfile:
             buffer,
             direction=direction,
             sink=self,
-            sequence=next(self._sequence),
         )
 
     def complete(self, call: PreparedCall) -> None:

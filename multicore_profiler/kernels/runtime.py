@@ -337,7 +337,7 @@ class PreparedCall:
     """One launch's config and profile buffer; ``complete()`` or ``cancel()`` it once
     launched (both are idempotent, and the first one wins)."""
 
-    __slots__ = ("_sink", "_state", "buffer", "config", "direction", "sequence")
+    __slots__ = ("_sink", "_state", "buffer", "config", "direction")
 
     def __init__(
         self,
@@ -346,12 +346,10 @@ class PreparedCall:
         *,
         direction: str = "forward",
         sink: CallSink | None = None,
-        sequence: int = -1,
     ) -> None:
         self.config = config
         self.buffer = buffer
         self.direction = direction
-        self.sequence = sequence
         self._sink = sink
         self._state = "open"
 
