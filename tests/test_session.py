@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.profiler
 
-from multicore_profiler import Store, mega_kernel_profile, schedule
+from multicore_profiler import ProfilerAction, Store, mega_kernel_profile, schedule
 from multicore_profiler.errors import CaptureError, DroppedRecordsWarning, SessionError
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.session import MegaKernelProfile, Window
@@ -408,6 +408,41 @@ def test_sessions_sharing_a_run_id_continue_its_ids(
         {"run_id": "shared-run", "window_id": 0, "ids": [0, 1]},
         {"run_id": "shared-run", "window_id": 1, "ids": [2, 3]},
     ]
+
+
+def test_a_failed_launch_is_cancelled_and_not_recorded(
+    store: Store, weights: tuple[torch.Tensor, ...], batch: tuple[torch.Tensor, ...]
+) -> None:
+    _, w1, w2 = weights
+    with (
+        ReferenceMoeKernel(w1, w2[:, :-1], token_tile=16) as broken,
+        ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
+        mega_kernel_profile(store=store) as prof,
+    ):
+        kernel(*batch)
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            broken(*batch)
+        kernel(*batch)
+        # The failed launch's buffer came back at once and served the next launch.
+        assert (prof.pool.allocations, prof.pool.reuses) == (2, 1)
+    assert prof.invocations == 2
+    assert store.sql("SELECT count(*) AS n FROM invocations")["n"].to_pylist() == [2]
+
+
+def test_record_followed_by_none_warns_like_torch(
+    store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
+) -> None:
+    ready: list[int] = []
+    actions = iter(["RECORD", "NONE", "NONE"])
+    custom = lambda step: ProfilerAction[next(actions)]  # noqa: E731
+    with mega_kernel_profile(store=store, schedule=custom, on_trace_ready=ready.append) as prof:
+        kernel(*batch)
+        with pytest.warns(UserWarning, match="RECORD followed by NONE at step 1") as caught:
+            prof.step()
+        kernel(*batch)
+    assert caught[0].filename == __file__
+    assert ready == []  # as in torch: the window ends without on_trace_ready
+    assert prof.windows == [Window(index=0, steps=(0,), invocations=1)]
 
 
 def test_torch_schedule_is_accepted(
