@@ -219,7 +219,8 @@ class MegaKernelProfile:
                 rank=self.rank,
             )
             self._store.write_run(self._run)
-            self._continue_run(self._store)
+            if os.environ.get(RUN_ID_ENV):  # a fresh id has nothing to continue
+                self._continue_run(self._store)
             self._writer = StepWriter(self._store, self.run_id, self.rank)
         except BaseException:
             remove_sink(self)
