@@ -445,6 +445,35 @@ def test_record_followed_by_none_warns_like_torch(
     assert prof.windows == [Window(index=0, steps=(0,), invocations=1)]
 
 
+def test_launches_of_different_configs_in_one_step(
+    store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
+) -> None:
+    """Token counts that change the task graph interleave within a step: each launch keeps
+    its own layout, config and task graph."""
+    x, ids, weights = batch
+    short = (x[:20], ids[:20], weights[:20])
+    with mega_kernel_profile(store=store):
+        for args in (batch, short, short, batch):
+            kernel(*args)
+    configs = {n: kernel.config_for(n) for n in (TOKENS, 20)}
+    assert configs[TOKENS].config_id != configs[20].config_id
+    rows = store.sql(
+        "SELECT invocation_id, config_id, record_count FROM invocations ORDER BY 1"
+    ).to_pylist()
+    per_launch = {n: sum(expected_per_worker(c).values()) for n, c in configs.items()}
+    assert rows == [
+        {"invocation_id": i, "config_id": configs[n].config_id, "record_count": per_launch[n]}
+        for i, n in enumerate((TOKENS, 20, 20, TOKENS))
+    ]
+    assert store.sql(
+        "SELECT config_id, count(*) AS n FROM tasks GROUP BY 1 ORDER BY 2"
+    ).to_pylist() == sorted(
+        ({"config_id": c.config_id, "n": len(c.tasks)} for c in configs.values()),
+        key=lambda r: r["n"],
+    )
+    assert store.sql("SELECT sum(dropped) AS d FROM stage_stats")["d"].to_pylist() == [0]
+
+
 def test_torch_schedule_is_accepted(
     store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
 ) -> None:
