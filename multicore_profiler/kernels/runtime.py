@@ -113,6 +113,13 @@ def header_layout(header: np.void) -> BufferLayout:
     )
 
 
+def compute_desc_ids(tasks: np.ndarray) -> np.ndarray:
+    """The desc id each task's compute record carries: its stage id, else the fallback
+    0x20000 + task type (what a kernel reading the descriptors writes)."""
+    desc = tasks["profile_desc_id"]
+    return np.where(desc != 0, desc, fallback_desc_ids(tasks["task_type"]))
+
+
 def _index_within(desc: np.ndarray, owner: np.ndarray) -> np.ndarray:
     """Each task's position among the tasks of its (stage, owner), in task order."""
     order = np.lexsort((np.arange(len(desc)), owner, desc))
@@ -196,8 +203,7 @@ class RuntimeConfig:
 
     def effective_desc_ids(self) -> np.ndarray:
         """The desc id each task's compute record carries: its stage id, else the fallback."""
-        desc = self._tasks["profile_desc_id"]
-        return np.where(desc != 0, desc, fallback_desc_ids(self._tasks["task_type"]))
+        return compute_desc_ids(self._tasks)
 
     def __repr__(self) -> str:
         return (
@@ -279,12 +285,7 @@ def build_runtime_config(
     spec = spec or ProfileSpec()
     tasks["profile_desc_id"] = spec.desc_ids(tasks)
     tasks["profile_owner_id"] = spec.owner_ids(tasks)
-    effective = np.where(
-        tasks["profile_desc_id"] != 0,
-        tasks["profile_desc_id"],
-        fallback_desc_ids(tasks["task_type"]),
-    )
-    tasks["profile_task_index"] = _index_within(effective, tasks["profile_owner_id"])
+    tasks["profile_task_index"] = _index_within(compute_desc_ids(tasks), tasks["profile_owner_id"])
 
     planned = BufferLayout.plan(
         queues[CoreType.AIC],

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 from multicore_profiler.errors import ConfigError
 from multicore_profiler.ingest.abi import (
-    DESC_COMPUTE_FALLBACK,
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
     CoreType,
@@ -46,6 +45,7 @@ from multicore_profiler.kernels.reference.graph import (
 from multicore_profiler.kernels.runtime import (
     RuntimeConfig,
     build_runtime_config,
+    compute_desc_ids,
     header_layout,
     parse_config,
     prepare_call,
@@ -327,8 +327,7 @@ class _MoeLaunch:
         }
         task_type = tasks["task_type"]
         kind = np.where(task_type == GEMM, tasks["tiling_position"], 0)
-        desc = tasks["profile_desc_id"]
-        desc = np.where(desc != 0, desc, DESC_COMPUTE_FALLBACK + task_type.astype(np.int64))
+        desc = compute_desc_ids(tasks)
         columns = zip(
             task_type.tolist(),
             kind.tolist(),
