@@ -13,7 +13,8 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -37,7 +38,7 @@ from multicore_profiler.storage.schema import (
     TASKS,
     TableSpec,
 )
-from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, read_consistent
+from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
 
 STORE_ENV = "MCPROF_STORE"
 DEFAULT_STORE = "mcprof-store"
@@ -145,24 +146,32 @@ class Store:
             )
             self._pointed[spec.name] = has_files
 
+    @contextmanager
+    def reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A DuckDB cursor over the store's current views, for work of several statements
+        (temporary tables included): the files it reads stay in place until it closes."""
+        while True:
+            with self._lock.shared():
+                if not pending(self._root):
+                    with self._views:
+                        self._point()
+                    cursor = self._db.cursor()
+                    try:
+                        yield cursor
+                    finally:
+                        cursor.close()
+                    return
+            recover(self._root, self._lock)
+
     def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
         """Run one SQL statement over the store's views; return its rows as Arrow.
 
         Raises ``QueryError`` with DuckDB's reason when the query cannot run.
         """
-
-        def read() -> pa.Table:
-            with self._views:
-                self._point()
-            cursor = self._db.cursor()
-            try:
+        try:
+            with self.reading() as cursor:
                 result = cursor.sql(query, params=params)
                 return pa.table({}) if result is None else result.to_arrow_table()
-            finally:
-                cursor.close()
-
-        try:
-            return read_consistent(self._root, self._lock, read)
         except duckdb.Error as exc:
             raise QueryError(f"query failed: {exc}") from exc
 

@@ -13,18 +13,15 @@ import fcntl
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.partitions import fsync_dir
 
 LOCK_FILE = ".mcprof.lock"
 JOURNAL_DIR = "_journal"
-
-T = TypeVar("T")
 
 
 class StoreLock:
@@ -120,12 +117,3 @@ def recover(root: Path, lock: StoreLock) -> None:
             f"the store at {root} has an unfinished compaction that needs write access to "
             f"finish ({exc}); run 'mcprof compact' as a user who can write the store"
         ) from exc
-
-
-def read_consistent(root: Path, lock: StoreLock, read: Callable[[], T]) -> T:
-    """Run ``read`` under the shared lock, after finishing any swap a dead compaction left."""
-    while True:
-        with lock.shared():
-            if not pending(root):
-                return read()
-        recover(root, lock)
