@@ -144,6 +144,16 @@ def test_custom_matcher_combines_with_other_selectors() -> None:
     assert build(spec=spec).tasks["profile_desc_id"].tolist() == [7, 0, 0, 0, 0, 0, 0]
 
 
+def test_task_type_names_name_the_compute_fallback() -> None:
+    """A named task type is stored as the name of its fallback desc id 0x20000 + type; a
+    stage keeps its own id."""
+    spec = ProfileSpec(
+        stages=[ProfileStage(0x30001, "GMM1", task_type=1)], task_type_names={1: "Gemm", 7: "Copy"}
+    )
+    assert spec.stage_names == {0x20001: "Gemm", 0x20007: "Copy", 0x30001: "GMM1"}
+    assert build(spec=spec).metadata.stage_names == spec.stage_names
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -162,6 +172,8 @@ def test_custom_matcher_combines_with_other_selectors() -> None:
             lambda: build(spec=ProfileSpec(owner_resolver=lambda t: np.zeros(2))),
             r"owner resolver returned shape \(2,\) for 7 tasks",
         ),
+        (lambda: ProfileSpec(task_type_names={0x10000: "Big"}), "a type in 0..0xffff"),
+        (lambda: ProfileSpec(task_type_names={3: ""}), "got 3: ''"),
     ],
 )
 def test_bad_specs_raise(make, message: str) -> None:

@@ -96,15 +96,24 @@ class ProfileStage:
 
 @dataclass(frozen=True)
 class ProfileSpec:
-    """What a kernel tells the profiler about itself: name, stages and owners."""
+    """What a kernel tells the profiler about itself: name, stages, owners and the names of
+    its task types (which name the compute records of tasks no stage selects)."""
 
     kernel_name: str = DEFAULT_KERNEL_NAME
     owner_label: str = DEFAULT_OWNER_LABEL
     stages: Sequence[ProfileStage] = ()
     owner_resolver: OwnerResolver | None = None
+    task_type_names: Mapping[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "task_type_names", dict(self.task_type_names))
+        for task_type, name in self.task_type_names.items():
+            if not 0 <= task_type <= MAX_TASK_TYPE or not name:
+                raise SpecError(
+                    f"kernel {self.kernel_name}: task type names need a type in "
+                    f"0..{MAX_TASK_TYPE:#x} and a name, got {task_type!r}: {name!r}"
+                )
         for key in ("desc_id", "name"):
             seen: dict[object, ProfileStage] = {}
             for stage in self.stages:
@@ -118,8 +127,11 @@ class ProfileSpec:
 
     @property
     def stage_names(self) -> Mapping[int, str]:
-        """Stage names by desc id."""
-        return {stage.desc_id: stage.name for stage in self.stages}
+        """Display names by desc id: each stage's, and each named task type's at its
+        compute fallback id 0x20000 + type (shown as ``TaskType_<name>``)."""
+        names = {DESC_COMPUTE_FALLBACK + t: name for t, name in self.task_type_names.items()}
+        names.update((stage.desc_id, stage.name) for stage in self.stages)
+        return names
 
     def desc_ids(self, tasks: np.ndarray) -> np.ndarray:
         """Each task's stage id, 0 where no stage selects it (the device then records the
