@@ -3,12 +3,14 @@
 The public API: the capture session (``mega_kernel_profile``, ``schedule``,
 ``ProfilerAction``), ``open_store`` (and ``Store``), the device buffer decoder
 (``BufferLayout``, ``decode_buffer``, ``decode_buffers``), ``ingest_buffers`` to write
-decoded launches as a step of a run, ``RunInfo``, and ``ProfileError``, the base of
-every error raised on bad input. Kernel authors find specs, RuntimeConfig and the
+decoded launches as a step of a run, ``export_chrome_trace`` for timelines of the
+store's records, ``RunInfo``, and ``ProfileError``, the base of every error raised on
+bad input. Kernel authors find specs, RuntimeConfig and the
 launch hook in ``multicore_profiler.kernels``.
 """
 
 from multicore_profiler.errors import ProfileError
+from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
 from multicore_profiler.ingest.abi import BufferLayout, CoreType
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
@@ -21,6 +23,7 @@ __all__ = [
     "BufferLayout",
     "CoreType",
     "DecodedBuffers",
+    "ExportedTrace",
     "KernelInfo",
     "Launches",
     "MegaKernelProfile",
@@ -30,6 +33,7 @@ __all__ = [
     "Store",
     "decode_buffer",
     "decode_buffers",
+    "export_chrome_trace",
     "ingest_buffers",
     "mega_kernel_profile",
     "open_store",

@@ -22,6 +22,7 @@ import torch.profiler
 from tqdm import tqdm
 
 from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
+from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import decode_buffers
@@ -169,6 +170,28 @@ def cmd_compact(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    trace = export_chrome_trace(
+        _store(args),
+        args.output,
+        run=args.run or None,
+        step=args.step,
+        invocation=args.invocation,
+        rank=args.rank,
+        window=args.window,
+        where=args.where,
+        query=args.sql,
+        detailed_task_names=args.detailed,
+    )
+    for warning in trace.metadata["warnings"]:
+        print(f"mcprof: warning: {warning}", file=sys.stderr)
+    print(
+        f"{trace.path}: {trace.events} events ({trace.records} records of "
+        f"{trace.metadata['invocationCount']} invocation(s), {trace.flows} dependency arrows) "
+        f"from {trace.metadata['selection']}"
+    )
+
+
 DEMO_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}
 
 
@@ -292,6 +315,34 @@ def _parser() -> argparse.ArgumentParser:
         "--run", action="append", default=[], help="run to compact (repeatable; default: all)"
     )
     compact.set_defaults(func=cmd_compact)
+
+    export = commands.add_parser(
+        "export",
+        parents=[common],
+        help="write a Chrome Trace (Perfetto, chrome://tracing) of records in the store",
+        description="Write the Chrome Trace of a run (default: the latest), narrowed to a step, "
+        "invocation, rank, window or SQL condition, or of the rows of any query.",
+    )
+    export.add_argument(
+        "-o", "--output", type=Path, required=True, help="trace file (.json, or .json.gz)"
+    )
+    export.add_argument(
+        "--run", action="append", default=[], help="run id (repeatable; default: the latest run)"
+    )
+    export.add_argument("--step", type=int)
+    export.add_argument("--invocation", type=int)
+    export.add_argument("--rank", type=int)
+    export.add_argument("--window", type=int, help="capture window index")
+    export.add_argument(
+        "--where", help="SQL condition over records_ns columns, e.g. \"stage = 'GMM1'\""
+    )
+    export.add_argument(
+        "--sql", help="a query whose rows carry the record columns, e.g. SELECT * FROM records_ns"
+    )
+    export.add_argument(
+        "--detailed", action="store_true", help="name events <owner><id>_<stage>_task<n>"
+    )
+    export.set_defaults(func=cmd_export)
 
     demo = commands.add_parser(
         "demo", parents=[common], help="profile the CPU reference MegaKernel into the store"

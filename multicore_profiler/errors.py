@@ -60,6 +60,11 @@ class QueryError(StoreError):
     """SQL that the store cannot run; the message carries DuckDB's reason."""
 
 
+class ExportError(ProfileError):
+    """A trace that cannot be exported as asked: an empty selection, a query without the
+    record columns, an invocation with no usable frequency, a path that cannot be written."""
+
+
 class ScheduleError(ProfileError, ValueError):
     """Profiler schedule arguments that cannot describe a schedule."""
 
