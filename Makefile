@@ -27,6 +27,7 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/export.py
 
 clean:
 	rm -rf $(VENV) mcprof-store mcprof-store-torch
