@@ -414,6 +414,15 @@ def test_empty_selection_fails_and_leaves_no_file(
     assert list(tmp_path.iterdir()) == [golden.root]
 
 
+def test_records_of_no_invocation_fail(golden: Store, tmp_path: Path) -> None:
+    """Rows of a withdrawn write, read from the raw files, have no invocation to time them."""
+    write_ids = golden.sql("SELECT write_id FROM invocations")["write_id"].to_pylist()
+    golden.discard_writes(RUN, 3, write_ids)
+    with pytest.raises(ExportError, match=f"6 selected record.s. belong to no invocation .*{RUN}"):
+        export_chrome_trace(golden, tmp_path / "t.json", query="SELECT * FROM raw_records")
+    assert list(tmp_path.iterdir()) == [golden.root]
+
+
 def test_empty_store_fails(store: Store, tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="holds no run"):
         export_chrome_trace(store, tmp_path / "t.json")
