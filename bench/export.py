@@ -93,11 +93,12 @@ def fill(store: Store, records: int) -> tuple[str, int]:
 def baseline(store: Store, run_id: str, step: int, path: Path) -> int:
     """The straightforward exporter: one dict per event, then ``json.dump``."""
     rows = store.sql(
-        """SELECT r.*, i.anchor_cycle, i.frequency_hz,
+        """SELECT r.*, i.anchor_cycle, i.frequency_hz, i.device, i.direction,
+                  stage_name(i.stage_names, r.desc_id) AS name,
                   c.entry_cycle AS core_entry_cycle
-           FROM records_ns r
-           JOIN invocations i USING (run_id, rank, invocation_id)
-           JOIN cores c USING (run_id, rank, invocation_id, core_type, block_id)
+           FROM records r
+           JOIN invocations i USING (run_id, rank, invocation_id, write_id)
+           JOIN cores c USING (run_id, rank, invocation_id, write_id, core_type, block_id)
            WHERE r.run_id = $1 AND r.step = $2""",
         [run_id, step],
     ).to_pylist()
@@ -124,7 +125,7 @@ def baseline(store: Store, run_id: str, step: int, path: Path) -> int:
             args["owner_id"] = row["owner_id"]
         events.append(
             {
-                "name": row["stage"] if row["phase"] == "compute" else row["phase"],
+                "name": row["name"],
                 "cat": "MegaKernelInternal",
                 "ph": "X",
                 "pid": row["rank"],
