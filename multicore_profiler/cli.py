@@ -239,6 +239,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     _emit(summary, "table", None)
     print(f"torch.profiler trace: {trace_path}")
     print(f'try: mcprof query --store {store.root} "SELECT * FROM stage_stats"')
+    print(f"     mcprof export --store {store.root} -o {prof.run_id}.json  # for ui.perfetto.dev")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -145,8 +145,12 @@ def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
         ("GMM2", "144", "0"),
         ("Combine", "24", "0"),
     ]
-    trace = Path(lines[-2].removeprefix("torch.profiler trace: "))
+    trace = Path(lines[-3].removeprefix("torch.profiler trace: "))
     assert trace.parent == tmp_path / "store-torch"
+    run_id = trace.name.removesuffix(".pt.trace.json")
+    assert lines[-1] == (
+        f"     mcprof export --store {tmp_path / 'store'} -o {run_id}.json  # for ui.perfetto.dev"
+    )
     assert trace.read_text().count('"name": "mcprof::reference_moe"') == 5
     assert run(capsys, "compact", *store_args)[1].startswith("compacted 1 run(s): ")
 
