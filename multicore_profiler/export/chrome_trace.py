@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,30 +164,31 @@ class _Trace:
     events: Row
     flows: Row | None
     metadata: dict[str, Any]
-    records: int
-    flow_count: int
+
+
+@contextmanager
+def _query_errors() -> Iterator[None]:
+    """DuckDB's errors as ``QueryError``, with DuckDB's reason."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        raise QueryError(f"query failed: {exc}") from exc
 
 
 def _run(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    try:
+    with _query_errors():
         con.execute(sql)
-    except duckdb.Error as exc:
-        raise QueryError(f"query failed: {exc}") from exc
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
-    try:
+    with _query_errors():
         return con.sql(sql).to_arrow_table()
-    except duckdb.Error as exc:
-        raise QueryError(f"query failed: {exc}") from exc
 
 
 def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str) -> None:
     """Materialize the selected records as ``sel``; check they can make a trace."""
-    try:
+    with _query_errors():
         relation = con.sql(selection)
-    except duckdb.Error as exc:
-        raise QueryError(f"query failed: {exc}") from exc
     if relation is None:
         raise ExportError(f"{described} returns no rows to export (it is not a query)")
     missing = [c for c in RECORD_COLUMNS if c not in relation.columns]
@@ -212,7 +214,7 @@ picked AS (
 )
 SELECT
     p.*,
-    r.label, r.commit, r.start_time AS run_start,
+    r.label, r.commit,
     dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
     dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label) AS naming,
     EXISTS (
@@ -468,7 +470,7 @@ def _layout(
     metadata = _summary(
         events, flows, invocations, slots, processes, lane, pid, track_tid, described, detailed
     )
-    return _Trace(head, rows, flow_rows, metadata, count, flows.num_rows)
+    return _Trace(head, rows, flow_rows, metadata)
 
 
 def _invocation_pids(invocations: pa.Table, processes: pa.Table) -> np.ndarray:
@@ -731,8 +733,8 @@ def _write(path: Path, trace: _Trace) -> ExportedTrace:
     return ExportedTrace(
         path=path,
         events=len(trace.head) + total_rows,
-        records=trace.records,
-        flows=trace.flow_count,
+        records=len(trace.events),
+        flows=trace.metadata["flowCount"],
         metadata=trace.metadata,
     )
 
