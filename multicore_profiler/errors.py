@@ -65,6 +65,18 @@ class ExportError(ProfileError):
     record columns, an invocation with no usable frequency, a path that cannot be written."""
 
 
+class TraceFormatError(ProfileError):
+    """A trace file that is not a Chrome trace the store can hold: not JSON of the Trace
+    Event Format, truncated, or with a field that cannot be read exactly (the message
+    names the file and the byte or event)."""
+
+
+class FuseError(ProfileError):
+    """A fusion that cannot be done safely as asked: no or too few outer kernels to align
+    to, host-only candidates without ``allow_host_alignment``, ranks that cannot be
+    paired, or an output that cannot be written."""
+
+
 class ScheduleError(ProfileError, ValueError):
     """Profiler schedule arguments that cannot describe a schedule."""
 

@@ -41,7 +41,7 @@ def partition_dir(root: Path, spec: TableSpec, values: Mapping[str, object]) -> 
         if key not in values:
             raise StoreError(f"a {spec.name} partition needs a value for {key!r}")
         value = values[key]
-        if key == "run_id":
+        if key in ("run_id", "source_id"):
             check_run_id(value)
         elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise StoreError(f"{key} must be a non-negative integer, got {value!r}")
@@ -67,14 +67,11 @@ def conform(table: pa.Table, spec: TableSpec) -> pa.Table:
         raise StoreError(f"rows for {spec.name!r} do not fit its schema: {exc}") from exc
 
 
-ROW_GROUP_ROWS = 1 << 20
-
-
 def write_parquet(path: Path, tables: Iterable[pa.Table], spec: TableSpec) -> int:
     """Write ``tables`` (already conformed) to one file at ``path``, durably; return its rows.
 
-    Small tables are gathered into row groups of about ``ROW_GROUP_ROWS`` rows. On
-    any failure the file is removed.
+    Small tables are gathered into row groups of about the spec's ``row_group_rows``.
+    On any failure the file is removed.
     """
     pending: list[pa.Table] = []
     rows = buffered = 0
@@ -93,12 +90,14 @@ def write_parquet(path: Path, tables: Iterable[pa.Table], spec: TableSpec) -> in
             for table in tables:
                 pending.append(table)
                 buffered += table.num_rows
-                if buffered >= ROW_GROUP_ROWS:
-                    writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                if buffered >= spec.row_group_rows:
+                    writer.write_table(
+                        pa.concat_tables(pending), row_group_size=spec.row_group_rows
+                    )
                     rows += buffered
                     pending, buffered = [], 0
             if pending:
-                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                writer.write_table(pa.concat_tables(pending), row_group_size=spec.row_group_rows)
                 rows += buffered
             writer.close()
             sink.flush()
@@ -129,15 +128,19 @@ def tmp_path(path: Path) -> Path:
 
 
 def write_partition(
-    root: Path, spec: TableSpec, values: Mapping[str, object], table: pa.Table
+    root: Path,
+    spec: TableSpec,
+    values: Mapping[str, object],
+    table: pa.Table | Iterable[pa.Table],
 ) -> Path:
-    """Add one file of rows to a partition, atomically; return its path."""
-    table = conform(table, spec)
+    """Add one file of rows to a partition, atomically; return its path. The rows may
+    come as a stream of tables, written as they come."""
+    tables = [table] if isinstance(table, pa.Table) else table
     directory = partition_dir(root, spec, values)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / new_file_name()
     aside = tmp_path(final)
-    write_parquet(aside, [table], spec)
+    write_parquet(aside, (conform(t, spec) for t in tables), spec)
     os.replace(aside, final)
     fsync_dir(directory)
     return final

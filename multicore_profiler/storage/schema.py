@@ -36,6 +36,8 @@ class TableSpec:
     sort_by: tuple[str, ...] = ()
     """Order of rows in a compacted file of a table merged in memory (runs, invocations);
     cores and records files are streamed in the order of their invocations instead."""
+    row_group_rows: int = 1 << 20
+    """Rows gathered into one Parquet row group (fewer for tables of long text)."""
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -187,4 +189,76 @@ exception): the views hide every invocation, core and record of a listed write. 
 tombstone rather than a deletion, so that a compaction merging the write's files
 meanwhile cannot bring its rows back."""
 
-TABLES = {spec.name: spec for spec in (RUNS, INVOCATIONS, CORES, RECORDS, TASKS, DISCARDS)}
+TRACE_EVENTS = TableSpec(
+    name="trace_events",
+    schema=pa.schema(
+        [
+            ("write_id", pa.int64()),
+            ("event_index", pa.int64()),
+            ("ph", pa.string()),
+            ("cat", pa.string()),
+            ("name", pa.string()),
+            ("pid", pa.int64()),
+            ("tid", pa.int64()),
+            ("pid_name", pa.string()),
+            ("tid_name", pa.string()),
+            ("ts_ns", pa.int64()),
+            ("dur_ns", pa.int64()),
+            ("flow_id", pa.string()),
+            ("correlation", pa.int64()),
+            ("external_id", pa.int64()),
+            ("stream", pa.int64()),
+            ("device", pa.int64()),
+            ("task_type", pa.string()),
+            ("args", pa.string()),
+        ]
+    ),
+    partition_by=("source_id",),
+    delta_columns=("event_index",),
+    dictionary_columns=("ph", "cat", "name", "pid_name", "tid_name", "task_type"),
+    row_group_rows=1 << 17,
+)
+"""Events of outer traces (torch.profiler / kineto, torch_npu), one file per ingest of a
+source. ``pid`` / ``tid`` hold integer values and ``pid_name`` / ``tid_name`` string
+ones; ``ts_ns`` / ``dur_ns`` are exact integer ns of the text's microseconds;
+``flow_id`` is a flow's ``id`` as written (it may exceed 2^64); ``args`` is the JSON
+text of the event's args as written. ``write_id`` joins the ``trace_sources`` row
+written last, which commits the ingest."""
+
+TRACE_SOURCES = TableSpec(
+    name="trace_sources",
+    schema=pa.schema(
+        [
+            ("write_id", pa.int64()),
+            ("ingested_at", _TIME),
+            ("path", pa.string()),
+            ("sha256", pa.string()),
+            ("file_bytes", pa.int64()),
+            ("text_bytes", pa.int64()),
+            ("compressed", pa.bool_()),
+            ("form", pa.string()),
+            ("event_count", pa.int64()),
+            ("rank", pa.int32()),
+            ("label", pa.string()),
+            ("tags", _STRING_MAP),
+            ("metadata", pa.string()),
+            ("base_time_ns", pa.int64()),
+            ("first_ts_ns", pa.int64()),
+            ("last_ts_ns", pa.int64()),
+            ("rounded_count", pa.int64()),
+            ("layout", pa.string()),
+        ]
+    ),
+    partition_by=("source_id",),
+    sort_by=("ingested_at",),
+)
+"""One row per outer trace file in the store (its id: the first 16 hex digits of the
+SHA-256 of its bytes): where it came from, its form (``object`` or bare ``array``),
+its top-level fields other than ``traceEvents`` as JSON text (``metadata``), its rank
+(given, else ``distributedInfo.rank``), and the byte layout of its text that fusion
+streams it by (``layout``)."""
+
+TABLES = {
+    spec.name: spec
+    for spec in (RUNS, INVOCATIONS, CORES, RECORDS, TASKS, DISCARDS, TRACE_EVENTS, TRACE_SOURCES)
+}

@@ -45,8 +45,8 @@ DEFAULT_STORE = "mcprof-store"
 MARKER = "mcprof-store.json"
 FORMAT_VERSION = 1
 
-_HIVE_TYPES = {"run_id": "VARCHAR", "step": "BIGINT"}
-_PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64()}
+_HIVE_TYPES = {"run_id": "VARCHAR", "step": "BIGINT", "source_id": "VARCHAR"}
+_PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64(), "source_id": pa.string()}
 
 
 def default_store_path() -> Path:

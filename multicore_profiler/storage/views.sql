@@ -196,3 +196,15 @@ SELECT
 FROM runs r
 LEFT JOIN invocations i ON i.run_id = r.run_id
 GROUP BY ALL;
+
+-- One row per outer trace (torch.profiler / kineto, torch_npu) in the store: the first
+-- committed ingest of the file (its sources row is written after its events).
+CREATE OR REPLACE VIEW trace_sources AS
+SELECT * FROM raw_trace_sources
+QUALIFY row_number() OVER (PARTITION BY source_id ORDER BY ingested_at, write_id) = 1;
+
+-- Events of the outer traces, of committed ingests only, with their source's rank.
+-- ts_ns and dur_ns are exact integer nanoseconds; args is the JSON text as written.
+CREATE OR REPLACE VIEW trace_events AS
+SELECT e.* EXCLUDE (write_id), s.rank
+FROM raw_trace_events e JOIN trace_sources s USING (source_id, write_id);

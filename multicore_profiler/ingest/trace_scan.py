@@ -1,0 +1,587 @@
+"""Structural scan of a Chrome trace's JSON text with numpy, block by block.
+
+A trace can be gigabytes, so it is never parsed into a Python object per event.
+Each block of text is classified byte by byte with vectorized lookups: quotes
+(those not escaped by a backslash), and outside strings the braces, brackets,
+commas and colons with their nesting depth. From those positions come each
+event's byte span, the spans of its top-level fields' values and of the fields of
+its ``args``, all as numpy arrays over the block. Blocks are cut after the last
+complete event, so every scan starts outside any string at a known depth.
+
+The document around ``traceEvents`` (or the bare array) is kept as text: the
+``prologue`` up to and including the array's ``[`` and the ``epilogue`` from its
+``]`` on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from multicore_profiler.errors import TraceFormatError
+
+BLOCK_BYTES = 16 << 20
+"""Text read at once: a few dozen MB of temporaries per block, whatever the file's size."""
+
+_LBRACE, _LBRACKET, _RBRACE, _RBRACKET, _COMMA, _COLON = 1, 2, 3, 4, 5, 6
+_QUOTE_MARK, _ESCAPE = 7, 8
+_CLASS = np.zeros(256, np.uint8)
+for _char, _kind in zip(b'{[}],:"\\', range(1, 9), strict=True):
+    _CLASS[_char] = _kind
+_SPACE = np.zeros(256, bool)
+_SPACE[list(b" \t\r\n")] = True
+
+EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
+ARGS_KEYS = ("correlation", "External id", "stream", "device", "Task Type", "Stream Id")
+"""Fields of ``args`` the store keeps in columns of their own (torch_npu names its
+stream ``Stream Id`` and its device tasks' kind ``Task Type``)."""
+
+
+def _key_codes(keys: tuple[str, ...]) -> dict[str, tuple[int, int, int]]:
+    """Each key as (length, first 8 bytes, last 8 bytes) packed into integers."""
+    codes = {}
+    for key in keys:
+        raw = key.encode()
+        head = int.from_bytes(raw[:8].ljust(8, b"\0"), "little")
+        tail = int.from_bytes(raw[-8:], "little")
+        codes[key] = (len(raw), head, tail)
+    return codes
+
+
+_EVENT_CODES = _key_codes(EVENT_KEYS)
+_ARGS_CODES = _key_codes(ARGS_KEYS)
+
+
+@dataclass
+class Structure:
+    """The marks of a text, in order: unescaped quotes, and outside strings the braces,
+    brackets, commas and colons. Inside a key string there is no mark, so a key's quotes
+    are the two marks before its colon."""
+
+    pos: np.ndarray
+    kind: np.ndarray
+    depth: np.ndarray
+    """Depth after the mark: inside for an opening one, outside for a closing one."""
+    escapes: np.ndarray
+    """Positions of backslashes."""
+    in_string: bool
+    """Whether the text ends inside a string."""
+
+
+def scan(text: np.ndarray, depth: int = 0) -> Structure:
+    """Scan ``text`` (uint8), which starts outside any string at ``depth``."""
+    kind = _CLASS[text]
+    backslash = np.flatnonzero(kind == _ESCAPE)
+    if backslash.size:
+        # A character is escaped when an odd run of backslashes precedes it.
+        starts = np.ones(backslash.size, bool)
+        starts[1:] = np.diff(backslash) != 1
+        run_start = np.flatnonzero(starts)
+        run_end = np.append(run_start[1:], backslash.size)
+        odd = (run_end - run_start) % 2 == 1
+        escaped = backslash[run_end[odd] - 1] + 1
+        kind[escaped[escaped < text.size]] = 0
+        kind[backslash] = 0
+    pos = np.flatnonzero(kind)
+    kind = kind[pos]
+    quote = kind == _QUOTE_MARK
+    quotes_so_far = np.cumsum(quote)
+    keep = quote | (quotes_so_far % 2 == 0)
+    pos, kind = pos[keep], kind[keep]
+    step = np.zeros(pos.size, np.int64)
+    step[kind <= _LBRACKET] = 1
+    step[(kind == _RBRACE) | (kind == _RBRACKET)] = -1
+    in_string = bool(quotes_so_far[-1] % 2) if quotes_so_far.size else False
+    return Structure(pos, kind, depth + np.cumsum(step), backslash, in_string)
+
+
+@dataclass
+class Fields:
+    """Value spans ``[start, stop)`` of some keys of each event (start -1: absent)."""
+
+    start: dict[str, np.ndarray]
+    stop: dict[str, np.ndarray]
+
+
+@dataclass
+class Numbers:
+    """Numbers read exactly from values' text: ``value`` is the number x 10^decimals,
+    valid where ``number`` (the value is a number, or a string holding one); ``quoted``
+    where it was a string; ``rounded`` where digits below 10^-decimals were dropped."""
+
+    value: np.ndarray
+    number: np.ndarray
+    quoted: np.ndarray
+    rounded: np.ndarray
+
+
+@dataclass
+class EventBlock:
+    """Complete events of one block: their spans in ``text`` and their fields."""
+
+    text: np.ndarray
+    first_index: int
+    """Index of the block's first event in the whole trace."""
+    offset: int
+    """Offset of ``text`` in the whole JSON text."""
+    starts: np.ndarray
+    stops: np.ndarray
+    fields: Fields
+    args: Fields
+    escapes: np.ndarray
+    """Positions of backslashes in ``text``."""
+
+    def __len__(self) -> int:
+        return int(self.starts.size)
+
+    def span(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """Value spans of an event field (``EVENT_KEYS``) or an args field (``ARGS_KEYS``)."""
+        part = self.fields if key in _EVENT_CODES else self.args
+        return part.start[key], part.stop[key]
+
+    def numbers(self, key: str, decimals: int = 0) -> Numbers:
+        """The field's numbers, exactly, scaled by 10^decimals (rounded half up below)."""
+        start, stop = self.span(key)
+        return _numbers(self.text, start, stop, decimals)
+
+    def strings(self, key: str, *, raw: bool = False) -> pa.Array:
+        """The field's strings (null where absent or JSON null); with ``raw``, each value's
+        JSON text as written. A number becomes its text."""
+        start, stop = self.span(key)
+        return _strings(self.text, start, stop, self.escapes, raw)
+
+
+@dataclass
+class TraceText:
+    """A trace file opened for scanning: its form, the text around its events, its hash."""
+
+    path: Path
+    form: str = ""
+    """``object`` (``{"traceEvents": [...], ...}``) or ``array`` (a bare array of events)."""
+    prologue: bytes = b""
+    epilogue: bytes = b""
+    events: int = 0
+    text_bytes: int = 0
+    sha256: str = ""
+    compressed: bool = False
+    blocks: Iterator[EventBlock] = field(default=iter(()), repr=False)
+
+
+def _open(path: Path) -> tuple[BinaryIO, bool]:
+    raw = open(path, "rb")  # noqa: SIM115 - handed to the caller, closed there
+    compressed = raw.read(2) == b"\x1f\x8b"
+    raw.seek(0)
+    return (gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw), compressed
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes as stored (compressed, for a ``.gz``)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        while chunk := source.read(BLOCK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _where(path: Path, offset: int) -> str:
+    return f"{path}: at byte {offset} of its JSON text"
+
+
+def _skip_space(text: np.ndarray, at: np.ndarray, limit: np.ndarray, step: int) -> np.ndarray:
+    """Move each position in ``at`` past whitespace (forwards or, with step -1, back)."""
+    at = at.copy()
+    while True:
+        probe = at if step > 0 else at - 1
+        moving = (probe >= 0) & (at != limit) & _SPACE[text[np.clip(probe, 0, text.size - 1)]]
+        if not moving.any():
+            return at
+        at[moving] += step
+
+
+_PADDING = 32
+
+
+def padded(data: bytes) -> np.ndarray:
+    """``data`` as a uint8 array followed in memory by zero bytes, for ``_windows``."""
+    return np.frombuffer(data + bytes(_PADDING), np.uint8)[: len(data)]
+
+
+def _windows(text: np.ndarray, width: int = 8) -> np.ndarray:
+    """The ``width`` bytes from each position as a row: a strided view, no copy. ``text``
+    must come from ``padded`` (rows near its end read the zero padding)."""
+    return np.lib.stride_tricks.as_strided(
+        text, shape=(text.size, width), strides=(1, 1), writeable=False
+    )
+
+
+def _key_match(text: np.ndarray, opens: np.ndarray, closes: np.ndarray, codes: dict) -> dict:
+    """For each key, the mask of the quoted strings ``text[opens + 1:closes]`` equal to it."""
+    length = (closes - opens - 1).astype(np.uint64)
+    short = np.minimum(length, 8)
+    windows = _windows(text)
+    ones = np.uint64(0xFFFFFFFFFFFFFFFF)
+    eight = np.uint64(8)
+    mask = np.where(short < 8, (np.uint64(1) << (short * eight)) - np.uint64(1), ones)
+    head = np.ascontiguousarray(windows[opens + 1]).view("<u8").ravel() & mask
+    tail_at = closes - short.astype(np.int64)
+    tail = np.ascontiguousarray(windows[tail_at]).view("<u8").ravel() & mask
+    return {
+        key: (length == size) & (head == np.uint64(first)) & (tail == np.uint64(last))
+        for key, (size, first, last) in codes.items()
+    }
+
+
+def _fields(
+    text: np.ndarray,
+    st: Structure,
+    depth: int,
+    owner_starts: np.ndarray,
+    owner_stops: np.ndarray,
+    codes: dict,
+) -> Fields:
+    """Spans of the values of ``codes``' keys directly inside the objects (at ``depth``)
+    whose braces are at ``owner_starts`` and ``owner_stops`` (both sorted)."""
+    count = owner_starts.size
+    start = {key: np.full(count, -1, np.int64) for key in codes}
+    stop = {key: np.full(count, -1, np.int64) for key in codes}
+    at_depth = st.depth == depth
+    marks = np.flatnonzero(at_depth & (st.kind == _COLON))
+    colons = st.pos[marks]
+    owner = np.searchsorted(owner_starts, colons, side="right") - 1
+    inside = (owner >= 0) & (colons < owner_stops[np.maximum(owner, 0)])
+    marks, colons, owner = marks[inside], colons[inside], owner[inside]
+    if colons.size == 0:
+        return Fields(start, stop)
+    key_open, key_close = st.pos[marks - 2], st.pos[marks - 1]
+    ends = np.sort(np.concatenate([st.pos[at_depth & (st.kind == _COMMA)], owner_stops]))
+    value_stop = ends[np.searchsorted(ends, colons)]
+    value_start = _skip_space(text, colons + 1, value_stop, 1)
+    value_stop = _skip_space(text, value_stop, value_start, -1)
+    for key, mask in _key_match(text, key_open, key_close, codes).items():
+        start[key][owner[mask]] = value_start[mask]
+        stop[key][owner[mask]] = value_stop[mask]
+    return Fields(start, stop)
+
+
+def _solid_bytes(text: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """How many bytes of each span ``[start, stop)`` are not whitespace: spans of up to 8
+    bytes (the gaps between events, nearly always) at once, longer ones one by one."""
+    length = stops - starts
+    if text.size == 0:
+        return np.zeros(starts.size, np.int64)
+    windows = _windows(text)[np.minimum(starts, text.size - 1)]
+    solid = ((~_SPACE[windows]) & (np.arange(8) < length[:, None])).sum(axis=1)
+    for row in np.flatnonzero(length > 8).tolist():
+        solid[row] = int((~_SPACE[text[starts[row] : stops[row]]]).sum())
+    return solid
+
+
+_WIDTH = 24
+_POW10 = 10 ** np.arange(19, dtype=np.uint64)
+_DIGIT_LIMIT = 19
+_INT64_MAX = np.uint64((1 << 63) - 1)
+
+
+def _numbers(text: np.ndarray, start: np.ndarray, stop: np.ndarray, decimals: int) -> Numbers:
+    """Decimal numbers of up to 24 characters read with numpy; others (exponents, more
+    digits) one by one with ``Decimal``. Never through a float."""
+    count = start.size
+    value = np.zeros(count, np.int64)
+    number, quoted, rounded = (np.zeros(count, bool) for _ in range(3))
+    rows = np.flatnonzero(start >= 0)
+    if rows.size == 0 or text.size == 0:
+        return Numbers(value, number, quoted, rounded)
+    begin, end = start[rows], stop[rows]
+    is_string = text[begin] == ord('"')
+    begin, end = begin + is_string, end - is_string
+    negative = text[np.minimum(begin, text.size - 1)] == ord("-")
+    begin = begin + negative
+    length = end - begin
+    width = int(min(_WIDTH, max(int(length.max()), 1)))
+    columns = np.arange(width)
+    inside = columns < length[:, None]
+    chars = _windows(text, width)[np.minimum(begin, text.size - 1)]
+    digit = inside & (chars >= ord("0")) & (chars <= ord("9"))
+    dot = inside & (chars == ord("."))
+    dots = dot.sum(axis=1)
+    point = np.where(dots == 1, dot.argmax(axis=1), length)
+    simple = (length > 0) & (length <= width) & ((digit | dot) == inside).all(axis=1)
+    simple &= (dots <= 1) & digit.any(axis=1) & (point <= _DIGIT_LIMIT - decimals)
+    power = point[:, None] + decimals - 1 - columns + (columns > point[:, None])
+    kept = digit & (power >= 0)
+    digits = np.where(kept, chars - ord("0"), 0).astype(np.uint64)
+    magnitude = (digits * _POW10[np.clip(power, 0, 18)]).sum(axis=1, dtype=np.uint64)
+    simple &= magnitude < _INT64_MAX
+    dropped = digit & (power < 0)
+    round_up = (dropped & (power == -1) & (chars >= ord("5"))).any(axis=1)
+    signed = (magnitude.astype(np.int64) + round_up) * np.where(negative, -1, 1)
+    value[rows] = signed
+    number[rows] = simple
+    quoted[rows] = is_string
+    rounded[rows] = (dropped & (chars != ord("0"))).any(axis=1)
+    for row in rows[~simple].tolist():
+        parsed = _decimal(bytes(text[start[row] : stop[row]]), decimals)
+        if parsed is not None:
+            value[row], rounded[row] = parsed
+            number[row] = True
+    return Numbers(value, number, quoted & number, rounded & number)
+
+
+def _decimal(raw: bytes, decimals: int) -> tuple[int, bool] | None:
+    """One number (or a string holding one) scaled exactly, or ``None``."""
+    if raw[:1] == b'"':
+        raw = raw[1:-1]
+    try:
+        number = Decimal(raw.decode("ascii")).scaleb(decimals)
+    except (InvalidOperation, UnicodeDecodeError):
+        return None
+    if not number.is_finite():
+        return None
+    whole = int(number.to_integral_value(rounding="ROUND_HALF_UP"))
+    if not -(1 << 63) <= whole < 1 << 63:
+        return None
+    return whole, whole != number
+
+
+def _strings(
+    text: np.ndarray, start: np.ndarray, stop: np.ndarray, escapes: np.ndarray, raw: bool
+) -> pa.Array:
+    """Values' text gathered into one Arrow string array; JSON strings unquoted and, where
+    they hold escapes, decoded."""
+    present = start >= 0
+    first = text[np.maximum(start, 0)]
+    null = present & (first == ord("n")) & (stop - start == 4)
+    quoted = present & (first == ord('"')) & ~np.bool_(raw)
+    valid = present & (raw | ~null)
+    begin = np.where(quoted, start + 1, start)
+    length = np.where(valid, np.where(quoted, stop - 1, stop) - begin, 0)
+    offsets = np.zeros(start.size + 1, np.int64)
+    np.cumsum(length, out=offsets[1:])
+    gather = np.repeat(begin - offsets[:-1], length) + np.arange(offsets[-1])
+    data = text[gather]
+    array = pa.LargeStringArray.from_buffers(
+        start.size,
+        pa.py_buffer(offsets),
+        pa.py_buffer(data),
+        pa.py_buffer(np.packbits(valid, bitorder="little")),
+    )
+    try:
+        array.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise TraceFormatError(f"a string field is not valid UTF-8: {exc}") from exc
+    array = array.cast(pa.string())
+    if not raw and escapes.size:
+        escaped = quoted & (
+            np.searchsorted(escapes, stop) > np.searchsorted(escapes, np.maximum(start, 0))
+        )
+        rows = np.flatnonzero(escaped)
+        if rows.size:
+            decoded = [orjson.loads(bytes(text[start[r] : stop[r]])) for r in rows.tolist()]
+            mask = np.zeros(start.size, bool)
+            mask[rows] = True
+            array = pc.replace_with_mask(array, pa.array(mask), pa.array(decoded, pa.string()))
+    return array
+
+
+def _spread(values: np.ndarray, rows: np.ndarray, count: int) -> np.ndarray:
+    """``values`` of ``rows`` placed among ``count`` rows; -1 elsewhere."""
+    out = np.full(count, -1, np.int64)
+    out[rows] = values
+    return out
+
+
+class _Reader:
+    """Reads a trace's text and yields its complete events block by block."""
+
+    def __init__(self, trace: TraceText, source: BinaryIO) -> None:
+        self.trace = trace
+        self.source = source
+        self.offset = 0
+        """Offset in the whole text of ``pending``'s first byte."""
+        self.pending = b""
+
+    def _more(self, size: int = BLOCK_BYTES) -> bool:
+        chunk = self.source.read(size)
+        self.trace.text_bytes += len(chunk)
+        self.pending += chunk
+        return bool(chunk)
+
+    def prologue(self) -> int:
+        """Read up to the events array's ``[``; return the depth of the events' objects."""
+        path = self.trace.path
+        size = min(1 << 16, BLOCK_BYTES)
+        while True:
+            more = self._more(size)
+            size = min(2 * size, BLOCK_BYTES)
+            text = np.frombuffer(self.pending, np.uint8)
+            first = np.flatnonzero(~_SPACE[text])
+            if first.size:
+                opener = text[first[0]]
+                if opener not in b"{[":
+                    raise TraceFormatError(
+                        f"{path} is not a Chrome trace: it starts with "
+                        f"{bytes([opener])!r}, not an object or an array"
+                    )
+                if opener == ord("["):
+                    self.trace.form = "array"
+                    return self._cut_prologue(int(first[0]) + 1, 2)
+                found = self._find_events_key(text)
+                if found is not None:
+                    self.trace.form = "object"
+                    return self._cut_prologue(found + 1, 3)
+            if not more:
+                raise TraceFormatError(
+                    f"{path} is not a Chrome trace: no top-level traceEvents array"
+                    if first.size
+                    else f"{path} is empty"
+                )
+
+    def _find_events_key(self, text: np.ndarray) -> int | None:
+        """Position of the ``[`` of the top-level ``traceEvents``, if already read."""
+        st = scan(text)
+        arrays = st.pos[(st.kind == _LBRACKET) & (st.depth == 2)]
+        colons = np.flatnonzero((st.kind == _COLON) & (st.depth == 1))
+        for bracket in arrays.tolist():
+            colon = colons[np.searchsorted(st.pos[colons], bracket) - 1]
+            if bytes(text[st.pos[colon - 2] + 1 : st.pos[colon - 1]]) == b"traceEvents":
+                return bracket
+        return None
+
+    def _cut_prologue(self, end: int, depth: int) -> int:
+        self.trace.prologue = self.pending[:end]
+        self.pending = self.pending[end:]
+        self.offset = end
+        return depth
+
+    def blocks(self, depth: int) -> Iterator[EventBlock]:
+        """Complete events, block by block; at the array's end, the epilogue is read."""
+        path = self.trace.path
+        array_depth = depth - 1
+        index = 0
+        first_block = True
+        while True:
+            more = self._more()
+            text = padded(self.pending)
+            st = scan(text, array_depth)
+            closes_array = st.pos[(st.kind == _RBRACKET) & (st.depth == array_depth - 1)]
+            end = int(closes_array[0]) if closes_array.size else None
+            within = st.pos < (end if end is not None else text.size)
+            starts = st.pos[within & (st.kind == _LBRACE) & (st.depth == depth)]
+            stops = st.pos[within & (st.kind == _RBRACE) & (st.depth == array_depth)] + 1
+            complete = min(starts.size, stops.size)
+            starts, stops = starts[:complete], stops[:complete]
+            cut = int(stops[-1]) if complete else 0
+            if end is not None:
+                cut = end
+            self._check_between(text, st, starts, stops, cut, array_depth, first_block)
+            if complete:
+                first_block = False
+                fields = _fields(text, st, depth, starts, stops - 1, _EVENT_CODES)
+                args_start, args_stop = fields.start["args"], fields.stop["args"]
+                objects = np.flatnonzero(
+                    (args_start >= 0) & (text[np.maximum(args_start, 0)] == ord("{"))
+                )
+                inner = _fields(
+                    text, st, depth + 1, args_start[objects], args_stop[objects] - 1, _ARGS_CODES
+                )
+                args = Fields(
+                    *(
+                        {k: _spread(v, objects, complete) for k, v in part.items()}
+                        for part in (inner.start, inner.stop)
+                    )
+                )
+                yield EventBlock(text, index, self.offset, starts, stops, fields, args, st.escapes)
+                index += complete
+            if end is not None:
+                self.trace.events = index
+                self._epilogue(end)
+                return
+            if not more:
+                raise TraceFormatError(
+                    f"{path} ends inside its events array after {index} complete events "
+                    "(a truncated file?)"
+                )
+            self.offset += cut
+            self.pending = self.pending[cut:]
+
+    def _check_between(
+        self,
+        text: np.ndarray,
+        st: Structure,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        cut: int,
+        array_depth: int,
+        first_block: bool,
+    ) -> None:
+        """Between events only whitespace and one comma each: every element an object."""
+        gaps_from = np.concatenate([[0], stops])
+        gaps_to = np.concatenate([starts, [cut]])
+        seen = _solid_bytes(text, gaps_from, gaps_to)
+        expected = np.ones(seen.size, np.int64)
+        expected[-1] = 0
+        if first_block:
+            expected[0] = 0
+        commas = st.pos[(st.kind == _COMMA) & (st.depth == array_depth) & (st.pos < cut)]
+        wrong = np.flatnonzero(seen != expected)
+        if wrong.size == 0 and commas.size == int(expected.sum()):
+            return
+        gap = int(wrong[0]) if wrong.size else int(np.searchsorted(gaps_to, commas[0]))
+        raise TraceFormatError(
+            f"{_where(self.trace.path, self.offset + int(gaps_from[gap]))}: the events array "
+            "holds something other than comma-separated objects there"
+        )
+
+    def _epilogue(self, end: int) -> None:
+        while self._more():
+            pass
+        self.trace.epilogue = self.pending[end:]
+        tail = np.frombuffer(self.trace.epilogue, np.uint8)
+        st = scan(tail, 1 if self.trace.form == "array" else 2)
+        closed = np.flatnonzero((st.depth == 0) & (st.kind != _QUOTE_MARK))
+        if closed.size == 0:
+            raise TraceFormatError(
+                f"{self.trace.path}: the text after the events array does not close the "
+                "document (a truncated file?)"
+            )
+        trailing = tail[int(st.pos[closed[0]]) + 1 :]
+        if (~_SPACE[trailing]).any():
+            raise TraceFormatError(f"{self.trace.path}: text follows the end of the document")
+
+
+def read_trace(path: Path | str, *, sha256: str | None = None) -> TraceText:
+    """Open a trace (``.json`` or gzipped) for scanning: ``blocks`` yields its events;
+    ``prologue``, ``epilogue`` and ``events`` are known once the blocks are exhausted.
+
+    Raises ``TraceFormatError`` when the file is not a Chrome trace, is truncated, or
+    holds something other than objects in its events array.
+    """
+    path = Path(path)
+    try:
+        digest = sha256 or file_sha256(path)
+        source, compressed = _open(path)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    trace = TraceText(path, sha256=digest, compressed=compressed)
+
+    def generate() -> Iterator[EventBlock]:
+        with source:
+            reader = _Reader(trace, source)
+            try:
+                depth = reader.prologue()
+                yield from reader.blocks(depth)
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                raise TraceFormatError(f"cannot read {path}: {exc}") from exc
+
+    trace.blocks = generate()
+    return trace
