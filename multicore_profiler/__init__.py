@@ -4,16 +4,20 @@ The public API: the capture session (``mega_kernel_profile``, ``schedule``,
 ``ProfilerAction``), ``open_store`` (and ``Store``), the device buffer decoder
 (``BufferLayout``, ``decode_buffer``, ``decode_buffers``), ``ingest_buffers`` to write
 decoded launches as a step of a run, ``export_chrome_trace`` for timelines of the
-store's records, ``RunInfo``, and ``ProfileError``, the base of every error raised on
+store's records, ``ingest_trace`` to load torch.profiler / kineto and torch_npu traces
+into the store, ``merge_chrome_traces`` to fuse a MegaKernel's tracks into such a trace,
+``RunInfo``, and ``ProfileError``, the base of every error raised on
 bad input. Kernel authors find specs, RuntimeConfig and the
 launch hook in ``multicore_profiler.kernels``.
 """
 
 from multicore_profiler.errors import ProfileError
 from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
+from multicore_profiler.fuse.merge import MergedTrace, merge_chrome_traces
 from multicore_profiler.ingest.abi import BufferLayout, CoreType
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
+from multicore_profiler.ingest.outer_trace import TraceSource, ingest_trace
 from multicore_profiler.ingest.schedule import ProfilerAction, schedule
 from multicore_profiler.ingest.session import MegaKernelProfile, mega_kernel_profile
 from multicore_profiler.storage.runs import RunInfo
@@ -27,15 +31,19 @@ __all__ = [
     "KernelInfo",
     "Launches",
     "MegaKernelProfile",
+    "MergedTrace",
     "ProfileError",
     "ProfilerAction",
     "RunInfo",
     "Store",
+    "TraceSource",
     "decode_buffer",
     "decode_buffers",
     "export_chrome_trace",
     "ingest_buffers",
+    "ingest_trace",
     "mega_kernel_profile",
+    "merge_chrome_traces",
     "open_store",
     "schedule",
 ]

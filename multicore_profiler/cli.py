@@ -23,9 +23,11 @@ from tqdm import tqdm
 
 from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.fuse.merge import merge_chrome_traces
 from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import decode_buffers
+from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.ingest.schedule import schedule
 from multicore_profiler.ingest.session import mega_kernel_profile
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
@@ -192,6 +194,62 @@ def cmd_export(args: argparse.Namespace) -> None:
     )
 
 
+def _tags(pairs: Sequence[str]) -> dict[str, str]:
+    tags = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ProfileError(f"--tag {pair!r} is not KEY=VALUE")
+        tags[key] = value
+    return tags
+
+
+def cmd_ingest_trace(args: argparse.Namespace) -> None:
+    store = _store(args, create=True)
+    tags = _tags(args.tag)
+    for path in args.files:
+        source = ingest_trace(store, path, rank=args.rank, label=args.label, tags=tags)
+        state = "loaded" if source.new else "already in the store"
+        rank = "" if source.rank is None else f", rank {source.rank}"
+        print(f"{source.source_id}  {path}: {source.events} events{rank} ({state})")
+
+
+def cmd_fuse(args: argparse.Namespace) -> None:
+    if args.trace is not None:
+        store = open_store(args.store) if args.store is not None else None
+        mega_kernel = args.trace
+    else:
+        store = open_store(args.store or default_store_path(), create=False)
+        mega_kernel = store
+    merged = merge_chrome_traces(
+        args.torch_trace,
+        mega_kernel,
+        args.output,
+        store=store,
+        run=args.run,
+        step=args.step,
+        window=args.window,
+        rank=args.rank,
+        kernel_pattern=args.kernel_pattern,
+        kernel_index=args.kernel_index,
+        outer_pid=args.outer_pid,
+        allow_host_alignment=args.allow_host_alignment,
+        rebase_timestamps=args.rebase,
+    )
+    report = merged.report
+    for warning in report["warnings"]:
+        print(f"mcprof: warning: {warning}", file=sys.stderr)
+    counts = report["counts"]
+    first = report["invocations"][0]["outerKernel"]
+    name = first["name"] if len(first["name"]) <= 60 else first["name"][:57] + "..."
+    print(
+        f"{merged.path}: {counts['internalEvents']} events of {counts['invocations']} "
+        f"invocation(s) on {counts['addedThreads']} new thread(s) of pid {first['pid']}, aligned "
+        f"to {name!r} (pattern {report['kernelPattern']!r}); outer trace "
+        f"{report['outerTrace']['sourceId']}: {report['outerTrace']['events']} events kept"
+    )
+
+
 DEMO_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}
 
 
@@ -201,9 +259,16 @@ def cmd_demo(args: argparse.Namespace) -> None:
     generator = torch.Generator().manual_seed(args.seed)
     router, w1, w2 = make_moe_weights(8, 256, 512, generator=generator)
     torch_trace = store.root.parent / f"{store.root.name}-torch"
+    torch_trace.mkdir(exist_ok=True)
+    trace_path = torch_trace / "pending.pt.trace.json"
     with (
         ReferenceMoeKernel(w1, w2, tiles_per_expert=2, token_tile=64) as kernel,
-        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as outer,
+        # The same schedule as the MegaKernel's: each torch trace covers one capture window.
+        torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(**DEMO_SCHEDULE),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
+        ) as outer,
         mega_kernel_profile(
             store=store,
             schedule=schedule(**DEMO_SCHEDULE),
@@ -217,9 +282,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
                 kernel(x, *route(x, router, 2))
             prof.step()
             outer.step()
-    torch_trace.mkdir(exist_ok=True)
-    trace_path = torch_trace / f"{prof.run_id}.pt.trace.json"
-    outer.export_chrome_trace(str(trace_path))
+    window = prof.windows[-1].index
+    trace_path = trace_path.rename(torch_trace / f"{prof.run_id}.window{window}.pt.trace.json")
     summary = store.sql(
         """SELECT stage, records,
                   round(compute_p50_us, 1) AS p50_compute_us,
@@ -237,9 +301,13 @@ def cmd_demo(args: argparse.Namespace) -> None:
         f"{totals[0]['records']} records, {totals[0]['dropped']} dropped"
     )
     _emit(summary, "table", None)
-    print(f"torch.profiler trace: {trace_path}")
+    print(f"torch.profiler trace of window {window}: {trace_path}")
     print(f'try: mcprof query --store {store.root} "SELECT * FROM stage_stats"')
     print(f"     mcprof export --store {store.root} -o {prof.run_id}.json  # for ui.perfetto.dev")
+    print(
+        f"     mcprof fuse {trace_path} --store {store.root} --run {prof.run_id} "
+        f"--window {window} --allow-host-alignment -o {prof.run_id}.fused.json"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -344,6 +412,65 @@ def _parser() -> argparse.ArgumentParser:
         "--detailed", action="store_true", help="name events <owner><id>_<stage>_task<n>"
     )
     export.set_defaults(func=cmd_export)
+
+    ingest_trace_cmd = commands.add_parser(
+        "ingest-trace",
+        parents=[common],
+        help="load torch.profiler / kineto or torch_npu Chrome traces into the store",
+        description="Stream Chrome traces (.json or .json.gz) into the store's trace_events and "
+        "trace_sources; print each file's source id. A file already there is not loaded again.",
+    )
+    ingest_trace_cmd.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    ingest_trace_cmd.add_argument(
+        "--rank", type=int, help="the traces' rank (default: their distributedInfo.rank)"
+    )
+    ingest_trace_cmd.add_argument("--label", help="a label for the traces")
+    ingest_trace_cmd.add_argument(
+        "--tag", action="append", default=[], metavar="KEY=VALUE", help="a tag (repeatable)"
+    )
+    ingest_trace_cmd.set_defaults(func=cmd_ingest_trace)
+
+    fuse = commands.add_parser(
+        "fuse",
+        help="add a MegaKernel's AIC/AIV tracks to a torch.profiler or torch_npu trace",
+        description="Align the MegaKernel invocations of a standalone trace (--trace) or of a "
+        "run in the store (--run) to the outer trace's device kernels and write one fused trace.",
+    )
+    fuse.add_argument("torch_trace", type=Path, metavar="TORCH_TRACE")
+    source = fuse.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="a MegaKernel trace from mcprof export")
+    source.add_argument("--run", help="a run in the store")
+    fuse.add_argument("--step", type=int, help="with --run: only this step")
+    fuse.add_argument("--window", type=int, help="with --run: only this capture window")
+    fuse.add_argument(
+        "--store",
+        type=Path,
+        help="store (with --run, default $MCPROF_STORE or ./mcprof-store; with --trace the "
+        "outer trace goes to a temporary store unless this is given)",
+    )
+    fuse.add_argument(
+        "-o", "--output", type=Path, required=True, help="fused trace (.json, or .json.gz)"
+    )
+    fuse.add_argument("--rank", type=int, help="rank of the outer trace (default: its own)")
+    fuse.add_argument(
+        "--kernel-pattern", help="regex of the outer kernel's name (default: from the kernel's)"
+    )
+    fuse.add_argument(
+        "--kernel-index", type=int, default=0, help="skip this many matching kernels first"
+    )
+    fuse.add_argument("--outer-pid", type=int, help="only align to kernels of this pid")
+    fuse.add_argument(
+        "--allow-host-alignment",
+        action="store_true",
+        help="align to host-side events (CPU ops) when no device kernel matches",
+    )
+    fuse.add_argument(
+        "--rebase",
+        action="store_true",
+        help="shift every timestamp so the trace starts near 0 (exact in viewers that read "
+        "ts as a double)",
+    )
+    fuse.set_defaults(func=cmd_fuse)
 
     demo = commands.add_parser(
         "demo", parents=[common], help="profile the CPU reference MegaKernel into the store"

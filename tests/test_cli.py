@@ -145,13 +145,18 @@ def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
         ("GMM2", "144", "0"),
         ("Combine", "24", "0"),
     ]
-    trace = Path(lines[-3].removeprefix("torch.profiler trace: "))
+    trace = Path(lines[-4].removeprefix("torch.profiler trace of window 0: "))
     assert trace.parent == tmp_path / "store-torch"
-    run_id = trace.name.removesuffix(".pt.trace.json")
-    assert lines[-1] == (
+    run_id = trace.name.removesuffix(".window0.pt.trace.json")
+    assert lines[-2] == (
         f"     mcprof export --store {tmp_path / 'store'} -o {run_id}.json  # for ui.perfetto.dev"
     )
-    assert trace.read_text().count('"name": "mcprof::reference_moe"') == 5
+    assert lines[-1] == (
+        f"     mcprof fuse {trace} --store {tmp_path / 'store'} --run {run_id} --window 0 "
+        f"--allow-host-alignment -o {run_id}.fused.json"
+    )
+    # The torch profiler ran on the same schedule: its trace holds the window's 3 launches.
+    assert trace.read_text().count('"name": "mcprof::reference_mega_moe"') == 3
     assert run(capsys, "compact", *store_args)[1].startswith("compacted 1 run(s): ")
 
 

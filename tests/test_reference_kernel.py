@@ -107,7 +107,7 @@ def profiled_launch(
     config = kernel.config_for(len(x)).with_profiling()
     buffer = torch.zeros(config.layout.total_bytes, dtype=torch.uint8)
     out = within_timeout(
-        lambda: torch.ops.mcprof.reference_moe(
+        lambda: torch.ops.mcprof.reference_mega_moe(
             x, *routing, kernel.w1, kernel.w2, config.tensor, buffer
         )
     )
@@ -365,7 +365,7 @@ def test_fast_loop_never_reads_the_clock_or_the_buffer(
     assert not config.profile_enabled
     buffer = torch.zeros(config.layout.total_bytes, dtype=torch.uint8)
     within_timeout(
-        lambda: torch.ops.mcprof.reference_moe(
+        lambda: torch.ops.mcprof.reference_mega_moe(
             x, *routing, kernel.w1, kernel.w2, config.tensor, buffer
         )
     )
@@ -442,7 +442,7 @@ def test_op_passes_torch_opcheck(kernel, x, routing) -> None:
     args = (x, *routing, kernel.w1, kernel.w2, config.tensor, buffer)
     results = within_timeout(
         lambda: torch.library.opcheck(
-            torch.ops.mcprof.reference_moe, args, test_utils=("test_schema", "test_faketensor")
+            torch.ops.mcprof.reference_mega_moe, args, test_utils=("test_schema", "test_faketensor")
         )
     )
     assert results == {"test_schema": "SUCCESS", "test_faketensor": "SUCCESS"}
@@ -454,7 +454,7 @@ def test_torch_profiler_shows_each_launch(kernel, x, routing) -> None:
         kernel(x, *routing)
         kernel(x, *routing)
     names = [event.name for event in prof.events()]
-    assert names.count("mcprof::reference_moe") == 2
+    assert names.count("mcprof::reference_mega_moe") == 2
 
 
 @pytest.mark.parametrize("profiled", [False, True])

@@ -300,7 +300,7 @@ def test_buffers_ingested_by_hand_into_a_captured_run_count_no_negative_drops(
         kernel(*batch)
     config = kernel.config_for(TOKENS).with_profiling()
     buffer = torch.zeros(config.layout.total_bytes, dtype=torch.uint8)
-    torch.ops.mcprof.reference_moe(*batch, kernel.w1, kernel.w2, config.tensor, buffer)
+    torch.ops.mcprof.reference_mega_moe(*batch, kernel.w1, kernel.w2, config.tensor, buffer)
     meta = config.metadata
     ingest_buffers(
         store,

@@ -14,7 +14,7 @@ from multicore_profiler.kernels.reference.moe import (
     ReferenceMoeKernel,
     make_moe_weights,
     moe_reference,
-    reference_moe,
+    reference_mega_moe,
     route,
 )
 
@@ -30,6 +30,6 @@ __all__ = [
     "make_moe_weights",
     "moe_reference",
     "moe_spec",
-    "reference_moe",
+    "reference_mega_moe",
     "route",
 ]

@@ -1,7 +1,7 @@
 """The CPU reference MoE MegaKernel: a MoE layer forward run by host threads as workers.
 
 It follows the device protocol so the profiler can be tested without an NPU. A launch
-is the torch custom op ``mcprof::reference_moe``; it reads the RuntimeConfig bytes as
+is the torch custom op ``mcprof::reference_mega_moe``; it reads the RuntimeConfig bytes as
 a device kernel would, sorts the routed (token, k) pairs by expert in its prologue, and
 runs one host thread per worker on a persistent pool. Each worker runs its queue in
 task order: wait on an event counter, compute with torch, trigger. The config's
@@ -367,8 +367,8 @@ def _parse_config(config: torch.Tensor) -> tuple[np.void, np.ndarray]:
     return parse_config(config.contiguous().numpy())
 
 
-@torch.library.custom_op("mcprof::reference_moe", mutates_args=("profile_buffer",))
-def reference_moe(
+@torch.library.custom_op("mcprof::reference_mega_moe", mutates_args=("profile_buffer",))
+def reference_mega_moe(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -422,8 +422,8 @@ def reference_moe(
     return launch.out
 
 
-@reference_moe.register_fake
-def _reference_moe_fake(
+@reference_mega_moe.register_fake
+def _reference_mega_moe_fake(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -526,7 +526,7 @@ class ReferenceMoeKernel:
             raise ConfigError("this ReferenceMoeKernel is closed; make a new one")
         call = prepare_call(self.config_for(len(x)), direction=direction)
         with call:
-            return torch.ops.mcprof.reference_moe(
+            return torch.ops.mcprof.reference_mega_moe(
                 x, topk_ids, topk_weights, self.w1, self.w2, call.config.tensor, call.buffer
             )
 

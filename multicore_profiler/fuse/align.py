@@ -1,0 +1,385 @@
+"""Alignment of MegaKernel invocations to the kernels of an outer trace, in SQL.
+
+Candidates are the outer trace's complete events whose name matches the kernel
+pattern, on a device (category kernel / npu / ascend / aicore, or a torch_npu
+``Task Type`` naming AI Core, AIC, AIV or MIX). The i-th invocation of the rank,
+in launch order, goes to the i-th candidate after ``kernel_index``; its records
+keep their relative times and are shifted so the earliest starts with the kernel.
+Each choice that needs a second look (a duration fallback, host alignment, an
+invocation longer than its kernel) is written down for the report.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from multicore_profiler.errors import FuseError
+
+DEVICE_CATEGORIES = ("kernel", "npu", "ascend", "aicore")
+DEVICE_TASK_TYPES = r"(?i)(ai_?core|aic|aiv|mix|vector_?core)"
+CORE_NAMES = {1: "AIC", 2: "AIV"}
+LANE_TID_STEP = 10_000
+"""A standalone trace's sub-track tid: core tid + 10000 x lane (see the exporter)."""
+
+
+def kernel_pattern_for(kernel_name: str) -> str:
+    """The default pattern of a kernel: its CamelCase words joined by an optional ``_``,
+    case-insensitive (``HyperMegaMoe`` finds ``aclnnHyperMegaMoe_...`` and
+    ``hyper_mega_moe``)."""
+    words = re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", kernel_name)
+    if not words:
+        raise FuseError(f"kernel name {kernel_name!r} has no word to build a pattern from")
+    return "(?i)" + "_?".join(re.escape(word.lower()) for word in words)
+
+
+@dataclass
+class Alignment:
+    """What the writer needs: the added events' and threads' JSON lines, and the report."""
+
+    lines: pa.ChunkedArray
+    """One JSON object per added event or metadata event, each preceded by ``,\\n``."""
+    events: int
+    report: dict[str, Any]
+    device_pid: Any = None
+    warnings: list[str] = field(default_factory=list)
+
+
+_US = """
+CREATE OR REPLACE TEMP MACRO us_text(ns) AS
+    CASE WHEN ns < 0 THEN '-' ELSE '' END || (abs(ns) // 1000)::VARCHAR || '.'
+    || lpad((abs(ns) % 1000)::VARCHAR, 3, '0')
+"""
+
+_INTERNAL = """
+CREATE TEMP TABLE internal AS
+SELECT
+    (args->>'$.rank')::INTEGER AS rank,
+    (args->>'$.invocation_id')::BIGINT AS invocation_id,
+    (args->>'$.core_type')::INTEGER AS core_type,
+    (args->>'$.block_id')::BIGINT AS block_id,
+    tid AS track, name, ts_ns, dur_ns, rtrim(args) AS args, event_index
+FROM mk
+WHERE ph = 'X' AND cat = 'MegaKernelInternal'
+"""
+
+_INVOCATIONS = """
+CREATE TEMP TABLE inv AS
+WITH spans AS (
+    SELECT rank, invocation_id, min(ts_ns) AS first_ns, max(ts_ns + dur_ns) AS last_ns,
+           count(*) AS events
+    FROM internal GROUP BY ALL
+)
+SELECT
+    i.*, s.first_ns, s.last_ns, s.events,
+    (row_number() OVER (ORDER BY i.invocation_id) - 1)::BIGINT AS position
+FROM mk_invocations i JOIN spans s USING (rank, invocation_id)
+WHERE i.rank = $rank
+"""
+
+_OUTER = """
+CREATE TEMP TABLE outer_x AS
+SELECT
+    event_index, name, pid, pid_name, tid, tid_name, ts_ns, dur_ns, cat, task_type,
+    CASE
+        WHEN lower(cat) IN ({categories}) THEN 'cat=' || cat
+        WHEN regexp_matches(coalesce(task_type, ''), '{task_types}') THEN 'Task Type=' || task_type
+    END AS evidence,
+    coalesce(pid::VARCHAR, to_json(pid_name)::VARCHAR) || '/'
+        || coalesce(tid::VARCHAR, to_json(tid_name)::VARCHAR) AS track
+FROM trace_events
+WHERE source_id = $source AND ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL
+    AND ($pid IS NULL OR pid = $pid)
+"""
+
+_BY_NAME = """
+CREATE TEMP TABLE cand AS
+SELECT *, (row_number() OVER (ORDER BY ts_ns, event_index) - 1 - $skip)::BIGINT AS position
+FROM outer_x
+WHERE regexp_matches(name, $pattern) AND (evidence IS NOT NULL) = $device
+"""
+
+_BY_DURATION = """
+CREATE TEMP TABLE cand AS
+WITH device AS (
+    SELECT *, (row_number() OVER (PARTITION BY track ORDER BY ts_ns, event_index) - 1)::BIGINT
+        AS k
+    FROM outer_x WHERE evidence IS NOT NULL
+),
+fits AS (
+    SELECT
+        d.track, d.k - i.position AS first_k,
+        sum(abs(d.dur_ns - (i.last_ns - i.first_ns))
+            / greatest(d.dur_ns, i.last_ns - i.first_ns, 1)) AS cost,
+        count(*) AS matched
+    FROM device d JOIN inv i ON d.k >= i.position
+    GROUP BY ALL
+    HAVING count(*) = (SELECT count(*) FROM inv)
+),
+best AS (
+    SELECT f.track, f.first_k, f.cost
+    FROM fits f JOIN device d ON d.track = f.track AND d.k = f.first_k
+    ORDER BY f.cost, d.ts_ns, f.track
+    LIMIT 1
+)
+SELECT d.* EXCLUDE (k), d.k - b.first_k AS position, b.cost
+FROM device d JOIN best b ON d.track = b.track
+WHERE d.k >= b.first_k
+"""
+
+_PAIRS = """
+CREATE TEMP TABLE pairs AS
+SELECT
+    i.invocation_id, i.direction, i.kernel_name, i.rank, i.device, i.events, i.first_ns,
+    i.last_ns - i.first_ns AS span_ns,
+    c.name AS outer_name, c.pid AS outer_pid, c.pid_name AS outer_pid_name,
+    c.tid AS outer_tid, c.tid_name AS outer_tid_name, c.ts_ns AS outer_ts_ns,
+    c.dur_ns AS outer_dur_ns, c.evidence,
+    coalesce(c.pid::VARCHAR, to_json(c.pid_name)::VARCHAR) AS pid_text
+FROM inv i JOIN cand c USING (position)
+"""
+
+_TRACKS = """
+CREATE TEMP TABLE tracks AS
+WITH used AS (
+    SELECT DISTINCT p.pid_text, p.outer_pid, p.outer_pid_name, p.kernel_name, e.core_type,
+           e.block_id, e.track
+    FROM internal e JOIN pairs p ON e.rank = p.rank AND e.invocation_id = p.invocation_id
+),
+threads AS (
+    SELECT pid, pid_name, max(tid) AS max_tid, min(tid) AS min_tid
+    FROM trace_events WHERE source_id = $source GROUP BY ALL
+),
+sorted AS (
+    SELECT pid, pid_name, min(TRY_CAST(args->>'$.sort_index' AS BIGINT)) AS min_sort
+    FROM trace_events
+    WHERE source_id = $source AND ph = 'M' AND name = 'thread_sort_index'
+    GROUP BY ALL
+),
+numbered AS (
+    SELECT u.*, (row_number() OVER (
+        PARTITION BY u.pid_text ORDER BY u.kernel_name, u.core_type, u.block_id, u.track
+    ) - 1)::BIGINT AS ordinal,
+    count(*) OVER (PARTITION BY u.pid_text) AS tracks
+    FROM used u
+)
+SELECT
+    n.*,
+    coalesce(t.max_tid, 0) + 1 + n.ordinal AS tid,
+    least(coalesce(s.min_sort, t.min_tid, 0), coalesce(t.min_tid, s.min_sort, 0))
+        - n.tracks + n.ordinal AS sort_index,
+    n.kernel_name || '/' || coalesce({core_names}, n.core_type::VARCHAR) || '/'
+        || n.block_id::VARCHAR
+        || CASE WHEN n.track >= {lane} THEN ' overlap ' || (n.track // {lane})::VARCHAR ELSE ''
+           END AS thread_name
+FROM numbered n
+LEFT JOIN threads t
+    ON t.pid IS NOT DISTINCT FROM n.outer_pid AND t.pid_name IS NOT DISTINCT FROM n.outer_pid_name
+LEFT JOIN sorted s
+    ON s.pid IS NOT DISTINCT FROM n.outer_pid AND s.pid_name IS NOT DISTINCT FROM n.outer_pid_name
+"""
+
+_LINES = """
+SELECT line FROM (
+    SELECT 0 AS part, tid, 0 AS ts_ns, 0 AS event_index,
+        ',\n{"name":"thread_name","ph":"M","pid":' || pid_text || ',"tid":' || tid::VARCHAR
+        || ',"args":{"name":' || to_json(thread_name)::VARCHAR || '}}' AS line
+    FROM tracks
+    UNION ALL
+    SELECT 1, tid, 0, 0,
+        ',\n{"name":"thread_sort_index","ph":"M","pid":' || pid_text || ',"tid":'
+        || tid::VARCHAR || ',"args":{"sort_index":' || sort_index::VARCHAR || '}}'
+    FROM tracks
+    UNION ALL
+    SELECT 2, t.tid, p.outer_ts_ns + e.ts_ns - p.first_ns, e.event_index,
+        ',\n{"name":' || to_json(e.name)::VARCHAR || ',"ph":"X","cat":"MegaKernelInternal","pid":'
+        || p.pid_text || ',"tid":' || t.tid::VARCHAR
+        || ',"ts":' || us_text(p.outer_ts_ns + e.ts_ns - p.first_ns - $shift)
+        || ',"dur":' || us_text(e.dur_ns)
+        || ',"args":' || rtrim(substr(e.args, 1, length(e.args) - 1))
+        || ',"parent_kernel":' || to_json(p.outer_name)::VARCHAR
+        || ',"parent_kernel_ts":' || us_text(p.outer_ts_ns - $shift)
+        || ',"parent_kernel_dur":' || us_text(p.outer_dur_ns) || '}}'
+    FROM internal e
+    JOIN pairs p ON e.rank = p.rank AND e.invocation_id = p.invocation_id
+    JOIN tracks t
+        ON t.pid_text = p.pid_text AND t.kernel_name = p.kernel_name AND t.track = e.track
+)
+ORDER BY part, tid, ts_ns, event_index
+"""
+
+
+def _sql_strings(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{value}'" for value in values)
+
+
+def _count(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None) -> int:
+    return int(con.execute(sql, params or {}).fetchone()[0])
+
+
+def align(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    source_id: str,
+    rank: int,
+    kernel_name: str,
+    kernel_pattern: str | None,
+    kernel_index: int,
+    outer_pid: int | None,
+    allow_host_alignment: bool,
+    shift_ns: int,
+) -> Alignment:
+    """Align the invocations in ``mk`` / ``mk_invocations`` (registered on ``con``) of
+    ``rank`` to the kernels of trace ``source_id``; raise ``FuseError`` where that
+    cannot be done safely."""
+    if kernel_index < 0:
+        raise FuseError(f"kernel_index must be >= 0, got {kernel_index}")
+    con.execute(_US)
+    con.execute(_INTERNAL)
+    con.execute(_INVOCATIONS, {"rank": rank})
+    invocations = _count(con, "SELECT count(*) FROM inv")
+    if invocations == 0:
+        raise FuseError(f"the MegaKernel trace has no invocation with records on rank {rank}")
+    con.execute(
+        _OUTER.format(categories=_sql_strings(DEVICE_CATEGORIES), task_types=DEVICE_TASK_TYPES),
+        {"source": source_id, "pid": outer_pid},
+    )
+    inferred = kernel_pattern is None
+    pattern = kernel_pattern_for(kernel_name) if inferred else kernel_pattern
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise FuseError(f"kernel pattern {pattern!r} is not a regular expression: {exc}") from exc
+    matches = "SELECT count(*) FROM outer_x WHERE regexp_matches(name, $pattern)"
+    device = _count(con, matches + " AND evidence IS NOT NULL", {"pattern": pattern})
+    host = _count(con, matches + " AND evidence IS NULL", {"pattern": pattern})
+    where = f" (pid {outer_pid})" if outer_pid is not None else ""
+    warnings: list[str] = []
+    fallback = False
+    host_aligned = False
+    if device:
+        con.execute(_BY_NAME, {"skip": kernel_index, "pattern": pattern, "device": True})
+    elif host:
+        if not allow_host_alignment:
+            raise FuseError(
+                f"kernel pattern {pattern!r} matches {host} host event(s){where} but no device "
+                "kernel: aligning device records to host-side events (CPU ops, launches) "
+                "would misplace them; pass allow_host_alignment=True (--allow-host-alignment) "
+                "to do it anyway"
+            )
+        con.execute(_BY_NAME, {"skip": kernel_index, "pattern": pattern, "device": False})
+        host_aligned = True
+        warnings.append(
+            f"aligned to {host} host-side event(s) matching {pattern!r}: no device kernel "
+            "matches, so the records sit on host events' times, not the device's"
+        )
+    elif inferred:
+        con.execute(_BY_DURATION)
+        if _count(con, "SELECT count(*) FROM cand") == 0:
+            raise FuseError(
+                f"no outer event{where} matches the kernel pattern {pattern!r} inferred from "
+                f"{kernel_name!r}, and no run of {invocations} device kernel(s) is there to "
+                "fall back to; give kernel_pattern (--kernel-pattern)"
+            )
+        fallback = True
+        kernel_index = 0
+        warnings.append(
+            f"no outer event matches {pattern!r} (inferred from {kernel_name!r}): aligned to "
+            f"the run of {invocations} device kernel(s) whose durations best match the "
+            "invocations' spans instead"
+        )
+    else:
+        raise FuseError(f"no outer event{where} matches the kernel pattern {pattern!r}")
+    available = _count(con, "SELECT count(*) FROM cand WHERE position >= 0")
+    if available < invocations:
+        total = available + (0 if fallback else kernel_index)
+        raise FuseError(
+            f"too few candidates: {invocations} invocation(s) of rank {rank} to align, but "
+            f"{total} outer kernel(s) match {pattern!r}{where}"
+            + (f" and {kernel_index} are skipped (kernel_index)" if kernel_index else "")
+        )
+    con.execute(_PAIRS)
+    con.execute(_TRACKS.format(lane=LANE_TID_STEP, core_names=_core_case()), {"source": source_id})
+    lines = con.sql(_LINES, params={"shift": shift_ns}).to_arrow_table()["line"]
+    pairs = con.sql("SELECT * FROM pairs ORDER BY first_ns").to_arrow_table().to_pylist()
+    tracks = con.sql("SELECT * FROM tracks ORDER BY pid_text, tid").to_arrow_table()
+    entries = [_entry(pair, shift_ns) for pair in pairs]
+    longer = [e for e in entries if e["exceedsOuterKernelUs"] > 0]
+    if longer:
+        warnings.append(
+            f"{len(longer)} invocation(s) last longer than their outer kernel (first: "
+            f"invocation {longer[0]['invocationId']}, by {longer[0]['exceedsOuterKernelUs']} us):"
+            " the kernel may not be the one that ran them, or the cycle frequency is off"
+        )
+    events = sum(e["internalEventCount"] for e in entries)
+    report = {
+        "schemaVersion": 1,
+        "kernelPattern": pattern,
+        "kernelPatternInferred": inferred,
+        "kernelIndex": kernel_index,
+        "outerPid": outer_pid,
+        "durationFallbackUsed": fallback,
+        "hostAlignmentAllowed": allow_host_alignment,
+        "hostAligned": host_aligned,
+        "rank": rank,
+        "counts": {
+            "invocations": len(entries),
+            "deviceCandidates": device,
+            "hostCandidates": host,
+            "internalEvents": events,
+            "addedThreads": tracks.num_rows,
+        },
+        "threads": [
+            {"pid": _pid(t), "tid": t["tid"], "name": t["thread_name"]} for t in tracks.to_pylist()
+        ],
+        "invocations": entries,
+        "warnings": warnings,
+    }
+    return Alignment(lines, events, report, warnings=warnings)
+
+
+def _core_case() -> str:
+    arms = " ".join(f"WHEN {code} THEN '{name}'" for code, name in CORE_NAMES.items())
+    return f"CASE n.core_type {arms} END"
+
+
+def _pid(row: dict[str, Any]) -> Any:
+    return row["outer_pid"] if row["outer_pid"] is not None else row["outer_pid_name"]
+
+
+def _us(ns: int) -> float:
+    return round(ns / 1000, 3)
+
+
+def _us_text(ns: int) -> str:
+    """Microseconds with three decimals, exactly (as the fused trace writes them)."""
+    sign = "-" if ns < 0 else ""
+    return f"{sign}{abs(ns) // 1000}.{abs(ns) % 1000:03d}"
+
+
+def _entry(pair: dict[str, Any], shift_ns: int) -> dict[str, Any]:
+    excess = max(pair["span_ns"] - pair["outer_dur_ns"], 0)
+    return {
+        "invocationId": pair["invocation_id"],
+        "direction": pair["direction"],
+        "kernelName": pair["kernel_name"],
+        "rank": pair["rank"],
+        "deviceId": pair["device"],
+        "outerKernel": {
+            "name": pair["outer_name"],
+            "pid": _pid(pair),
+            "tid": pair["outer_tid"] if pair["outer_tid"] is not None else pair["outer_tid_name"],
+            "ts": _us_text(pair["outer_ts_ns"] - shift_ns),
+            "tsNs": pair["outer_ts_ns"] - shift_ns,
+            "dur": _us_text(pair["outer_dur_ns"]),
+            "durNs": pair["outer_dur_ns"],
+            "deviceEvidence": pair["evidence"],
+        },
+        "internalEventCount": pair["events"],
+        "spanUs": _us(pair["span_ns"]),
+        "exceedsOuterKernelUs": _us(excess),
+    }

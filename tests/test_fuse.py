@@ -1,0 +1,462 @@
+"""Offline fusion into real kineto traces and torch_npu-shaped ones: exact outer events,
+new device threads, the report, and every refusal.
+
+Expected values are computed here from the JSON with ``Decimal`` (never floats), and the
+fused kineto trace is checked against Holistic Trace Analysis' kernel breakdown.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
+from hta_breakdown import gpu_kernel_breakdown
+from npu_trace import write_npu_trace
+from trace_checker import check_trace
+
+from multicore_profiler import cli
+from multicore_profiler.errors import FuseError
+from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.fuse.align import kernel_pattern_for
+from multicore_profiler.fuse.merge import merge_chrome_traces
+from multicore_profiler.ingest.abi import BufferLayout
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.store import Store
+
+DATA = Path(__file__).parent / "data"
+RANK0 = DATA / "a100_training_rank0.json.gz"
+LAYOUT = BufferLayout(aic_slots=1, aiv_slots=2, aic_capacity=16, aiv_capacity=16)
+KERNEL = "HyperMegaMoe"
+CYCLE_NS = 20
+"""The runs below are written at 50 MHz."""
+
+
+def launch(offset: int, scale: int = 1) -> bytearray:
+    """One invocation: AIC/0 waits then runs GMM1 then triggers; AIV/1 waits. Its first
+    record starts at cycle 110 + offset; its last ends at 110 + offset + 300 x scale."""
+    base = 110 + offset
+    return pack(
+        1,
+        2,
+        16,
+        16,
+        [
+            Slot(
+                AIC,
+                0,
+                100 + offset,
+                [
+                    (base, base + 50 * scale, WAIT, 7, 2, 5),
+                    (base + 50 * scale, base + 290 * scale, GMM1, 7, 2, 5),
+                    (base + 290 * scale, base + 295 * scale, TRIGGER, 7, 2, 5),
+                ],
+            ),
+            Slot(AIV, 1, 120 + offset, [(base + 20, base + 300 * scale, WAIT, 8, 0, 5)]),
+        ],
+    )
+
+
+# (name, start from the invocation's first record in ns, dur ns, tid key) per launch.
+INTERNAL = [
+    ("GMM1_WaitDependency", 0, 1000, "AIC/0"),
+    ("GMM1", 1000, 4800, "AIC/0"),
+    ("GMM1_TriggerEvent", 5800, 100, "AIC/0"),
+    ("WaitDependency", 400, 5600, "AIV/1"),
+]
+
+
+def mega_kernel(
+    store: Store, *, kernel: str = KERNEL, launches: int = 3, rank: int = 0, scale: int = 1
+) -> str:
+    run = RunInfo.begin(run_id="mk", label="fuse")
+    store.write_run(run)
+    ingest_buffers(
+        store,
+        [launch(100_000 * i, scale) for i in range(launches)],
+        LAYOUT,
+        frequency_hz=50e6,
+        run_id="mk",
+        kernel=KernelInfo(kernel_name=kernel, stage_names={GMM1: "GMM1"}, soc="Ascend910B4"),
+        launches=Launches(rank=rank, device=2, step=1, first_invocation_id=10),
+    )
+    store.write_run(run.finish())
+    return "mk"
+
+
+def load(path: Path) -> Any:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as source:
+        return json.loads(source.read(), parse_float=Decimal)
+
+
+def events_of(document: Any) -> list[dict[str, Any]]:
+    return document if isinstance(document, list) else document["traceEvents"]
+
+
+def us(value: Any) -> Decimal:
+    return Decimal(str(value))
+
+
+def split(fused: Any, outer: Any) -> tuple[list, list]:
+    """The fused trace's outer events (its first ones) and the added ones."""
+    events = events_of(fused)
+    count = len(events_of(outer))
+    return events[:count], events[count:]
+
+
+def added_slices(added: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in added if e["ph"] == "X"]
+
+
+def test_kernel_pattern_from_camel_case() -> None:
+    pattern = kernel_pattern_for("HyperMegaMoe")
+    assert pattern == "(?i)hyper_?mega_?moe"
+    for name in (
+        "aclnnHyperMegaMoe_HyperMegaMoeAiCore_HyperMegaMoe",
+        "hyper_mega_moe",
+        "HYPERMEGAMOE",
+    ):
+        assert re.search(pattern, name)
+    assert kernel_pattern_for("GMMKernel2") == "(?i)gmm_?kernel_?2"
+    with pytest.raises(FuseError, match="no word"):
+        kernel_pattern_for("__")
+
+
+def test_npu_trace_gets_the_kernel_tracks_on_its_device_process(
+    store: Store, tmp_path: Path
+) -> None:
+    written = write_npu_trace(tmp_path / "trace_view.json")
+    run = mega_kernel(store)
+    merged = merge_chrome_traces(
+        tmp_path / "trace_view.json", store, tmp_path / "fused.json", run=run
+    )
+    outer = load(tmp_path / "trace_view.json")
+    fused = load(tmp_path / "fused.json")
+    assert isinstance(fused, list)  # a bare array stays a bare array
+    kept, added = split(fused, outer)
+    assert kept == outer  # every outer event, every field, exactly (ts strings included)
+
+    threads = {e["tid"]: e["args"] for e in added if e["ph"] == "M" and e["name"] == "thread_name"}
+    fresh = written["max_device_tid"] + 1
+    assert threads == {
+        fresh: {"name": "HyperMegaMoe/AIC/0"},
+        fresh + 1: {"name": "HyperMegaMoe/AIV/1"},
+    }
+    sort = {e["tid"]: e["args"]["sort_index"] for e in added if e["name"] == "thread_sort_index"}
+    existing = [
+        e["args"]["sort_index"]
+        for e in outer
+        if e.get("name") == "thread_sort_index" and e["pid"] == written["device_pid"]
+    ]
+    lowest = min([*existing, *(e["tid"] for e in outer if e.get("pid") == written["device_pid"])])
+    assert sort == {fresh: lowest - 2, fresh + 1: lowest - 1}
+    tids = {"AIC/0": fresh, "AIV/1": fresh + 1}
+
+    slices = added_slices(added)
+    expected = []
+    for kernel in written["device_kernels"]:
+        start = kernel["ts_ns"]
+        for name, offset, dur, core in INTERNAL:
+            expected.append(
+                (name, written["device_pid"], tids[core], Decimal(start + offset) / 1000,
+                 Decimal(dur) / 1000, kernel["name"], us(kernel["ts"]), us(kernel["dur"]))
+            )  # fmt: skip
+    got = [
+        (e["name"], e["pid"], e["tid"], e["ts"], e["dur"], e["args"]["parent_kernel"],
+         e["args"]["parent_kernel_ts"], e["args"]["parent_kernel_dur"])
+        for e in slices
+    ]  # fmt: skip
+    assert sorted(got, key=lambda r: (r[2], r[3])) == sorted(expected, key=lambda r: (r[2], r[3]))
+    assert all(e["cat"] == "MegaKernelInternal" for e in slices)
+    assert {e["args"]["invocation_id"] for e in slices} == {10, 11, 12}
+    # The added threads and slices open in Perfetto on their own (the outer events are the
+    # outer tool's; the report is a metadata event Perfetto skips, which the checker refuses).
+    plain = json.loads((tmp_path / "fused.json").read_text())
+    named = [e for e in plain if e["ph"] == "M" and e["name"] == "process_name" and e["pid"] == 800]
+    check_trace({"traceEvents": named + plain[len(outer) : -1]})
+
+    assert [e["name"] for e in added if e["ph"] == "M"][-1] == "megaKernelTraceMerge"
+    report = json.loads((tmp_path / "fused.json").read_text())[-1]["args"]
+    assert report == json.loads(json.dumps(merged.report))
+    assert report["kernelPattern"] == "(?i)hyper_?mega_?moe"
+    assert (report["kernelPatternInferred"], report["durationFallbackUsed"]) == (True, False)
+    assert report["counts"] == {
+        "invocations": 3,
+        "deviceCandidates": 3,
+        "hostCandidates": 9,
+        "internalEvents": 12,
+        "addedThreads": 2,
+    }
+    first = report["invocations"][0]
+    kernel = written["device_kernels"][0]
+    assert first == {
+        "invocationId": 10,
+        "direction": "forward",
+        "kernelName": KERNEL,
+        "rank": 0,
+        "deviceId": 2,
+        "outerKernel": {
+            "name": kernel["name"],
+            "pid": 800,
+            "tid": kernel["tid"],
+            "ts": kernel["ts"],
+            "tsNs": kernel["ts_ns"],
+            "dur": kernel["dur"],
+            "durNs": kernel["dur_ns"],
+            "deviceEvidence": "Task Type=MIX_AIC",
+        },
+        "internalEventCount": 4,
+        "spanUs": 6.0,
+        "exceedsOuterKernelUs": 0.0,
+    }
+    assert report["warnings"] == []
+
+
+def device_kernels(document: Any, pattern: str) -> list[dict[str, Any]]:
+    kernels = [
+        e
+        for e in events_of(document)
+        if e.get("ph") == "X" and e.get("cat") == "kernel" and re.search(pattern, e["name"])
+    ]
+    return sorted(kernels, key=lambda e: us(e["ts"]))
+
+
+def test_kineto_trace_fusion_by_pattern_and_index_keeps_hta_breakdown(
+    store: Store, tmp_path: Path
+) -> None:
+    run = mega_kernel(store, kernel="SimulatedMegaMoe", launches=4)
+    out = tmp_path / "fused.json.gz"
+    merged = merge_chrome_traces(
+        RANK0, store, out, run=run, kernel_pattern="ncclKernel_SendRecv", kernel_index=2
+    )
+    outer = load(RANK0)
+    fused = load(out)
+    kept, added = split(fused, outer)
+    assert kept == events_of(outer)
+    assert {k: v for k, v in fused.items() if k != "traceEvents"} == {
+        k: v for k, v in outer.items() if k != "traceEvents"
+    } | {"megaKernelTraceMerge": fused["megaKernelTraceMerge"],
+         "metadata": {"megaKernelTraceMerge": fused["megaKernelTraceMerge"]}}  # fmt: skip
+
+    targets = device_kernels(outer, "ncclKernel_SendRecv")[2:6]
+    report = merged.report
+    assert [i["outerKernel"]["tsNs"] for i in report["invocations"]] == [
+        int(us(k["ts"]) * 1000) for k in targets
+    ]
+    assert {i["outerKernel"]["deviceEvidence"] for i in report["invocations"]} == {"cat=kernel"}
+    assert report["counts"]["deviceCandidates"] == 80
+    highest = max(e["tid"] for e in events_of(outer) if e.get("pid") == 0)
+    assert sorted({e["tid"] for e in added}) == [highest + 1, highest + 2]
+    slices = added_slices(added)
+    assert {e["pid"] for e in slices} == {0}
+    starts = sorted(e["ts"] for e in slices if e["name"] == "GMM1_WaitDependency")
+    assert starts == [us(k["ts"]) for k in targets]
+    assert gpu_kernel_breakdown(out) == gpu_kernel_breakdown(RANK0)
+
+
+def write_kineto(path: Path, kernels: list[tuple[str, str, str]], *, base: int) -> None:
+    """A small kineto-shaped trace: one cpu op, and device kernels (name, ts, dur) on
+    stream 7 of pid 0, with absolute epoch ts of 3 decimals."""
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 11, "tid": 11,
+         "ts": Decimal(base) + Decimal("0.125"), "dur": Decimal("3.5")},
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": 7, "args": {"name": "stream 7"}},
+    ]  # fmt: skip
+    for name, ts, dur in kernels:
+        events.append(
+            {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7,
+             "ts": Decimal(base) + Decimal(ts), "dur": Decimal(dur),
+             "args": {"stream": 7, "device": 0, "correlation": len(events)}}
+        )  # fmt: skip
+    document = {
+        "schemaVersion": 1,
+        "distributedInfo": {"rank": 0},
+        "traceEvents": events,
+        "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+    }
+    # Decimals are written as strings by default=str: make them numbers again.
+    text = json.dumps(document, default=str)
+    path.write_text(re.sub(r'"(ts|dur)": "(-?[0-9.]+)"', r'"\1": \2', text))
+
+
+EPOCH_US = 1_683_564_901_540_885
+
+
+def test_an_inferred_pattern_without_match_falls_back_to_durations(
+    store: Store, tmp_path: Path
+) -> None:
+    # Invocations span 6, 12 and 18 us (scale 1, 2, 3 of 300 cycles at 20 ns).
+    run = RunInfo.begin(run_id="mk")
+    store.write_run(run)
+    ingest_buffers(
+        store,
+        [launch(0, 1), launch(100_000, 2), launch(200_000, 3)],
+        LAYOUT,
+        frequency_hz=50e6,
+        run_id="mk",
+        kernel=KernelInfo(kernel_name=KERNEL),
+        launches=Launches(rank=0, device=0, step=0),
+    )
+    kernels = [
+        ("gemm_a", "10.000", "40.000"),
+        ("gemm_b", "60.000", "6.100"),
+        ("gemm_c", "70.000", "12.200"),
+        ("gemm_d", "90.000", "18.300"),
+        ("gemm_e", "120.000", "6.000"),
+    ]
+    write_kineto(tmp_path / "k.json", kernels, base=EPOCH_US)
+    merged = merge_chrome_traces(tmp_path / "k.json", store, tmp_path / "f.json", run="mk")
+    report = merged.report
+    assert report["durationFallbackUsed"] is True
+    assert [i["outerKernel"]["name"] for i in report["invocations"]] == [
+        "gemm_b",
+        "gemm_c",
+        "gemm_d",
+    ]
+    assert report["warnings"] == [
+        "no outer event matches '(?i)hyper_?mega_?moe' (inferred from 'HyperMegaMoe'): aligned "
+        "to the run of 3 device kernel(s) whose durations best match the invocations' spans "
+        "instead"
+    ]
+    with pytest.raises(FuseError, match="no outer event matches the kernel pattern 'Nope'"):
+        merge_chrome_traces(
+            tmp_path / "k.json", store, tmp_path / "g.json", run="mk", kernel_pattern="Nope"
+        )
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_host_only_candidates_are_refused_unless_allowed(store: Store, tmp_path: Path) -> None:
+    written = write_npu_trace(tmp_path / "t.json")
+    mega_kernel(store)
+    host_only = "^aclnnHyperMegaMoe$"
+    with pytest.raises(FuseError, match=r"matches 3 host event\(s\) but no device kernel"):
+        merge_chrome_traces(
+            tmp_path / "t.json", store, tmp_path / "f.json", kernel_pattern=host_only
+        )
+    assert not (tmp_path / "f.json").exists()
+    merged = merge_chrome_traces(
+        tmp_path / "t.json",
+        store,
+        tmp_path / "f.json",
+        kernel_pattern=host_only,
+        allow_host_alignment=True,
+    )
+    report = merged.report
+    assert (report["hostAlignmentAllowed"], report["hostAligned"]) == (True, True)
+    assert [i["outerKernel"]["deviceEvidence"] for i in report["invocations"]] == [None] * 3
+    assert [i["outerKernel"]["tsNs"] for i in report["invocations"]] == [
+        op["ts_ns"] for op in written["host_ops"] if op["name"] == "aclnnHyperMegaMoe"
+    ]
+    assert report["warnings"][0].startswith("aligned to 3 host-side event(s)")
+
+
+def test_too_few_candidates_and_longer_invocations(store: Store, tmp_path: Path) -> None:
+    write_npu_trace(tmp_path / "t.json", kernel_us=("0.100", "0.100", "9.000"))
+    mega_kernel(store)
+    with pytest.raises(
+        FuseError,
+        match=r"too few candidates: 3 invocation\(s\) of rank 0 to align, but 3 outer kernel\(s\) "
+        r"match '\(\?i\)hyper_\?mega_\?moe' and 1 are skipped \(kernel_index\)",
+    ):
+        merge_chrome_traces(tmp_path / "t.json", store, tmp_path / "f.json", kernel_index=1)
+    merged = merge_chrome_traces(tmp_path / "t.json", store, tmp_path / "f.json")
+    excess = [i["exceedsOuterKernelUs"] for i in merged.report["invocations"]]
+    assert excess == [5.9, 5.9, 0.0]
+    assert merged.report["warnings"] == [
+        "2 invocation(s) last longer than their outer kernel (first: invocation 10, by 5.9 us): "
+        "the kernel may not be the one that ran them, or the cycle frequency is off"
+    ]
+
+
+def test_rebase_shifts_every_event_exactly(store: Store, tmp_path: Path) -> None:
+    mega_kernel(store, launches=2)
+    kernels = [("HyperMegaMoe_kernel", "10.125", "40.000"), ("hyper_mega_moe", "60.001", "9.999")]
+    write_kineto(tmp_path / "k.json", kernels, base=EPOCH_US)
+    merged = merge_chrome_traces(
+        tmp_path / "k.json", store, tmp_path / "f.json", rebase_timestamps=True
+    )
+    outer, fused = load(tmp_path / "k.json"), load(tmp_path / "f.json")
+    rebase = merged.report["rebase"]
+    shift = Decimal(EPOCH_US)
+    assert rebase == {
+        "applied": True,
+        "shiftNs": EPOCH_US * 1000,
+        "shiftUs": f"{EPOCH_US}.000",
+        "baseTimeNanoseconds": {
+            "before": 1_700_000_000_000_000_000,
+            "after": 1_700_000_000_000_000_000 + EPOCH_US * 1000,
+        },
+    }
+    assert fused["baseTimeNanoseconds"] == rebase["baseTimeNanoseconds"]["after"]
+    kept, added = split(fused, outer)
+    for before, after in zip(events_of(outer), kept, strict=True):
+        if "ts" in before:
+            assert after["ts"] + shift == before["ts"]
+        assert {k: v for k, v in after.items() if k != "ts"} == {
+            k: v for k, v in before.items() if k != "ts"
+        }
+    starts = sorted(e["ts"] for e in added_slices(added) if e["name"] == "GMM1_WaitDependency")
+    assert starts == [Decimal("10.125"), Decimal("60.001")]
+
+
+def test_rebase_keeps_string_timestamps_strings(store: Store, tmp_path: Path) -> None:
+    write_npu_trace(tmp_path / "t.json")
+    mega_kernel(store)
+    merge_chrome_traces(tmp_path / "t.json", store, tmp_path / "f.json", rebase_timestamps=True)
+    outer, fused = load(tmp_path / "t.json"), load(tmp_path / "f.json")
+    kept, _ = split(fused, outer)
+    first = min(Decimal(e["ts"]) for e in outer if "ts" in e)
+    shift = first.to_integral_value(rounding="ROUND_FLOOR")
+    for before, after in zip(outer, kept, strict=True):
+        if "ts" in before:
+            assert isinstance(after["ts"], str)
+            assert Decimal(after["ts"]) + shift == Decimal(before["ts"])
+
+
+def test_a_standalone_trace_fuses_like_the_store_selection(store: Store, tmp_path: Path) -> None:
+    write_npu_trace(tmp_path / "t.json")
+    mega_kernel(store)
+    export_chrome_trace(store, tmp_path / "mk.json.gz", run="mk")
+    from_file = merge_chrome_traces(
+        tmp_path / "t.json", tmp_path / "mk.json.gz", tmp_path / "a.json"
+    )
+    from_store = merge_chrome_traces(tmp_path / "t.json", store, tmp_path / "b.json", run="mk")
+    assert load(tmp_path / "a.json")[:-1] == load(tmp_path / "b.json")[:-1]
+    assert from_file.report["invocations"] == from_store.report["invocations"]
+    assert from_file.report["megaKernelTrace"]["path"] == str(tmp_path / "mk.json.gz")
+
+
+def test_a_failed_fusion_leaves_an_older_output_alone(store: Store, tmp_path: Path) -> None:
+    write_npu_trace(tmp_path / "t.json", launches=2)
+    mega_kernel(store)
+    (tmp_path / "f.json").write_text("older")
+    with pytest.raises(FuseError, match="too few candidates"):
+        merge_chrome_traces(tmp_path / "t.json", store, tmp_path / "f.json")
+    assert (tmp_path / "f.json").read_text() == "older"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json", "store", "t.json"]
+
+
+def test_cli_fuse(capsys, store: Store, tmp_path: Path) -> None:
+    write_npu_trace(tmp_path / "t.json")
+    mega_kernel(store)
+    base = ["fuse", str(tmp_path / "t.json"), "--store", str(store.root), "--run", "mk"]
+    host = ["--kernel-pattern", "^aclnnHyperMegaMoe$"]
+    assert cli.main([*base, *host, "-o", str(tmp_path / "f.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mcprof: error: kernel pattern '^aclnnHyperMegaMoe$' matches 3 host")
+    code = cli.main([*base, *host, "--allow-host-alignment", "-o", str(tmp_path / "f.json")])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert err.startswith("mcprof: warning: aligned to 3 host-side event(s)")
+    assert out.startswith(f"{tmp_path / 'f.json'}: 12 events of 3 invocation(s) on 2 new thread")
+    assert cli.main([*base, "-o", str(tmp_path / "g.json")]) == 0
+    assert (
+        "aligned to 'aclnnHyperMegaMoe_HyperMegaMoeAiCore_HyperMegaMoe'" in capsys.readouterr().out
+    )
