@@ -21,7 +21,7 @@ import torch
 import torch.profiler
 from tqdm import tqdm
 
-from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
+from multicore_profiler.errors import DroppedRecordsWarning, FuseError, ProfileError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.fuse.merge import merge_chrome_traces
 from multicore_profiler.ingest.abi import BufferLayout
@@ -302,6 +302,17 @@ def cmd_demo(args: argparse.Namespace) -> None:
     )
     _emit(summary, "table", None)
     print(f"torch.profiler trace of window {window}: {trace_path}")
+    fused = torch_trace / f"{prof.run_id}.window{window}.fused.json"
+    selection = {"store": store, "run": prof.run_id, "window": window}
+    try:
+        merge_chrome_traces(trace_path, store, fused, **selection)
+    except FuseError as exc:
+        # The CPU kernel has no device event: only host-side ops carry its name.
+        print(f"fuse: refused without --allow-host-alignment: {exc}")
+    merged = merge_chrome_traces(trace_path, store, fused, allow_host_alignment=True, **selection)
+    for warning in merged.report["warnings"]:
+        print(f"fuse: with --allow-host-alignment, warning: {warning}")
+    print(f"fused trace of window {window}: {merged.path} ({merged.added_events} events added)")
     print(f'try: mcprof query --store {store.root} "SELECT * FROM stage_stats"')
     print(f"     mcprof export --store {store.root} -o {prof.run_id}.json  # for ui.perfetto.dev")
     print(

@@ -145,7 +145,7 @@ def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
         ("GMM2", "144", "0"),
         ("Combine", "24", "0"),
     ]
-    trace = Path(lines[-4].removeprefix("torch.profiler trace of window 0: "))
+    trace = Path(lines[-7].removeprefix("torch.profiler trace of window 0: "))
     assert trace.parent == tmp_path / "store-torch"
     run_id = trace.name.removesuffix(".window0.pt.trace.json")
     assert lines[-2] == (
@@ -154,6 +154,22 @@ def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
     assert lines[-1] == (
         f"     mcprof fuse {trace} --store {tmp_path / 'store'} --run {run_id} --window 0 "
         f"--allow-host-alignment -o {run_id}.fused.json"
+    )
+    assert lines[-6] == (
+        "fuse: refused without --allow-host-alignment: kernel pattern "
+        "'(?i)reference_?mega_?moe' matches 3 host event(s) but no device kernel: aligning "
+        "device records to host-side events (CPU ops, launches) would misplace them; pass "
+        "allow_host_alignment=True (--allow-host-alignment) to do it anyway"
+    )
+    assert lines[-5] == (
+        "fuse: with --allow-host-alignment, warning: aligned to 3 host-side event(s) matching "
+        "'(?i)reference_?mega_?moe': no device kernel matches, so the records sit on host "
+        "events' times, not the device's"
+    )
+    fused = trace.with_name(f"{run_id}.window0.fused.json")
+    assert lines[-4] == f"fused trace of window 0: {fused} (552 events added)"
+    assert len(json.loads(fused.read_text())["traceEvents"]) == (
+        len(json.loads(trace.read_text())["traceEvents"]) + 552 + 2 * 4
     )
     # The torch profiler ran on the same schedule: its trace holds the window's 3 launches.
     assert trace.read_text().count('"name": "mcprof::reference_mega_moe"') == 3

@@ -38,6 +38,9 @@ _QUOTE_MARK, _ESCAPE = 7, 8
 _CLASS = np.zeros(256, np.uint8)
 for _char, _kind in zip(b'{[}],:"\\', range(1, 9), strict=True):
     _CLASS[_char] = _kind
+_STEP = np.zeros(9, np.int8)
+_STEP[[_LBRACE, _LBRACKET]] = 1
+_STEP[[_RBRACE, _RBRACKET]] = -1
 _SPACE = np.zeros(256, bool)
 _SPACE[list(b" \t\r\n")] = True
 
@@ -95,14 +98,13 @@ def scan(text: np.ndarray, depth: int = 0) -> Structure:
     pos = np.flatnonzero(kind)
     kind = kind[pos]
     quote = kind == _QUOTE_MARK
-    quotes_so_far = np.cumsum(quote)
-    keep = quote | (quotes_so_far % 2 == 0)
+    inside = np.logical_xor.accumulate(quote) if quote.size else quote
+    # A quote toggles the state and is kept; any other mark counts only outside strings.
+    keep = quote | ~inside
     pos, kind = pos[keep], kind[keep]
-    step = np.zeros(pos.size, np.int64)
-    step[kind <= _LBRACKET] = 1
-    step[(kind == _RBRACE) | (kind == _RBRACKET)] = -1
-    in_string = bool(quotes_so_far[-1] % 2) if quotes_so_far.size else False
-    return Structure(pos, kind, depth + np.cumsum(step), backslash, in_string)
+    step = _STEP[kind]
+    in_string = bool(inside[-1]) if inside.size else False
+    return Structure(pos, kind, depth + np.cumsum(step, dtype=np.int32), backslash, in_string)
 
 
 @dataclass
@@ -198,14 +200,16 @@ def _where(path: Path, offset: int) -> str:
 
 
 def _skip_space(text: np.ndarray, at: np.ndarray, limit: np.ndarray, step: int) -> np.ndarray:
-    """Move each position in ``at`` past whitespace (forwards or, with step -1, back)."""
+    """Move each position in ``at`` past whitespace (forwards or, with step -1, back),
+    never past ``limit``; only the positions still on whitespace are looked at again."""
     at = at.copy()
-    while True:
-        probe = at if step > 0 else at - 1
-        moving = (probe >= 0) & (at != limit) & _SPACE[text[np.clip(probe, 0, text.size - 1)]]
-        if not moving.any():
-            return at
-        at[moving] += step
+    rows = np.arange(at.size)
+    while rows.size:
+        probe = at[rows] if step > 0 else at[rows] - 1
+        moving = (at[rows] != limit[rows]) & _SPACE[text[np.clip(probe, 0, text.size - 1)]]
+        rows = rows[moving]
+        at[rows] += step
+    return at
 
 
 _PADDING = 32
@@ -241,9 +245,26 @@ def _key_match(text: np.ndarray, opens: np.ndarray, closes: np.ndarray, codes: d
     }
 
 
+@dataclass
+class _Separators:
+    """The colons (as mark indices) and commas (as positions) of a block, with depths."""
+
+    colons: np.ndarray
+    colon_depth: np.ndarray
+    commas: np.ndarray
+    comma_depth: np.ndarray
+
+    @classmethod
+    def of(cls, st: Structure) -> _Separators:
+        colons = np.flatnonzero(st.kind == _COLON)
+        commas = np.flatnonzero(st.kind == _COMMA)
+        return cls(colons, st.depth[colons], st.pos[commas], st.depth[commas])
+
+
 def _fields(
     text: np.ndarray,
     st: Structure,
+    separators: _Separators,
     depth: int,
     owner_starts: np.ndarray,
     owner_stops: np.ndarray,
@@ -254,22 +275,29 @@ def _fields(
     count = owner_starts.size
     start = {key: np.full(count, -1, np.int64) for key in codes}
     stop = {key: np.full(count, -1, np.int64) for key in codes}
-    at_depth = st.depth == depth
-    marks = np.flatnonzero(at_depth & (st.kind == _COLON))
+    marks = separators.colons[separators.colon_depth == depth]
     colons = st.pos[marks]
     owner = np.searchsorted(owner_starts, colons, side="right") - 1
     inside = (owner >= 0) & (colons < owner_stops[np.maximum(owner, 0)])
     marks, colons, owner = marks[inside], colons[inside], owner[inside]
     if colons.size == 0:
         return Fields(start, stop)
-    key_open, key_close = st.pos[marks - 2], st.pos[marks - 1]
-    ends = np.sort(np.concatenate([st.pos[at_depth & (st.kind == _COMMA)], owner_stops]))
+    matches = _key_match(text, st.pos[marks - 2], st.pos[marks - 1], codes)
+    wanted = np.zeros(colons.size, bool)
+    for mask in matches.values():
+        wanted |= mask
+    rows = np.flatnonzero(wanted)
+    colons, owner = colons[rows], owner[rows]
+    ends = np.sort(
+        np.concatenate([separators.commas[separators.comma_depth == depth], owner_stops])
+    )
     value_stop = ends[np.searchsorted(ends, colons)]
     value_start = _skip_space(text, colons + 1, value_stop, 1)
     value_stop = _skip_space(text, value_stop, value_start, -1)
-    for key, mask in _key_match(text, key_open, key_close, codes).items():
-        start[key][owner[mask]] = value_start[mask]
-        stop[key][owner[mask]] = value_stop[mask]
+    for key, mask in matches.items():
+        mine = mask[rows]
+        start[key][owner[mine]] = value_start[mine]
+        stop[key][owner[mine]] = value_stop[mine]
     return Fields(start, stop)
 
 
@@ -410,8 +438,8 @@ class _Reader:
         """Offset in the whole text of ``pending``'s first byte."""
         self.pending = b""
 
-    def _more(self, size: int = BLOCK_BYTES) -> bool:
-        chunk = self.source.read(size)
+    def _more(self, size: int | None = None) -> bool:
+        chunk = self.source.read(size or BLOCK_BYTES)
         self.trace.text_bytes += len(chunk)
         self.pending += chunk
         return bool(chunk)
@@ -486,13 +514,20 @@ class _Reader:
             self._check_between(text, st, starts, stops, cut, array_depth, first_block)
             if complete:
                 first_block = False
-                fields = _fields(text, st, depth, starts, stops - 1, _EVENT_CODES)
+                separators = _Separators.of(st)
+                fields = _fields(text, st, separators, depth, starts, stops - 1, _EVENT_CODES)
                 args_start, args_stop = fields.start["args"], fields.stop["args"]
                 objects = np.flatnonzero(
                     (args_start >= 0) & (text[np.maximum(args_start, 0)] == ord("{"))
                 )
                 inner = _fields(
-                    text, st, depth + 1, args_start[objects], args_stop[objects] - 1, _ARGS_CODES
+                    text,
+                    st,
+                    separators,
+                    depth + 1,
+                    args_start[objects],
+                    args_stop[objects] - 1,
+                    _ARGS_CODES,
                 )
                 args = Fields(
                     *(
