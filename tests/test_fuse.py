@@ -460,3 +460,49 @@ def test_cli_fuse(capsys, store: Store, tmp_path: Path) -> None:
     assert (
         "aligned to 'aclnnHyperMegaMoe_HyperMegaMoeAiCore_HyperMegaMoe'" in capsys.readouterr().out
     )
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    assert len(keys) == len(set(keys)), f"duplicate keys in {keys}"
+    return dict(pairs)
+
+
+def test_a_fused_trace_fused_again_keeps_one_report(store: Store, tmp_path: Path) -> None:
+    kernels = [("HyperMegaMoe_kernel", "10.125", "40.000"), ("hyper_mega_moe", "60.001", "9.999")]
+    write_kineto(tmp_path / "k.json", kernels, base=EPOCH_US)
+    mega_kernel(store, launches=2)
+    merge_chrome_traces(tmp_path / "k.json", store, tmp_path / "once.json")
+    again = merge_chrome_traces(tmp_path / "once.json", store, tmp_path / "twice.json")
+    text = (tmp_path / "twice.json").read_text()
+    fused = json.loads(text, object_pairs_hook=no_duplicate_keys)
+    assert fused["megaKernelTraceMerge"] == fused["metadata"]["megaKernelTraceMerge"]
+    assert fused["megaKernelTraceMerge"]["outerTrace"]["path"] == str(tmp_path / "once.json")
+    assert again.report["counts"]["addedThreads"] == 2
+    threads = [e["tid"] for e in fused["traceEvents"] if e.get("name") == "thread_name"]
+    # The second fusion's threads come above the first one's: 7 (stream), 8, 9, then 10, 11.
+    assert threads == [7, 8, 9, 10, 11]
+
+
+def test_ranks_pair_with_the_outer_trace(store: Store, tmp_path: Path) -> None:
+    write_npu_trace(tmp_path / "t.json")
+    run = RunInfo.begin(run_id="mk")
+    store.write_run(run)
+    for rank in (0, 1):
+        ingest_buffers(
+            store,
+            [launch(100_000 * i, scale=rank + 1) for i in range(3)],
+            LAYOUT,
+            frequency_hz=50e6,
+            run_id="mk",
+            kernel=KernelInfo(kernel_name=KERNEL),
+            launches=Launches(rank=rank, device=rank, step=0),
+        )
+    with pytest.raises(FuseError, match=r"names no rank .* has ranks \[0, 1\]; give rank"):
+        merge_chrome_traces(tmp_path / "t.json", store, tmp_path / "f.json")
+    with pytest.raises(FuseError, match=r"the outer trace is rank 5 but the MegaKernel trace"):
+        merge_chrome_traces(tmp_path / "t.json", store, tmp_path / "f.json", rank=5)
+    merged = merge_chrome_traces(tmp_path / "t.json", store, tmp_path / "f.json", rank=1)
+    assert [(i["rank"], i["deviceId"], i["spanUs"]) for i in merged.report["invocations"]] == [
+        (1, 1, 12.0)
+    ] * 3

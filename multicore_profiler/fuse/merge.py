@@ -108,7 +108,8 @@ def merge_chrome_traces(
         source = ingest_trace(store, framework_trace, rank=rank)
         described = find_source(store, source.source_id)
         events, invocations, mk_summary = _mega_kernel_trace(mk_path)
-        rank = _rank(source.rank, invocations, framework_trace)
+        # A rank given now wins over the one stored when the trace was first loaded.
+        rank = _rank(source.rank if rank is None else rank, invocations, framework_trace)
         kernels = sorted({i["kernel_name"] for i in invocations.to_pylist() if i["rank"] == rank})
         if kernel_pattern is None and len(kernels) > 1:
             raise FuseError(
@@ -300,16 +301,25 @@ def _edits(
     edits: list[tuple[int, int, Iterable[bytes]]] = []
     fields = layout["fields"]
     if layout["form"] == "object":
+        # A trace fused before already has a report: it is replaced, never duplicated.
         opening = layout["documentOpen"] + 1
-        edits.append((opening, opening, [b'"' + REPORT_KEY.encode() + b'":' + report + b","]))
+        entry = b'"' + REPORT_KEY.encode() + b'":' + report
+        if REPORT_KEY in fields:
+            begin, end = fields[REPORT_KEY]
+            edits.append((begin, end, [report]))
+        else:
+            edits.append((opening, opening, [entry + b","]))
         existing = metadata.get("metadata")
-        if isinstance(existing, dict) and "metadata" in fields:
+        if "metadata" not in fields:
+            edits.append((opening, opening, [b'"metadata":{' + entry + b"},"]))
+        elif isinstance(existing, dict) and REPORT_KEY in existing:
+            begin, end = fields["metadata"]
+            edits.append(
+                (begin, end, [orjson.dumps(existing | {REPORT_KEY: orjson.loads(report)})])
+            )
+        elif isinstance(existing, dict):
             inside = fields["metadata"][0] + 1
-            entry = b'"' + REPORT_KEY.encode() + b'":' + report + (b"," if existing else b"")
-            edits.append((inside, inside, [entry]))
-        elif "metadata" not in fields:
-            entry = b'"metadata":{"' + REPORT_KEY.encode() + b'":' + report + b"},"
-            edits.append((opening, opening, [entry]))
+            edits.append((inside, inside, [entry + (b"," if existing else b"")]))
         base = metadata.get("baseTimeNanoseconds")
         if shift and isinstance(base, int) and "baseTimeNanoseconds" in fields:
             begin, end = fields["baseTimeNanoseconds"]
