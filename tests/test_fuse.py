@@ -14,6 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 from hta_breakdown import gpu_kernel_breakdown
@@ -72,20 +73,46 @@ INTERNAL = [
 ]
 
 
-def mega_kernel(
-    store: Store, *, kernel: str = KERNEL, launches: int = 3, rank: int = 0, scale: int = 1
-) -> str:
+def graph(rank: int, kernel: str) -> pa.Table:
+    """Task 7 (AIC/0) triggers event 0, which task 8 (AIV/1) waits for once."""
+    return pa.table(
+        {
+            "rank": pa.array([rank, rank], pa.int32()),
+            "config_id": ["graph"] * 2,
+            "kernel_name": [kernel] * 2,
+            "task_id": pa.array([7, 8], pa.uint32()),
+            "task_type": pa.array([1, 2], pa.uint32()),
+            "desc_id": pa.array([GMM1, 0x20002], pa.uint32()),
+            "stage_task_index": pa.array([2, 0], pa.uint32()),
+            "owner_id": pa.array([5, 5], pa.uint32()),
+            "core_type": pa.array([AIC, AIV], pa.uint8()),
+            "worker": pa.array([0, 1], pa.uint32()),
+            "wait_event": pa.array([-1, 0], pa.int32()),
+            "wait_count": pa.array([0, 1], pa.uint32()),
+            "trigger_event": pa.array([0, -1], pa.int32()),
+            "tiling_position": pa.array([0, 0], pa.uint32()),
+            "input_position": pa.array([0, 0], pa.uint32()),
+        }
+    )
+
+
+def mega_kernel(store: Store, *, kernel: str = KERNEL, launches: int = 3, rank: int = 0) -> str:
+    """A run of ``launches`` invocations (ids from 10) with their task graph."""
     run = RunInfo.begin(run_id="mk", label="fuse")
     store.write_run(run)
+    info = KernelInfo(
+        kernel_name=kernel, stage_names={GMM1: "GMM1"}, soc="Ascend910B4", config_id="graph"
+    )
     ingest_buffers(
         store,
-        [launch(100_000 * i, scale) for i in range(launches)],
+        [launch(100_000 * i) for i in range(launches)],
         LAYOUT,
         frequency_hz=50e6,
         run_id="mk",
-        kernel=KernelInfo(kernel_name=kernel, stage_names={GMM1: "GMM1"}, soc="Ascend910B4"),
+        kernel=info,
         launches=Launches(rank=rank, device=2, step=1, first_invocation_id=10),
     )
+    store.write_tasks("mk", graph(rank, kernel))
     store.write_run(run.finish())
     return "mk"
 
@@ -192,8 +219,17 @@ def test_npu_trace_gets_the_kernel_tracks_on_its_device_process(
         "deviceCandidates": 3,
         "hostCandidates": 9,
         "internalEvents": 12,
+        "dependencyArrows": 3,
         "addedThreads": 2,
     }
+    # Each launch's arrow from the trigger (AIC/0) into the wait it released (AIV/1).
+    arrows = [(e["ph"], e["pid"], e["tid"], e["ts"], e.get("bp")) for e in added if e["ph"] in "sf"]
+    assert sorted(arrows, key=lambda a: (a[3], a[0] == "f")) == [
+        (ph, 800, tids[core], Decimal(kernel["ts_ns"] + 5800) / 1000, bp)
+        for kernel in written["device_kernels"]
+        for ph, core, bp in (("s", "AIC/0", None), ("f", "AIV/1", "e"))
+    ]
+    assert len({e["id"] for e in added if e["ph"] in "sf"}) == 3
     first = report["invocations"][0]
     kernel = written["device_kernels"][0]
     assert first == {
@@ -482,6 +518,9 @@ def test_a_fused_trace_fused_again_keeps_one_report(store: Store, tmp_path: Path
     threads = [e["tid"] for e in fused["traceEvents"] if e.get("name") == "thread_name"]
     # The second fusion's threads come above the first one's: 7 (stream), 8, 9, then 10, 11.
     assert threads == [7, 8, 9, 10, 11]
+    # Its arrows' ids follow the first one's, so no arrow joins the other fusion's.
+    starts = [e["id"] for e in fused["traceEvents"] if e.get("ph") == "s"]
+    assert starts == [1, 2, 3, 4]
 
 
 def test_ranks_pair_with_the_outer_trace(store: Store, tmp_path: Path) -> None:

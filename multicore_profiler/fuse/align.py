@@ -67,6 +67,19 @@ FROM mk
 WHERE ph = 'X' AND cat = 'MegaKernelInternal'
 """
 
+_FLOWS = """
+CREATE TEMP TABLE internal_flows AS
+WITH spans AS (
+    SELECT rank, invocation_id, min(ts_ns) AS first_ns, max(ts_ns + dur_ns) AS last_ns
+    FROM internal GROUP BY ALL
+)
+SELECT f.ph, f.flow_id::HUGEINT AS flow_id, f.tid AS track, f.ts_ns, f.event_index, s.rank,
+       s.invocation_id
+FROM mk f
+JOIN spans s ON s.rank = f.pid AND f.ts_ns BETWEEN s.first_ns AND s.last_ns
+WHERE f.ph IN ('s', 'f') AND f.cat = 'MegaKernelInternal'
+"""
+
 _INVOCATIONS = """
 CREATE TEMP TABLE inv AS
 WITH spans AS (
@@ -195,6 +208,17 @@ SELECT line FROM (
         || tid::VARCHAR || ',"args":{"sort_index":' || sort_index::VARCHAR || '}}'
     FROM tracks
     UNION ALL
+    SELECT 3, t.tid, p.outer_ts_ns + f.ts_ns - p.first_ns, f.event_index,
+        ',\n{"ph":"' || f.ph || '","id":' || (f.flow_id + $flow_offset)::VARCHAR
+        || ',"cat":"MegaKernelInternal","name":"dependency","pid":' || p.pid_text
+        || ',"tid":' || t.tid::VARCHAR
+        || ',"ts":' || us_text(p.outer_ts_ns + f.ts_ns - p.first_ns - $shift)
+        || CASE WHEN f.ph = 'f' THEN ',"bp":"e"}' ELSE '}' END
+    FROM internal_flows f
+    JOIN pairs p ON f.rank = p.rank AND f.invocation_id = p.invocation_id
+    JOIN tracks t
+        ON t.pid_text = p.pid_text AND t.kernel_name = p.kernel_name AND t.track = f.track
+    UNION ALL
     SELECT 2, t.tid, p.outer_ts_ns + e.ts_ns - p.first_ns, e.event_index,
         ',\n{"name":' || to_json(e.name)::VARCHAR || ',"ph":"X","cat":"MegaKernelInternal","pid":'
         || p.pid_text || ',"tid":' || t.tid::VARCHAR
@@ -218,7 +242,7 @@ def _sql_strings(values: tuple[str, ...]) -> str:
 
 
 def _count(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None) -> int:
-    return int(con.execute(sql, params or {}).fetchone()[0])
+    return int(con.execute(sql, params or {}).fetchall()[0][0])
 
 
 def align(
@@ -240,6 +264,7 @@ def align(
         raise FuseError(f"kernel_index must be >= 0, got {kernel_index}")
     con.execute(_US)
     con.execute(_INTERNAL)
+    con.execute(_FLOWS)
     con.execute(_INVOCATIONS, {"rank": rank})
     invocations = _count(con, "SELECT count(*) FROM inv")
     if invocations == 0:
@@ -304,7 +329,20 @@ def align(
         )
     con.execute(_PAIRS)
     con.execute(_TRACKS.format(lane=LANE_TID_STEP, core_names=_core_case()), {"source": source_id})
-    lines = con.sql(_LINES, params={"shift": shift_ns}).to_arrow_table()["line"]
+    # Arrows keep the standalone trace's ids, above those of an earlier fusion's arrows.
+    flow_offset = _count(
+        con,
+        "SELECT coalesce(max(TRY_CAST(flow_id AS HUGEINT)), 0) FROM trace_events "
+        "WHERE source_id = $source AND cat = 'MegaKernelInternal'",
+        {"source": source_id},
+    )
+    lines = con.sql(_LINES, params={"shift": shift_ns, "flow_offset": flow_offset})
+    lines = lines.to_arrow_table()["line"]
+    flows = _count(
+        con,
+        "SELECT count(*) FROM internal_flows f SEMI JOIN pairs p "
+        "ON f.rank = p.rank AND f.invocation_id = p.invocation_id",
+    )
     pairs = con.sql("SELECT * FROM pairs ORDER BY first_ns").to_arrow_table().to_pylist()
     tracks = con.sql("SELECT * FROM tracks ORDER BY pid_text, tid").to_arrow_table()
     entries = [_entry(pair, shift_ns) for pair in pairs]
@@ -331,6 +369,7 @@ def align(
             "deviceCandidates": device,
             "hostCandidates": host,
             "internalEvents": events,
+            "dependencyArrows": flows // 2,
             "addedThreads": tracks.num_rows,
         },
         "threads": [
