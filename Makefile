@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/export.py
+	$(BIN)/python bench/fuse.py
 
 clean:
 	rm -rf $(VENV) mcprof-store mcprof-store-torch

@@ -22,13 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
-from ingest import LAUNCHES_PER_STEP, best, launches
+from ingest import best, store_launches
 
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.ingest.abi import NO_OWNER
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
-from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store
 
 CONFIG_ID = "simulated-moe"
@@ -66,28 +64,11 @@ def fill(store: Store, records: int) -> tuple[str, int]:
     """A run of about ``records`` records; return its id and its exact record count."""
     kernel = SimulatedMoeKernel(experts=32, tiles=30, aic_workers=24, aiv_workers=48)
     count = -(-records // kernel.records_per_launch)
-    batch = launches(kernel, count)
-    info = KernelInfo(
-        kernel_name=kernel.kernel_name,
-        owner_label=kernel.owner_label,
-        stage_names=kernel.stage_names,
-        config_id=CONFIG_ID,
+    tasks = task_graph(kernel)
+    run_id = store_launches(
+        store, kernel, count, label="bench-export", config_id=CONFIG_ID, tasks=tasks
     )
-    run = RunInfo.begin(label="bench-export")
-    store.write_run(run)
-    store.write_tasks(run.run_id, task_graph(kernel))
-    for step, first in enumerate(range(0, count, LAUNCHES_PER_STEP)):
-        ingest_buffers(
-            store,
-            batch[first : first + LAUNCHES_PER_STEP],
-            kernel.layout,
-            frequency_hz=kernel.frequency_hz,
-            run_id=run.run_id,
-            kernel=info,
-            launches=Launches(step=step, first_invocation_id=first),
-        )
-    store.write_run(run.finish())
-    return run.run_id, count * kernel.records_per_launch
+    return run_id, count * kernel.records_per_launch
 
 
 def baseline(store: Store, run_id: str, step: int, path: Path) -> int:

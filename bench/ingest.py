@@ -28,7 +28,7 @@ from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffe
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.runs import RunInfo
-from multicore_profiler.storage.store import open_store
+from multicore_profiler.storage.store import Store, open_store
 
 LAUNCHES_PER_STEP = 64
 
@@ -50,6 +50,42 @@ def launches(kernel: SimulatedMoeKernel, count: int, distinct: int = 8) -> np.nd
         for name in ("start_cycle", "end_cycle"):
             records[name] += np.where(valid, shift[:, None, None], 0).astype(np.uint64)
     return batch
+
+
+def store_launches(
+    store: Store,
+    kernel: SimulatedMoeKernel,
+    count: int,
+    *,
+    label: str,
+    config_id: str | None = None,
+    tasks: pa.Table | None = None,
+) -> str:
+    """A run of ``count`` launches of ``kernel``, ``LAUNCHES_PER_STEP`` a step (and its task
+    graph, if given); return its id."""
+    batch = launches(kernel, count)
+    info = KernelInfo(
+        kernel_name=kernel.kernel_name,
+        owner_label=kernel.owner_label,
+        stage_names=kernel.stage_names,
+        config_id=config_id,
+    )
+    run = RunInfo.begin(label=label)
+    store.write_run(run)
+    if tasks is not None:
+        store.write_tasks(run.run_id, tasks)
+    for step, first in enumerate(range(0, count, LAUNCHES_PER_STEP)):
+        ingest_buffers(
+            store,
+            batch[first : first + LAUNCHES_PER_STEP],
+            kernel.layout,
+            frequency_hz=kernel.frequency_hz,
+            run_id=run.run_id,
+            kernel=info,
+            launches=Launches(step=step, first_invocation_id=first),
+        )
+    store.write_run(run.finish())
+    return run.run_id
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:
