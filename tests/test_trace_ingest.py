@@ -248,6 +248,20 @@ def test_escapes_nesting_key_order_and_sub_ns_digits(store: Store, tmp_path: Pat
     assert source.events == 3
 
 
+def test_events_without_args_before_deeply_nested_top_level_fields(
+    store: Store, tmp_path: Path
+) -> None:
+    text = (
+        '{"traceEvents": [{"ph": "s", "id": 1, "ts": 2}, {"ph": "f", "id": 1, "ts": 3}],'
+        ' "meta": {"a": {"b": {"c": {"d": 1}}}, "e": [{"f": {"g": 2}}]}}'
+    )
+    source = ingest_trace(store, write(tmp_path / "t.json", text))
+    assert stored_rows(store, source.source_id) == [
+        (0, "s", None, None, None, None, None, None, 2000, None, "1"),
+        (1, "f", None, None, None, None, None, None, 3000, None, "1"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -412,9 +412,12 @@ def _write(
     edits = _edits(layout, metadata, report_bytes, added, shift)
     aside = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     try:
-        opener = gzip.open if output.suffix == ".gz" else open
         with (
-            opener(aside, "wb") as sink,
+            (
+                gzip.open(aside, "wb", compresslevel=6)
+                if output.suffix == ".gz"
+                else open(aside, "wb")
+            ) as sink,
             tqdm(
                 total=layout["textBytes"], desc="fuse", unit="B", unit_scale=True, disable=None
             ) as progress,

@@ -275,6 +275,8 @@ def _fields(
     count = owner_starts.size
     start = {key: np.full(count, -1, np.int64) for key in codes}
     stop = {key: np.full(count, -1, np.int64) for key in codes}
+    if count == 0:
+        return Fields(start, stop)
     marks = separators.colons[separators.colon_depth == depth]
     colons = st.pos[marks]
     owner = np.searchsorted(owner_starts, colons, side="right") - 1
