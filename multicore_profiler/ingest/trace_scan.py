@@ -383,6 +383,22 @@ def _decimal(raw: bytes, decimals: int) -> tuple[int, bool] | None:
     return whole, whole != number
 
 
+def _gather_spans(
+    text: np.ndarray, begin: np.ndarray, length: np.ndarray, total: int
+) -> np.ndarray:
+    """The bytes of the spans ``[begin, begin + length)``, which are in text order and do not
+    overlap, one after the other. Short ones by index; when they cover much of the text
+    (args objects), by a mask of the text, which needs no index per byte."""
+    if total * 8 < text.size:
+        offsets = np.cumsum(length) - length
+        return text[np.repeat(begin - offsets, length) + np.arange(total)]
+    edges = np.zeros(text.size + 1, np.int8)
+    used = length > 0
+    edges[begin[used]] += 1
+    edges[begin[used] + length[used]] -= 1
+    return text[np.cumsum(edges[:-1], dtype=np.int8).view(bool)]
+
+
 def _strings(
     text: np.ndarray, start: np.ndarray, stop: np.ndarray, escapes: np.ndarray, raw: bool
 ) -> pa.Array:
@@ -397,8 +413,7 @@ def _strings(
     length = np.where(valid, np.where(quoted, stop - 1, stop) - begin, 0)
     offsets = np.zeros(start.size + 1, np.int64)
     np.cumsum(length, out=offsets[1:])
-    gather = np.repeat(begin - offsets[:-1], length) + np.arange(offsets[-1])
-    data = text[gather]
+    data = _gather_spans(text, begin, length, int(offsets[-1]))
     array = pa.LargeStringArray.from_buffers(
         start.size,
         pa.py_buffer(offsets),
