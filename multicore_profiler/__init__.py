@@ -9,7 +9,13 @@ into the store, ``merge_chrome_traces`` to fuse a MegaKernel's tracks into such 
 ``RunInfo``, and ``ProfileError``, the base of every error raised on
 bad input. Kernel authors find specs, RuntimeConfig and the
 launch hook in ``multicore_profiler.kernels``.
+
+The capture session needs torch, so it is imported on first use: reading stores and
+traces does not load torch.
 """
+
+from importlib import import_module
+from typing import Any
 
 from multicore_profiler.errors import ProfileError
 from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
@@ -19,7 +25,6 @@ from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffe
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
 from multicore_profiler.ingest.outer_trace import TraceSource, ingest_trace
 from multicore_profiler.ingest.schedule import ProfilerAction, schedule
-from multicore_profiler.ingest.session import MegaKernelProfile, mega_kernel_profile
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store
 
@@ -47,3 +52,14 @@ __all__ = [
     "open_store",
     "schedule",
 ]
+
+_ON_FIRST_USE = {
+    "MegaKernelProfile": "multicore_profiler.ingest.session",
+    "mega_kernel_profile": "multicore_profiler.ingest.session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        return getattr(import_module(_ON_FIRST_USE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,8 +17,6 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
-import torch
-import torch.profiler
 from tqdm import tqdm
 
 from multicore_profiler.errors import DroppedRecordsWarning, FuseError, ProfileError
@@ -29,8 +27,6 @@ from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.ingest.schedule import schedule
-from multicore_profiler.ingest.session import mega_kernel_profile
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, default_store_path, open_store
@@ -255,6 +251,13 @@ DEMO_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}
 
 def cmd_demo(args: argparse.Namespace) -> None:
     """Run the CPU reference MoE MegaKernel under both profilers; summarize its stages in SQL."""
+    # torch only here: the other commands read and write stores and traces without it.
+    import torch
+    import torch.profiler
+
+    from multicore_profiler.ingest.session import mega_kernel_profile
+    from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+
     store = _store(args, create=True)
     generator = torch.Generator().manual_seed(args.seed)
     router, w1, w2 = make_moe_weights(8, 256, 512, generator=generator)

@@ -168,8 +168,11 @@ def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
     )
     fused = trace.with_name(f"{run_id}.window0.fused.json")
     assert lines[-4] == f"fused trace of window 0: {fused} (552 events added)"
-    assert len(json.loads(fused.read_text())["traceEvents"]) == (
-        len(json.loads(trace.read_text())["traceEvents"]) + 552 + 2 * 4
+    merged = json.loads(fused.read_text())
+    # 552 records, 4 threads (name, sort index), and the 3 launches' 52 arrows each (s, f).
+    assert merged["megaKernelTraceMerge"]["counts"]["dependencyArrows"] == 156
+    assert len(merged["traceEvents"]) == (
+        len(json.loads(trace.read_text())["traceEvents"]) + 552 + 2 * 4 + 2 * 156
     )
     # The torch profiler ran on the same schedule: its trace holds the window's 3 launches.
     assert trace.read_text().count('"name": "mcprof::reference_mega_moe"') == 3

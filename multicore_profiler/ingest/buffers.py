@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.decode import BufferLike, DecodedBuffers, decode_buffers
-from multicore_profiler.kernels.runtime import RuntimeConfig
 from multicore_profiler.storage.schema import INVOCATIONS
 from multicore_profiler.storage.store import Store
+
+if TYPE_CHECKING:  # torch comes with it; reading or writing a store needs no torch
+    from multicore_profiler.kernels.runtime import RuntimeConfig
 
 
 @dataclass(frozen=True)
