@@ -58,13 +58,17 @@ CREATE OR REPLACE TEMP MACRO us_text(ns) AS
 _INTERNAL = """
 CREATE TEMP TABLE internal AS
 SELECT
-    (args->>'$.rank')::INTEGER AS rank,
-    (args->>'$.invocation_id')::BIGINT AS invocation_id,
-    (args->>'$.core_type')::INTEGER AS core_type,
-    (args->>'$.block_id')::BIGINT AS block_id,
-    tid AS track, name, ts_ns, dur_ns, rtrim(args) AS args, event_index
-FROM mk
-WHERE ph = 'X' AND cat = 'MegaKernelInternal'
+    ids[1]::INTEGER AS rank, ids[2]::BIGINT AS invocation_id, ids[3]::INTEGER AS core_type,
+    ids[4]::BIGINT AS block_id, track, name, ts_ns, dur_ns, args, event_index
+FROM (
+    -- One parse of each args object for the four ids.
+    SELECT
+        json_extract_string(args, ['$.rank', '$.invocation_id', '$.core_type', '$.block_id'])
+            AS ids,
+        tid AS track, name, ts_ns, dur_ns, rtrim(args) AS args, event_index
+    FROM mk
+    WHERE ph = 'X' AND cat = 'MegaKernelInternal'
+)
 """
 
 _FLOWS = """
