@@ -315,7 +315,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
     merged = merge_chrome_traces(trace_path, store, fused, allow_host_alignment=True, **selection)
     for warning in merged.report["warnings"]:
         print(f"fuse: with --allow-host-alignment, warning: {warning}")
-    print(f"fused trace of window {window}: {merged.path} ({merged.added_events} events added)")
+    print(
+        f"fused trace of window {window}: {merged.path} ({merged.records} records, "
+        f"{merged.added_events} events added)"
+    )
     print(f'try: mcprof query --store {store.root} "SELECT * FROM stage_stats"')
     print(f"     mcprof export --store {store.root} -o {prof.run_id}.json  # for ui.perfetto.dev")
     print(

@@ -167,7 +167,7 @@ def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
         "events' times, not the device's"
     )
     fused = trace.with_name(f"{run_id}.window0.fused.json")
-    assert lines[-4] == f"fused trace of window 0: {fused} (552 events added)"
+    assert lines[-4] == f"fused trace of window 0: {fused} (552 records, 872 events added)"
     merged = json.loads(fused.read_text())
     # 552 records, 4 threads (name, sort index), and the 3 launches' 52 arrows each (s, f).
     assert merged["megaKernelTraceMerge"]["counts"]["dependencyArrows"] == 156

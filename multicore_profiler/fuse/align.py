@@ -12,7 +12,7 @@ invocation longer than its kernel) is written down for the report.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -39,14 +39,14 @@ def kernel_pattern_for(kernel_name: str) -> str:
 
 @dataclass
 class Alignment:
-    """What the writer needs: the added events' and threads' JSON lines, and the report."""
+    """What the writer needs: the added JSON lines, how many records they carry, and the
+    ``megaKernelTraceMerge`` report."""
 
     lines: pa.ChunkedArray
-    """One JSON object per added event or metadata event, each preceded by ``,\\n``."""
-    events: int
+    """One JSON object per added event (thread metadata, slices, arrows), each preceded
+    by ``,\\n``."""
+    records: int
     report: dict[str, Any]
-    device_pid: Any = None
-    warnings: list[str] = field(default_factory=list)
 
 
 _US = """
@@ -382,7 +382,7 @@ def align(
         "invocations": entries,
         "warnings": warnings,
     }
-    return Alignment(lines, events, report, warnings=warnings)
+    return Alignment(lines, events, report)
 
 
 def _core_case() -> str:

@@ -46,10 +46,12 @@ REPORT_KEY = "megaKernelTraceMerge"
 @dataclass(frozen=True)
 class MergedTrace:
     """What ``merge_chrome_traces`` wrote: where, the outer trace's source id in the store,
-    how many events it added, and the ``megaKernelTraceMerge`` report."""
+    how many records (slices) and events in all (thread metadata and arrows too) it
+    added, and the ``megaKernelTraceMerge`` report."""
 
     path: Path
     source_id: str
+    records: int
     added_events: int
     report: dict[str, Any] = field(repr=False)
 
@@ -169,7 +171,9 @@ def merge_chrome_traces(
             report,
             shift if rebase_timestamps else None,
         )
-        return MergedTrace(Path(output), source.source_id, alignment.events, report)
+        return MergedTrace(
+            Path(output), source.source_id, alignment.records, len(alignment.lines), report
+        )
 
 
 def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
@@ -183,6 +187,8 @@ def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
             f"{path} is not a MegaKernel trace of schema v1 (no megaKernelCycleTrace); export "
             "one with mcprof export or export_chrome_trace"
         )
+    if not tables:
+        raise FuseError(f"{path} holds no event")
     entries = summary.get("invocations") or []
     runs = sorted({str(e.get("runId")) for e in entries})
     if len(runs) > 1:
@@ -197,11 +203,7 @@ def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
             "step": pa.array([e["step"] for e in entries], pa.int64()),
         }
     )
-    schema = tables[0].schema if tables else None
-    events = pa.concat_tables(tables) if tables else pa.table({})
-    if schema is None:
-        raise FuseError(f"{path} holds no event")
-    return events, invocations, summary
+    return pa.concat_tables(tables), invocations, summary
 
 
 def _rank(outer_rank: int | None, invocations: pa.Table, framework_trace: Any) -> int:
@@ -233,7 +235,11 @@ def _us_text(ns: np.ndarray, quoted: np.ndarray) -> pa.Array:
 
 
 def _segments(
-    out: np.ndarray, out_starts: np.ndarray, src: np.ndarray, src_starts: np.ndarray, lengths
+    out: np.ndarray,
+    out_starts: np.ndarray,
+    src: np.ndarray,
+    src_starts: np.ndarray,
+    lengths: np.ndarray,
 ) -> None:
     """Copy ``src[src_starts[i]:+lengths[i]]`` to ``out[out_starts[i]:]`` for every i."""
     total = int(lengths.sum())
@@ -408,7 +414,7 @@ def _write(
             + b"}"
         )
         separator = b",\n" if layout["events"] > 0 or len(lines) else b""
-        added = _chain(_lines(lines, layout["events"] > 0), [separator + entry])
+        added = _chain(added, [separator + entry])
     edits = _edits(layout, metadata, report_bytes, added, shift)
     aside = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     try:
