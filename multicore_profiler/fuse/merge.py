@@ -179,7 +179,7 @@ def merge_chrome_traces(
 def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
     """A standalone MegaKernel trace's events (as ``trace_events`` columns), its
     invocations and its ``megaKernelCycleTrace`` object."""
-    trace = read_trace(path)
+    trace = read_trace(path, args_keys=())
     tables = [events_table(block, path) for block in trace.blocks]
     summary = top_level_fields(trace).get("megaKernelCycleTrace")
     if not isinstance(summary, dict) or summary.get("schemaVersion") != 1:
@@ -380,7 +380,7 @@ def _raw_pieces(path: Path, progress: tqdm) -> Iterator[tuple[int, bytes]]:
 
 def _rebased_text(path: Path, shift: int, splicer: _Splicer, progress: tqdm) -> None:
     """The outer text with every event's ``ts`` rewritten; prologue and epilogue edited."""
-    trace = read_trace(path)
+    trace = read_trace(path, args_keys=())
     wrote_prologue = False
     for block in trace.blocks:
         if not wrote_prologue:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import secrets
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import orjson
@@ -38,8 +36,6 @@ from multicore_profiler.storage.partitions import write_partition
 from multicore_profiler.storage.schema import TRACE_EVENTS, TRACE_SOURCES
 from multicore_profiler.storage.store import Store
 
-T = TypeVar("T")
-
 _NS_DECIMALS = 3
 """Trace Event Format times are microseconds: three decimals make integer ns."""
 
@@ -55,45 +51,6 @@ class TraceSource:
     rank: int | None
     form: str
     new: bool
-
-
-_DONE = object()
-
-
-def _ahead(items: Iterator[T]) -> Iterator[T]:
-    """``items``, produced one ahead on a thread of their own: numpy releases the GIL,
-    so the next block is scanned while this one becomes columns and Parquet."""
-    slots: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        slots.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            slots.put((_DONE, None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            slots.put((_DONE, exc))
-
-    worker = threading.Thread(target=produce, name="mcprof-trace-scan", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item, error = slots.get()
-            if error is not None:
-                raise error
-            if item is _DONE:
-                return
-            yield item
-    finally:
-        stop.set()
-        worker.join()
 
 
 def source_id_of(sha256: str) -> str:
@@ -284,7 +241,7 @@ def ingest_trace(
 
     def tables() -> Iterator[pa.Table]:
         with tqdm(desc=f"ingest {path.name}", unit="event", disable=None) as progress:
-            for block in _ahead(trace.blocks):
+            for block in trace.blocks:
                 table = events_table(block, path, stats)
                 yield table.add_column(0, "write_id", pa.repeat(pa.scalar(write_id), len(block)))
                 progress.update(len(block))

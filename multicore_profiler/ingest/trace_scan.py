@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -147,8 +149,12 @@ class EventBlock:
         return int(self.starts.size)
 
     def span(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """Value spans of an event field (``EVENT_KEYS``) or an args field (``ARGS_KEYS``)."""
+        """Value spans of an event field (``EVENT_KEYS``) or an args field (``ARGS_KEYS``);
+        -1 where absent, or not looked for."""
         part = self.fields if key in _EVENT_CODES else self.args
+        if key not in part.start:
+            absent = np.full(len(self), -1, np.int64)
+            return absent, absent
         return part.start[key], part.stop[key]
 
     def numbers(self, key: str, decimals: int = 0) -> Numbers:
@@ -448,9 +454,10 @@ def _spread(values: np.ndarray, rows: np.ndarray, count: int) -> np.ndarray:
 class _Reader:
     """Reads a trace's text and yields its complete events block by block."""
 
-    def __init__(self, trace: TraceText, source: BinaryIO) -> None:
+    def __init__(self, trace: TraceText, source: BinaryIO, args_codes: dict) -> None:
         self.trace = trace
         self.source = source
+        self.args_codes = args_codes
         self.offset = 0
         """Offset in the whole text of ``pending``'s first byte."""
         self.pending = b""
@@ -544,7 +551,7 @@ class _Reader:
                     depth + 1,
                     args_start[objects],
                     args_stop[objects] - 1,
-                    _ARGS_CODES,
+                    self.args_codes,
                 )
                 args = Fields(
                     *(
@@ -611,9 +618,52 @@ class _Reader:
             raise TraceFormatError(f"{self.trace.path}: text follows the end of the document")
 
 
-def read_trace(path: Path | str, *, sha256: str | None = None) -> TraceText:
-    """Open a trace (``.json`` or gzipped) for scanning: ``blocks`` yields its events;
-    ``prologue``, ``epilogue`` and ``events`` are known once the blocks are exhausted.
+_DONE = object()
+
+
+def _ahead(items: Iterator[EventBlock]) -> Iterator[EventBlock]:
+    """``items``, produced one ahead on a thread of their own: numpy releases the GIL,
+    so the next block is scanned while this one becomes columns and Parquet."""
+    slots: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        slots.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slots.put((_DONE, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            slots.put((_DONE, exc))
+
+    worker = threading.Thread(target=produce, name="mcprof-trace-scan", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, error = slots.get()
+            if error is not None:
+                raise error
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+def read_trace(
+    path: Path | str, *, sha256: str | None = None, args_keys: tuple[str, ...] = ARGS_KEYS
+) -> TraceText:
+    """Open a trace (``.json`` or gzipped) for scanning: ``blocks`` yields its events, each
+    block scanned on a thread while the one before is used; ``prologue``, ``epilogue``
+    and ``events`` are known once the blocks are exhausted. ``args_keys`` are the fields
+    of ``args`` to find (the others read as absent).
 
     Raises ``TraceFormatError`` when the file is not a Chrome trace, is truncated, or
     holds something other than objects in its events array.
@@ -625,15 +675,16 @@ def read_trace(path: Path | str, *, sha256: str | None = None) -> TraceText:
     except OSError as exc:
         raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
     trace = TraceText(path, sha256=digest, compressed=compressed)
+    codes = {key: _ARGS_CODES[key] for key in args_keys}
 
     def generate() -> Iterator[EventBlock]:
         with source:
-            reader = _Reader(trace, source)
+            reader = _Reader(trace, source, codes)
             try:
                 depth = reader.prologue()
                 yield from reader.blocks(depth)
             except (OSError, EOFError, gzip.BadGzipFile) as exc:
                 raise TraceFormatError(f"cannot read {path}: {exc}") from exc
 
-    trace.blocks = generate()
+    trace.blocks = _ahead(generate())
     return trace
