@@ -30,7 +30,6 @@ from multicore_profiler.ingest.trace_scan import (
     TraceText,
     file_sha256,
     read_trace,
-    scan,
 )
 from multicore_profiler.storage.partitions import write_partition
 from multicore_profiler.storage.schema import TRACE_EVENTS, TRACE_SOURCES
@@ -65,19 +64,19 @@ class _Stats:
     rounded: int = 0
 
 
-def _integers(numbers: Numbers, block: EventBlock, keep: np.ndarray) -> pa.Array:
+def _integers(numbers: Numbers, keep: np.ndarray) -> pa.Array:
     """Integer values where the text holds an exact integer number (not a string)."""
     valid = keep & numbers.number & ~numbers.quoted & ~numbers.rounded
     return pa.array(numbers.value, pa.int64(), mask=~valid)
 
 
 def _times(block: EventBlock, key: str, path: Path, stats: _Stats) -> pa.Array:
-    start, _ = block.span(key)
+    start, stop = block.span(key)
     numbers = block.numbers(key, _NS_DECIMALS)
     bad = np.flatnonzero((start >= 0) & ~numbers.number)
     if bad.size:
         row = int(bad[0])
-        raw = bytes(block.text[start[row] : block.span(key)[1][row]])
+        raw = bytes(block.text[start[row] : stop[row]])
         raise TraceFormatError(
             f"{path}: event {block.first_index + row} has {key} {raw.decode(errors='replace')},"
             " which is not a number"
@@ -107,7 +106,7 @@ def events_table(block: EventBlock, path: Path, stats: _Stats | None = None) -> 
     }
     for key in ("pid", "tid"):
         start, _ = block.span(key)
-        columns[key] = _integers(block.numbers(key), block, start >= 0)
+        columns[key] = _integers(block.numbers(key), start >= 0)
         is_string = (start >= 0) & (block.text[np.maximum(start, 0)] == ord('"'))
         names = block.strings(key) if is_string.any() else pa.nulls(count, pa.string())
         columns[f"{key}_name"] = pc.if_else(pa.array(is_string), names, None)
@@ -116,41 +115,17 @@ def events_table(block: EventBlock, path: Path, stats: _Stats | None = None) -> 
     columns["flow_id"] = block.strings("id")
     for column, key in (("correlation", "correlation"), ("external_id", "External id")):
         start, _ = block.span(key)
-        columns[column] = _integers(block.numbers(key), block, start >= 0)
+        columns[column] = _integers(block.numbers(key), start >= 0)
     for column, keys in (("stream", ("stream", "Stream Id")), ("device", ("device",))):
         values = None
         for key in keys:
             start, _ = block.span(key)
-            found = _integers(block.numbers(key), block, start >= 0)
+            found = _integers(block.numbers(key), start >= 0)
             values = found if values is None else pc.coalesce(values, found)
         columns[column] = values
     columns["task_type"] = block.strings("Task Type")
     columns["args"] = block.strings("args", raw=True)
     return pa.table(columns)
-
-
-def _field_spans(trace: TraceText) -> dict[str, tuple[int, int]]:
-    """Spans (offsets in the whole text) of the top-level fields' values of an object
-    trace, ``traceEvents`` excepted."""
-    if trace.form != "object":
-        return {}
-    text = np.frombuffer(trace.prologue + trace.epilogue, np.uint8)
-    st = scan(text)
-    shift = trace.text_bytes - len(trace.epilogue) - len(trace.prologue)
-    colons = np.flatnonzero((st.kind == 6) & (st.depth == 1))
-    ends = st.pos[((st.kind == 5) & (st.depth == 1)) | ((st.kind == 3) & (st.depth == 0))]
-    spans = {}
-    for mark in colons.tolist():
-        key = orjson.loads(bytes(text[st.pos[mark - 2] : st.pos[mark - 1] + 1]))
-        colon = int(st.pos[mark])
-        stop = int(ends[np.searchsorted(ends, colon)])
-        value = bytes(text[colon + 1 : stop])
-        begin = colon + 1 + len(value) - len(value.lstrip())
-        end = colon + 1 + len(value.rstrip())
-        if key == "traceEvents":
-            continue
-        spans[key] = tuple(p + shift if p >= len(trace.prologue) else p for p in (begin, end))
-    return spans
 
 
 def top_level_fields(trace: TraceText) -> dict[str, Any]:
@@ -174,11 +149,10 @@ def top_level_fields(trace: TraceText) -> dict[str, Any]:
 def text_layout(trace: TraceText) -> dict[str, Any]:
     """Where fusion finds things in the text: the events array's brackets, the top-level
     object's brace and the value spans of ``metadata`` and ``baseTimeNanoseconds``."""
-    spans = _field_spans(trace)
-    head = np.frombuffer(trace.prologue, np.uint8)
+    spans = trace.top_level_spans()
     return {
         "form": trace.form,
-        "documentOpen": int(np.flatnonzero(~np.isin(head, list(b" \t\r\n")))[0]),
+        "documentOpen": len(trace.prologue) - len(trace.prologue.lstrip()),
         "eventsOpen": len(trace.prologue) - 1,
         "eventsClose": trace.text_bytes - len(trace.epilogue),
         "textBytes": trace.text_bytes,

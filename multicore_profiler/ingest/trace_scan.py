@@ -184,6 +184,29 @@ class TraceText:
     compressed: bool = False
     blocks: Iterator[EventBlock] = field(default=iter(()), repr=False)
 
+    def top_level_spans(self) -> dict[str, tuple[int, int]]:
+        """Spans (offsets in the whole text) of the top-level fields' values of an object
+        trace, ``traceEvents`` excepted; known once the blocks are exhausted."""
+        if self.form != "object":
+            return {}
+        text = np.frombuffer(self.prologue + self.epilogue, np.uint8)
+        st = scan(text)
+        shift = self.text_bytes - len(self.epilogue) - len(self.prologue)
+        colons = np.flatnonzero((st.kind == _COLON) & (st.depth == 1))
+        closing = (st.kind == _RBRACE) & (st.depth == 0)
+        ends = st.pos[((st.kind == _COMMA) & (st.depth == 1)) | closing]
+        spans = {}
+        for mark in colons.tolist():
+            key = orjson.loads(bytes(text[st.pos[mark - 2] : st.pos[mark - 1] + 1]))
+            colon = int(st.pos[mark])
+            value = bytes(text[colon + 1 : int(ends[np.searchsorted(ends, colon)])])
+            begin = colon + 1 + len(value) - len(value.lstrip())
+            end = colon + 1 + len(value.rstrip())
+            if key != "traceEvents":
+                moved = (p + shift if p >= len(self.prologue) else p for p in (begin, end))
+                spans[key] = tuple(moved)
+        return spans
+
 
 def _open(path: Path) -> tuple[BinaryIO, bool]:
     raw = open(path, "rb")  # noqa: SIM115 - handed to the caller, closed there
