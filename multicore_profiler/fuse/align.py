@@ -156,6 +156,7 @@ SELECT
     c.name AS outer_name, c.pid AS outer_pid, c.pid_name AS outer_pid_name,
     c.tid AS outer_tid, c.tid_name AS outer_tid_name, c.ts_ns AS outer_ts_ns,
     c.dur_ns AS outer_dur_ns, c.evidence,
+    us_text(c.ts_ns - $shift) AS outer_ts_text, us_text(c.dur_ns) AS outer_dur_text,
     coalesce(c.pid::VARCHAR, to_json(c.pid_name)::VARCHAR) AS pid_text
 FROM inv i JOIN cand c USING (position)
 """
@@ -331,7 +332,7 @@ def align(
             f"{total} outer kernel(s) match {pattern!r}{where}"
             + (f" and {kernel_index} are skipped (kernel_index)" if kernel_index else "")
         )
-    con.execute(_PAIRS)
+    con.execute(_PAIRS, {"shift": shift_ns})
     con.execute(_TRACKS.format(lane=LANE_TID_STEP, core_names=_core_case()), {"source": source_id})
     # Arrows keep the standalone trace's ids, above those of an earlier fusion's arrows.
     flow_offset = _count(
@@ -398,12 +399,6 @@ def _us(ns: int) -> float:
     return round(ns / 1000, 3)
 
 
-def _us_text(ns: int) -> str:
-    """Microseconds with three decimals, exactly (as the fused trace writes them)."""
-    sign = "-" if ns < 0 else ""
-    return f"{sign}{abs(ns) // 1000}.{abs(ns) % 1000:03d}"
-
-
 def _entry(pair: dict[str, Any], shift_ns: int) -> dict[str, Any]:
     excess = max(pair["span_ns"] - pair["outer_dur_ns"], 0)
     return {
@@ -416,9 +411,9 @@ def _entry(pair: dict[str, Any], shift_ns: int) -> dict[str, Any]:
             "name": pair["outer_name"],
             "pid": _pid(pair),
             "tid": pair["outer_tid"] if pair["outer_tid"] is not None else pair["outer_tid_name"],
-            "ts": _us_text(pair["outer_ts_ns"] - shift_ns),
+            "ts": pair["outer_ts_text"],
             "tsNs": pair["outer_ts_ns"] - shift_ns,
-            "dur": _us_text(pair["outer_dur_ns"]),
+            "dur": pair["outer_dur_text"],
             "durNs": pair["outer_dur_ns"],
             "deviceEvidence": pair["evidence"],
         },

@@ -154,7 +154,7 @@ def merge_chrome_traces(
         report["rebase"] = {
             "applied": bool(rebase_timestamps),
             "shiftNs": shift,
-            "shiftUs": f"{shift // 1000}.{shift % 1000:03d}",
+            "shiftUs": _us_text(np.array([shift]), np.array([False]))[0].as_py(),
             "baseTimeNanoseconds": (
                 {"before": base_time, "after": base_time + shift}
                 if isinstance(base_time, int)
