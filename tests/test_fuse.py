@@ -7,7 +7,6 @@ fused kineto trace is checked against Holistic Trace Analysis' kernel breakdown.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from decimal import Decimal
@@ -16,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from exact_json import events_of, load
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 from hta_breakdown import gpu_kernel_breakdown
 from npu_trace import write_npu_trace
@@ -115,16 +115,6 @@ def mega_kernel(store: Store, *, kernel: str = KERNEL, launches: int = 3, rank: 
     store.write_tasks("mk", graph(rank, kernel))
     store.write_run(run.finish())
     return "mk"
-
-
-def load(path: Path) -> Any:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as source:
-        return json.loads(source.read(), parse_float=Decimal)
-
-
-def events_of(document: Any) -> list[dict[str, Any]]:
-    return document if isinstance(document, list) else document["traceEvents"]
 
 
 def us(value: Any) -> Decimal:

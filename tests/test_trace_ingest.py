@@ -6,7 +6,6 @@ Every expectation comes from a plain-Python reference over the same JSON, read w
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections import Counter
 from decimal import ROUND_HALF_UP, Decimal
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from exact_json import events_of, load
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from npu_trace import write_npu_trace
@@ -32,16 +32,6 @@ FIXTURES = [
     "torchnpu_advisor_trace_view.json.gz",
 ]
 COLUMNS = "event_index, ph, cat, name, pid, tid, pid_name, tid_name, ts_ns, dur_ns, flow_id"
-
-
-def load(path: Path) -> Any:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as source:
-        return json.loads(source.read(), parse_float=Decimal)
-
-
-def events_of(document: Any) -> list[dict[str, Any]]:
-    return document if isinstance(document, list) else document["traceEvents"]
 
 
 def ns(value: Any) -> int | None:

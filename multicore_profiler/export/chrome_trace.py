@@ -27,6 +27,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from multicore_profiler.errors import ExportError, QueryError
+from multicore_profiler.export.files import written_aside
 from multicore_profiler.export.json_rows import Row, strings
 from multicore_profiler.export.tracks import assign_lanes
 from multicore_profiler.ingest.abi import (
@@ -714,22 +715,16 @@ def _tail_bytes(trace: _Trace) -> bytes:
 
 def _write(path: Path, trace: _Trace) -> ExportedTrace:
     """Write the trace aside, then rename it into place; no file is left on failure."""
-    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     parts = [trace.events] + ([trace.flows] if trace.flows is not None else [])
     total_rows = sum(len(part) for part in parts)
-    try:
-        with tqdm(total=total_rows, desc="export", unit="event", disable=None) as progress:
-            if path.suffix == ".gz":
-                _write_gzip(aside, trace, parts, progress)
-            else:
-                _write_plain(aside, trace, parts, progress)
-        os.replace(aside, path)
-    except OSError as exc:
-        aside.unlink(missing_ok=True)
-        raise ExportError(f"cannot write the trace to {path}: {exc.strerror or exc}") from exc
-    except BaseException:
-        aside.unlink(missing_ok=True)
-        raise
+    with (
+        written_aside(path, ExportError, "the trace") as aside,
+        tqdm(total=total_rows, desc="export", unit="event", disable=None) as progress,
+    ):
+        if path.suffix == ".gz":
+            _write_gzip(aside, trace, parts, progress)
+        else:
+            _write_plain(aside, trace, parts, progress)
     return ExportedTrace(
         path=path,
         events=len(trace.head) + total_rows,

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from multicore_profiler.errors import FuseError, QueryError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.export.files import written_aside
 from multicore_profiler.fuse.align import align
 from multicore_profiler.ingest.outer_trace import (
     events_table,
@@ -416,32 +417,22 @@ def _write(
         separator = b",\n" if layout["events"] > 0 or len(lines) else b""
         added = _chain(added, [separator + entry])
     edits = _edits(layout, metadata, report_bytes, added, shift)
-    aside = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    try:
-        with (
-            (
-                gzip.open(aside, "wb", compresslevel=6)
-                if output.suffix == ".gz"
-                else open(aside, "wb")
-            ) as sink,
-            tqdm(
-                total=layout["textBytes"], desc="fuse", unit="B", unit_scale=True, disable=None
-            ) as progress,
-        ):
-            splicer = _Splicer(edits, sink)
-            if shift is None:
-                for offset, data in _raw_pieces(framework_trace, progress):
-                    splicer.write(offset, data)
-            else:
-                _rebased_text(framework_trace, shift, splicer, progress)
-            splicer.finish()
-        os.replace(aside, output)
-    except OSError as exc:
-        aside.unlink(missing_ok=True)
-        raise FuseError(f"cannot write the fused trace to {output}: {exc.strerror or exc}") from exc
-    except BaseException:
-        aside.unlink(missing_ok=True)
-        raise
+    with (
+        written_aside(output, FuseError, "the fused trace") as aside,
+        (
+            gzip.open(aside, "wb", compresslevel=6) if output.suffix == ".gz" else open(aside, "wb")
+        ) as sink,
+        tqdm(
+            total=layout["textBytes"], desc="fuse", unit="B", unit_scale=True, disable=None
+        ) as progress,
+    ):
+        splicer = _Splicer(edits, sink)
+        if shift is None:
+            for offset, data in _raw_pieces(framework_trace, progress):
+                splicer.write(offset, data)
+        else:
+            _rebased_text(framework_trace, shift, splicer, progress)
+        splicer.finish()
 
 
 def _chain(*parts: Iterable[bytes]) -> Iterator[bytes]:
