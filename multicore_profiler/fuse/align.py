@@ -331,6 +331,8 @@ def align(
             f"too few candidates: {invocations} invocation(s) of rank {rank} to align, but "
             f"{total} outer kernel(s) match {pattern!r}{where}"
             + (f" and {kernel_index} are skipped (kernel_index)" if kernel_index else "")
+            + "; fuse fewer invocations (a capture window or step of the run) or check the "
+            "pattern"
         )
     con.execute(_PAIRS, {"shift": shift_ns})
     con.execute(_TRACKS.format(lane=LANE_TID_STEP, core_names=_core_case()), {"source": source_id})
