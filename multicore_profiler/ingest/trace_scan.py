@@ -412,20 +412,27 @@ def _decimal(raw: bytes, decimals: int) -> tuple[int, bool] | None:
     return whole, whole != number
 
 
-def _gather_spans(
-    text: np.ndarray, begin: np.ndarray, length: np.ndarray, total: int
-) -> np.ndarray:
-    """The bytes of the spans ``[begin, begin + length)``, which are in text order and do not
-    overlap, one after the other. Short ones by index; when they cover much of the text
-    (args objects), by a mask of the text, which needs no index per byte."""
-    if total * 8 < text.size:
-        offsets = np.cumsum(length) - length
-        return text[np.repeat(begin - offsets, length) + np.arange(total)]
-    edges = np.zeros(text.size + 1, np.int8)
-    used = length > 0
-    edges[begin[used]] += 1
-    edges[begin[used] + length[used]] -= 1
-    return text[np.cumsum(edges[:-1], dtype=np.int8).view(bool)]
+def _string_views(
+    text: np.ndarray, begin: np.ndarray, length: np.ndarray, valid: np.ndarray
+) -> pa.Array:
+    """The spans ``[begin, begin + length)`` of ``text`` as an Arrow string view array over
+    the text itself: one 16-byte view per value, built with numpy, and no byte copied
+    until Arrow casts it to a plain string array."""
+    count = begin.size
+    views = np.zeros((count, 16), np.uint8)
+    views[:, :4] = length.astype("<i4").view(np.uint8).reshape(count, 4)
+    at = np.minimum(begin, max(text.size - 1, 0))
+    inline = length <= 12
+    if text.size:
+        head = _windows(text, 12)[at]
+        views[:, 4:] = np.where(inline[:, None] & (np.arange(12) < length[:, None]), head, 0)
+        views[~inline, 4:8] = head[~inline, :4]
+        views[~inline, 8:12] = 0
+        views[~inline, 12:] = begin[~inline].astype("<i4").view(np.uint8).reshape(-1, 4)
+    validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(
+        pa.string_view(), count, [validity, pa.py_buffer(views), pa.py_buffer(text)]
+    )
 
 
 def _strings(
@@ -440,20 +447,11 @@ def _strings(
     valid = present & (raw | ~null)
     begin = np.where(quoted, start + 1, start)
     length = np.where(valid, np.where(quoted, stop - 1, stop) - begin, 0)
-    offsets = np.zeros(start.size + 1, np.int64)
-    np.cumsum(length, out=offsets[1:])
-    data = _gather_spans(text, begin, length, int(offsets[-1]))
-    array = pa.LargeStringArray.from_buffers(
-        start.size,
-        pa.py_buffer(offsets),
-        pa.py_buffer(data),
-        pa.py_buffer(np.packbits(valid, bitorder="little")),
-    )
+    array = _string_views(text, begin, length, valid).cast(pa.string())
     try:
         array.validate(full=True)
     except pa.ArrowInvalid as exc:
         raise TraceFormatError(f"a string field is not valid UTF-8: {exc}") from exc
-    array = array.cast(pa.string())
     if not raw and escapes.size:
         escaped = quoted & (
             np.searchsorted(escapes, stop) > np.searchsorted(escapes, np.maximum(start, 0))
