@@ -100,17 +100,23 @@ WHERE i.rank = $rank
 
 _OUTER = """
 CREATE TEMP TABLE outer_x AS
-SELECT
-    event_index, name, pid, pid_name, tid, tid_name, ts_ns, dur_ns, cat, task_type,
-    CASE
-        WHEN lower(cat) IN ({categories}) THEN 'cat=' || cat
-        WHEN regexp_matches(coalesce(task_type, ''), '{task_types}') THEN 'Task Type=' || task_type
-    END AS evidence,
-    coalesce(pid::VARCHAR, to_json(pid_name)::VARCHAR) || '/'
-        || coalesce(tid::VARCHAR, to_json(tid_name)::VARCHAR) AS track
-FROM trace_events
-WHERE source_id = $source AND ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL
-    AND ($pid IS NULL OR pid = $pid)
+SELECT * FROM (
+    SELECT
+        event_index, name, pid, pid_name, tid, tid_name, ts_ns, dur_ns, cat, task_type,
+        CASE
+            WHEN lower(cat) IN ({categories}) THEN 'cat=' || cat
+            WHEN regexp_matches(coalesce(task_type, ''), '{task_types}')
+                THEN 'Task Type=' || task_type
+        END AS evidence,
+        coalesce(pid::VARCHAR, to_json(pid_name)::VARCHAR) || '/'
+            || coalesce(tid::VARCHAR, to_json(tid_name)::VARCHAR) AS track
+    FROM trace_events
+    WHERE source_id = $source AND ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL
+        AND ($pid IS NULL OR pid = $pid)
+)
+-- Only what can be a candidate: device kernels (the duration fallback needs them all)
+-- and events of the kernel's name.
+WHERE evidence IS NOT NULL OR regexp_matches(name, $pattern)
 """
 
 _BY_NAME = """
@@ -274,16 +280,16 @@ def align(
     invocations = _count(con, "SELECT count(*) FROM inv")
     if invocations == 0:
         raise FuseError(f"the MegaKernel trace has no invocation with records on rank {rank}")
-    con.execute(
-        _OUTER.format(categories=_sql_strings(DEVICE_CATEGORIES), task_types=DEVICE_TASK_TYPES),
-        {"source": source_id, "pid": outer_pid},
-    )
     inferred = kernel_pattern is None
     pattern = kernel_pattern_for(kernel_name) if inferred else kernel_pattern
     try:
         re.compile(pattern)
     except re.error as exc:
         raise FuseError(f"kernel pattern {pattern!r} is not a regular expression: {exc}") from exc
+    con.execute(
+        _OUTER.format(categories=_sql_strings(DEVICE_CATEGORIES), task_types=DEVICE_TASK_TYPES),
+        {"source": source_id, "pid": outer_pid, "pattern": pattern},
+    )
     matches = "SELECT count(*) FROM outer_x WHERE regexp_matches(name, $pattern)"
     device = _count(con, matches + " AND evidence IS NOT NULL", {"pattern": pattern})
     host = _count(con, matches + " AND evidence IS NULL", {"pattern": pattern})
