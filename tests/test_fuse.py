@@ -494,7 +494,12 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def test_a_fused_trace_fused_again_keeps_one_report(store: Store, tmp_path: Path) -> None:
+@pytest.mark.parametrize("piece", [1 << 20, 61])
+def test_a_fused_trace_fused_again_keeps_one_report(
+    store: Store, tmp_path: Path, monkeypatch, piece: int
+) -> None:
+    # Read in pieces of 61 bytes, the replaced report spans many of them.
+    monkeypatch.setattr("multicore_profiler.fuse.merge.BLOCK_BYTES", piece)
     kernels = [("HyperMegaMoe_kernel", "10.125", "40.000"), ("hyper_mega_moe", "60.001", "9.999")]
     write_kineto(tmp_path / "k.json", kernels, base=EPOCH_US)
     mega_kernel(store, launches=2)

@@ -351,16 +351,19 @@ class _Splicer:
     def __init__(self, edits: list[tuple[int, int, Iterable[bytes]]], sink: BinaryIO) -> None:
         self.pending = list(edits)
         self.sink = sink
+        self.replaced_until = 0
+        """Text before this offset is replaced already (a replacement may span pieces)."""
 
     def write(self, offset: int, data: bytes) -> None:
         end = offset + len(data)
-        position = offset
+        position = max(offset, self.replaced_until)
         while self.pending and self.pending[0][0] < end:
             at, until, text = self.pending.pop(0)
             self.sink.write(data[position - offset : at - offset])
             for part in text:
                 self.sink.write(part)
             position = max(until, at)
+        self.replaced_until = position
         self.sink.write(data[position - offset :])
 
     def finish(self) -> None:
