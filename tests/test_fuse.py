@@ -459,6 +459,20 @@ def test_a_standalone_trace_fuses_like_the_store_selection(store: Store, tmp_pat
     assert from_file.report["megaKernelTrace"]["path"] == str(tmp_path / "mk.json.gz")
 
 
+def test_a_mega_kernel_trace_must_be_schema_v1(store: Store, tmp_path: Path) -> None:
+    write_npu_trace(tmp_path / "t.json")
+    mega_kernel(store)
+    with pytest.raises(FuseError, match=r"is not a MegaKernel trace of schema v1"):
+        merge_chrome_traces(tmp_path / "t.json", tmp_path / "t.json", tmp_path / "f.json")
+    export_chrome_trace(store, tmp_path / "mk.json", run="mk")
+    trace = json.loads((tmp_path / "mk.json").read_text())
+    del trace["megaKernelCycleTrace"]["invocations"][1]["rank"]
+    (tmp_path / "mk.json").write_text(json.dumps(trace))
+    with pytest.raises(FuseError, match=r"an invocation of its megaKernelCycleTrace has no 'rank'"):
+        merge_chrome_traces(tmp_path / "t.json", tmp_path / "mk.json", tmp_path / "f.json")
+    assert not (tmp_path / "f.json").exists()
+
+
 def test_a_failed_fusion_leaves_an_older_output_alone(store: Store, tmp_path: Path) -> None:
     write_npu_trace(tmp_path / "t.json", launches=2)
     mega_kernel(store)

@@ -194,14 +194,17 @@ def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
     runs = sorted({str(e.get("runId")) for e in entries})
     if len(runs) > 1:
         raise FuseError(f"{path} holds {len(runs)} runs ({', '.join(runs)}); fuse one at a time")
+    for key in ("invocationId", "rank", "kernelName"):
+        if any(key not in e for e in entries):
+            raise FuseError(f"{path}: an invocation of its megaKernelCycleTrace has no {key!r}")
     invocations = pa.table(
         {
             "rank": pa.array([e["rank"] for e in entries], pa.int32()),
             "invocation_id": pa.array([e["invocationId"] for e in entries], pa.int64()),
-            "device": pa.array([e["deviceId"] for e in entries], pa.int32()),
-            "direction": pa.array([e["direction"] for e in entries], pa.string()),
+            "device": pa.array([e.get("deviceId") for e in entries], pa.int32()),
+            "direction": pa.array([e.get("direction") for e in entries], pa.string()),
             "kernel_name": pa.array([e["kernelName"] for e in entries], pa.string()),
-            "step": pa.array([e["step"] for e in entries], pa.int64()),
+            "step": pa.array([e.get("step") for e in entries], pa.int64()),
         }
     )
     return pa.concat_tables(tables), invocations, summary
