@@ -351,6 +351,10 @@ def test_an_inferred_pattern_without_match_falls_back_to_durations(
         "to the run of 3 device kernel(s) whose durations best match the invocations' spans "
         "instead"
     ]
+    with pytest.raises(FuseError, match=r"'\(\?=gemm\)' is not a regular expression DuckDB"):
+        merge_chrome_traces(
+            tmp_path / "k.json", store, tmp_path / "g.json", run="mk", kernel_pattern="(?=gemm)"
+        )
     with pytest.raises(FuseError, match="no outer event matches the kernel pattern 'Nope'"):
         merge_chrome_traces(
             tmp_path / "k.json", store, tmp_path / "g.json", run="mk", kernel_pattern="Nope"

@@ -283,9 +283,12 @@ def align(
     inferred = kernel_pattern is None
     pattern = kernel_pattern_for(kernel_name) if inferred else kernel_pattern
     try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise FuseError(f"kernel pattern {pattern!r} is not a regular expression: {exc}") from exc
+        con.execute("SELECT regexp_matches('', $pattern)", {"pattern": pattern}).fetchall()
+    except duckdb.Error as exc:
+        raise FuseError(
+            f"kernel pattern {pattern!r} is not a regular expression DuckDB (RE2 syntax) "
+            f"accepts: {exc}"
+        ) from exc
     con.execute(
         _OUTER.format(categories=_sql_strings(DEVICE_CATEGORIES), task_types=DEVICE_TASK_TYPES),
         {"source": source_id, "pid": outer_pid, "pattern": pattern},
