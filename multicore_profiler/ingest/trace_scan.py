@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from functools import cached_property
 from pathlib import Path
 from typing import BinaryIO
 
@@ -130,6 +131,17 @@ class Numbers:
 
 
 @dataclass
+class _ArgsQuery:
+    """What finding the fields of a block's ``args`` objects needs. It runs when they are
+    first asked for, on the thread that uses the block, not on the one scanning ahead."""
+
+    structure: Structure
+    separators: _Separators
+    depth: int
+    codes: dict
+
+
+@dataclass
 class EventBlock:
     """Complete events of one block: their spans in ``text`` and their fields."""
 
@@ -141,9 +153,32 @@ class EventBlock:
     starts: np.ndarray
     stops: np.ndarray
     fields: Fields
-    args: Fields
-    escapes: np.ndarray
+    args_query: _ArgsQuery = field(repr=False)
+    escapes: np.ndarray = field(repr=False)
     """Positions of backslashes in ``text``."""
+
+    @cached_property
+    def args(self) -> Fields:
+        """Spans of the ``args`` fields asked for (``ARGS_KEYS`` by default)."""
+        query = self.args_query
+        count = len(self)
+        start, stop = self.fields.start["args"], self.fields.stop["args"]
+        objects = np.flatnonzero((start >= 0) & (self.text[np.maximum(start, 0)] == ord("{")))
+        inner = _fields(
+            self.text,
+            query.structure,
+            query.separators,
+            query.depth,
+            start[objects],
+            stop[objects] - 1,
+            query.codes,
+        )
+        return Fields(
+            *(
+                {key: _spread(values, objects, count) for key, values in part.items()}
+                for part in (inner.start, inner.stop)
+            )
+        )
 
     def __len__(self) -> int:
         return int(self.starts.size)
@@ -151,11 +186,12 @@ class EventBlock:
     def span(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """Value spans of an event field (``EVENT_KEYS``) or an args field (``ARGS_KEYS``);
         -1 where absent, or not looked for."""
-        part = self.fields if key in _EVENT_CODES else self.args
-        if key not in part.start:
-            absent = np.full(len(self), -1, np.int64)
-            return absent, absent
-        return part.start[key], part.stop[key]
+        if key in _EVENT_CODES:
+            return self.fields.start[key], self.fields.stop[key]
+        if key in self.args_query.codes:
+            return self.args.start[key], self.args.stop[key]
+        absent = np.full(len(self), -1, np.int64)
+        return absent, absent
 
     def numbers(self, key: str, decimals: int = 0) -> Numbers:
         """The field's numbers, exactly, scaled by 10^decimals (rounded half up below)."""
@@ -561,26 +597,8 @@ class _Reader:
                 first_block = False
                 separators = _Separators.of(st)
                 fields = _fields(text, st, separators, depth, starts, stops - 1, _EVENT_CODES)
-                args_start, args_stop = fields.start["args"], fields.stop["args"]
-                objects = np.flatnonzero(
-                    (args_start >= 0) & (text[np.maximum(args_start, 0)] == ord("{"))
-                )
-                inner = _fields(
-                    text,
-                    st,
-                    separators,
-                    depth + 1,
-                    args_start[objects],
-                    args_stop[objects] - 1,
-                    self.args_codes,
-                )
-                args = Fields(
-                    *(
-                        {k: _spread(v, objects, complete) for k, v in part.items()}
-                        for part in (inner.start, inner.stop)
-                    )
-                )
-                yield EventBlock(text, index, self.offset, starts, stops, fields, args, st.escapes)
+                found = _ArgsQuery(st, separators, depth + 1, self.args_codes)
+                yield EventBlock(text, index, self.offset, starts, stops, fields, found, st.escapes)
                 index += complete
             if end is not None:
                 self.trace.events = index
