@@ -239,8 +239,9 @@ def cmd_fuse(args: argparse.Namespace) -> None:
     first = report["invocations"][0]["outerKernel"]
     name = first["name"] if len(first["name"]) <= 60 else first["name"][:57] + "..."
     print(
-        f"{merged.path}: {counts['internalEvents']} events of {counts['invocations']} "
-        f"invocation(s) on {counts['addedThreads']} new thread(s) of pid {first['pid']}, aligned "
+        f"{merged.path}: {merged.records} records of {counts['invocations']} invocation(s) "
+        f"({merged.added_events} events with threads and arrows) on {counts['addedThreads']} "
+        f"new thread(s) of pid {first['pid']}, aligned "
         f"to {name!r} (pattern {report['kernelPattern']!r}); outer trace "
         f"{report['outerTrace']['sourceId']}: {report['outerTrace']['events']} events kept"
     )

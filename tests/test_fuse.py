@@ -499,7 +499,11 @@ def test_cli_fuse(capsys, store: Store, tmp_path: Path) -> None:
     out, err = capsys.readouterr()
     assert code == 0
     assert err.startswith("mcprof: warning: aligned to 3 host-side event(s)")
-    assert out.startswith(f"{tmp_path / 'f.json'}: 12 events of 3 invocation(s) on 2 new thread")
+    assert out.startswith(
+        f"{tmp_path / 'f.json'}: 12 records of 3 invocation(s) (22 events with threads and "
+        "arrows) on 2 new thread(s) of pid 21356, aligned to 'aclnnHyperMegaMoe' (pattern "
+        "'^aclnnHyperMegaMoe$'); outer trace 1e00d0113dae1291: 68 events kept"
+    )
     assert cli.main([*base, "-o", str(tmp_path / "g.json")]) == 0
     assert (
         "aligned to 'aclnnHyperMegaMoe_HyperMegaMoeAiCore_HyperMegaMoe'" in capsys.readouterr().out
