@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from exact_json import events_of, load
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
-from hta_breakdown import gpu_kernel_breakdown
+from hta_breakdown import gpu_kernel_breakdown, trace_analysis_breakdown
 from npu_trace import write_npu_trace
 from trace_checker import check_trace
 
@@ -285,6 +285,12 @@ def test_kineto_trace_fusion_by_pattern_and_index_keeps_hta_breakdown(
     starts = sorted(e["ts"] for e in slices if e["name"] == "GMM1_WaitDependency")
     assert starts == [us(k["ts"]) for k in targets]
     assert gpu_kernel_breakdown(out) == gpu_kernel_breakdown(RANK0)
+    # And HTA's own breakdown (per kernel type, per kernel) is the original's.
+    for fused_frame, outer_frame in zip(
+        trace_analysis_breakdown(out), trace_analysis_breakdown(RANK0), strict=True
+    ):
+        assert len(outer_frame) > 0
+        assert fused_frame.to_dict("records") == outer_frame.to_dict("records")
 
 
 def write_kineto(path: Path, kernels: list[tuple[str, str, str]], *, base: int) -> None:
