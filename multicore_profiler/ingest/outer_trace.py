@@ -209,7 +209,7 @@ def ingest_trace(
             known["form"],
             False,
         )
-    trace = read_trace(path, sha256=sha256)
+    trace = read_trace(path)
     write_id = secrets.randbits(63)
     stats = _Stats()
 

@@ -207,7 +207,7 @@ class EventBlock:
 
 @dataclass
 class TraceText:
-    """A trace file opened for scanning: its form, the text around its events, its hash."""
+    """A trace file opened for scanning: its form and the text around its events."""
 
     path: Path
     form: str = ""
@@ -216,7 +216,6 @@ class TraceText:
     epilogue: bytes = b""
     events: int = 0
     text_bytes: int = 0
-    sha256: str = ""
     compressed: bool = False
     blocks: Iterator[EventBlock] = field(default=iter(()), repr=False)
 
@@ -696,9 +695,7 @@ def _ahead(items: Iterator[EventBlock]) -> Iterator[EventBlock]:
         worker.join()
 
 
-def read_trace(
-    path: Path | str, *, sha256: str | None = None, args_keys: tuple[str, ...] = ARGS_KEYS
-) -> TraceText:
+def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> TraceText:
     """Open a trace (``.json`` or gzipped) for scanning: ``blocks`` yields its events, each
     block scanned on a thread while the one before is used; ``prologue``, ``epilogue``
     and ``events`` are known once the blocks are exhausted. ``args_keys`` are the fields
@@ -709,11 +706,10 @@ def read_trace(
     """
     path = Path(path)
     try:
-        digest = sha256 or file_sha256(path)
         source, compressed = _open(path)
     except OSError as exc:
         raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    trace = TraceText(path, sha256=digest, compressed=compressed)
+    trace = TraceText(path, compressed=compressed)
     codes = {key: _ARGS_CODES[key] for key in args_keys}
 
     def generate() -> Iterator[EventBlock]:
