@@ -38,7 +38,7 @@ from multicore_profiler.ingest.outer_trace import (
     ingest_trace,
     top_level_fields,
 )
-from multicore_profiler.ingest.trace_scan import BLOCK_BYTES, EventBlock, read_trace
+from multicore_profiler.ingest.trace_scan import BLOCK_BYTES, EventBlock, open_text, read_trace
 from multicore_profiler.storage.store import Store, open_store
 
 REPORT_KEY = "megaKernelTraceMerge"
@@ -338,15 +338,6 @@ def _edits(
     return sorted(edits, key=lambda edit: edit[0])
 
 
-def _open_text(path: Path) -> BinaryIO:
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
-    if raw.read(2) == b"\x1f\x8b":
-        raw.seek(0)
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    raw.seek(0)
-    return raw
-
-
 class _Splicer:
     """Writes consecutive pieces of the outer text (offset, bytes), applying the edits
     that fall in them; ``finish`` writes those at the very end."""
@@ -378,7 +369,8 @@ class _Splicer:
 
 def _raw_pieces(path: Path, progress: tqdm) -> Iterator[tuple[int, bytes]]:
     offset = 0
-    with _open_text(path) as source:
+    source, _ = open_text(path)
+    with source:
         while chunk := source.read(BLOCK_BYTES):
             yield offset, chunk
             offset += len(chunk)

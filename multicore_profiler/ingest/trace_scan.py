@@ -243,11 +243,14 @@ class TraceText:
         return spans
 
 
-def _open(path: Path) -> tuple[BinaryIO, bool]:
-    raw = open(path, "rb")  # noqa: SIM115 - handed to the caller, closed there
-    compressed = raw.read(2) == b"\x1f\x8b"
-    raw.seek(0)
-    return (gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw), compressed
+def open_text(path: Path) -> tuple[BinaryIO, bool]:
+    """A trace file's JSON text to read (gunzipped when its bytes are gzip, whatever its
+    name), and whether it was compressed. The caller closes it."""
+    with open(path, "rb") as probe:
+        compressed = probe.read(2) == b"\x1f\x8b"
+    if compressed:
+        return gzip.open(path, "rb"), True
+    return open(path, "rb"), False
 
 
 def file_sha256(path: Path) -> str:
@@ -706,7 +709,7 @@ def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> T
     """
     path = Path(path)
     try:
-        source, compressed = _open(path)
+        source, compressed = open_text(path)
     except OSError as exc:
         raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
     trace = TraceText(path, compressed=compressed)
