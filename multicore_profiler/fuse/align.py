@@ -71,12 +71,15 @@ FROM (
 )
 """
 
+_SPANS = """
+CREATE TEMP TABLE spans AS
+SELECT rank, invocation_id, min(ts_ns) AS first_ns, max(ts_ns + dur_ns) AS last_ns,
+       count(*) AS events
+FROM internal GROUP BY ALL
+"""
+
 _FLOWS = """
 CREATE TEMP TABLE internal_flows AS
-WITH spans AS (
-    SELECT rank, invocation_id, min(ts_ns) AS first_ns, max(ts_ns + dur_ns) AS last_ns
-    FROM internal GROUP BY ALL
-)
 SELECT f.ph, f.flow_id::HUGEINT AS flow_id, f.tid AS track, f.ts_ns, f.event_index, s.rank,
        s.invocation_id
 FROM mk f
@@ -86,11 +89,6 @@ WHERE f.ph IN ('s', 'f') AND f.cat = 'MegaKernelInternal'
 
 _INVOCATIONS = """
 CREATE TEMP TABLE inv AS
-WITH spans AS (
-    SELECT rank, invocation_id, min(ts_ns) AS first_ns, max(ts_ns + dur_ns) AS last_ns,
-           count(*) AS events
-    FROM internal GROUP BY ALL
-)
 SELECT
     i.*, s.first_ns, s.last_ns, s.events,
     (row_number() OVER (ORDER BY i.invocation_id) - 1)::BIGINT AS position
@@ -275,6 +273,7 @@ def align(
         raise FuseError(f"kernel_index must be >= 0, got {kernel_index}")
     con.execute(_US)
     con.execute(_INTERNAL)
+    con.execute(_SPANS)
     con.execute(_FLOWS)
     con.execute(_INVOCATIONS, {"rank": rank})
     invocations = _count(con, "SELECT count(*) FROM inv")
