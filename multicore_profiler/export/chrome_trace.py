@@ -39,6 +39,7 @@ from multicore_profiler.ingest.abi import (
     NO_OWNER,
 )
 from multicore_profiler.storage.partitions import check_run_id
+from multicore_profiler.storage.sql_text import sql_strings
 from multicore_profiler.storage.store import Store
 
 SCHEMA_VERSION = 1
@@ -78,10 +79,6 @@ class ExportedTrace:
     metadata: dict[str, Any] = field(repr=False)
 
 
-def _sql_list(values: Iterable[str]) -> str:
-    return ", ".join("'" + value.replace("'", "''") + "'" for value in values)
-
-
 def _selection(
     store: Store,
     run: str | Sequence[str] | None,
@@ -101,7 +98,7 @@ def _selection(
         runs = [run] if isinstance(run, str) else list(run)
         for run_id in runs:
             check_run_id(run_id)
-    conditions = [f"run_id IN ({_sql_list(runs)})"]
+    conditions = [f"run_id IN ({sql_strings(runs)})"]
     described = [f"run {', '.join(runs)}"]
     for column, value in (("step", step), ("invocation_id", invocation), ("rank", rank)):
         if value is not None:

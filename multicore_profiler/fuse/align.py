@@ -19,6 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from multicore_profiler.errors import FuseError
+from multicore_profiler.storage.sql_text import sql_strings
 
 DEVICE_CATEGORIES = ("kernel", "npu", "ascend", "aicore")
 DEVICE_TASK_TYPES = r"(?i)(ai_?core|aic|aiv|mix|vector_?core)"
@@ -246,10 +247,6 @@ ORDER BY part, tid, ts_ns, event_index
 """
 
 
-def _sql_strings(values: tuple[str, ...]) -> str:
-    return ", ".join(f"'{value}'" for value in values)
-
-
 def _count(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None) -> int:
     return int(con.execute(sql, params or {}).fetchall()[0][0])
 
@@ -289,7 +286,7 @@ def align(
             f"accepts: {exc}"
         ) from exc
     con.execute(
-        _OUTER.format(categories=_sql_strings(DEVICE_CATEGORIES), task_types=DEVICE_TASK_TYPES),
+        _OUTER.format(categories=sql_strings(DEVICE_CATEGORIES), task_types=DEVICE_TASK_TYPES),
         {"source": source_id, "pid": outer_pid, "pattern": pattern},
     )
     matches = "SELECT count(*) FROM outer_x WHERE regexp_matches(name, $pattern)"
