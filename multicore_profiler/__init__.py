@@ -6,6 +6,7 @@ The public API: the capture session (``mega_kernel_profile``, ``schedule``,
 decoded launches as a step of a run, ``export_chrome_trace`` for timelines of the
 store's records, ``ingest_trace`` to load torch.profiler / kineto and torch_npu traces
 into the store, ``merge_chrome_traces`` to fuse a MegaKernel's tracks into such a trace,
+``KernelRules`` for the kernel-level views of those traces (``Store.use_kernel_rules``),
 ``RunInfo``, and ``ProfileError``, the base of every error raised on
 bad input. Kernel authors find specs, RuntimeConfig and the
 launch hook in ``multicore_profiler.kernels``.
@@ -25,6 +26,7 @@ from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffe
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
 from multicore_profiler.ingest.outer_trace import TraceSource, ingest_trace
 from multicore_profiler.ingest.schedule import ProfilerAction, schedule
+from multicore_profiler.storage.kernel_rules import KernelRules
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store
 
@@ -34,6 +36,7 @@ __all__ = [
     "DecodedBuffers",
     "ExportedTrace",
     "KernelInfo",
+    "KernelRules",
     "Launches",
     "MegaKernelProfile",
     "MergedTrace",

@@ -77,6 +77,12 @@ class FuseError(ProfileError):
     paired, or an output that cannot be written."""
 
 
+class RulesError(ProfileError, ValueError):
+    """Kernel-view rules that cannot be applied: a family pattern or step pattern that is
+    not a valid regular expression, a layer sequence or segment kind naming no family of
+    the rules, or a rules file that cannot be read (the message names the file and entry)."""
+
+
 class ScheduleError(ProfileError, ValueError):
     """Profiler schedule arguments that cannot describe a schedule."""
 

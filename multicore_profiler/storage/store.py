@@ -26,6 +26,11 @@ import pyarrow.compute as pc
 
 from multicore_profiler.errors import QueryError, StoreError
 from multicore_profiler.storage.compact import CompactionReport, compact
+from multicore_profiler.storage.kernel_rules import (
+    KernelRules,
+    build_kernel_tables,
+    mentions_kernel_views,
+)
 from multicore_profiler.storage.partitions import glob_pattern, write_partition
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import (
@@ -38,6 +43,7 @@ from multicore_profiler.storage.schema import (
     TASKS,
     TableSpec,
 )
+from multicore_profiler.storage.sql_text import sql_identifier, sql_string
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
 
 STORE_ENV = "MCPROF_STORE"
@@ -52,14 +58,6 @@ _PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64(), "source_id": pa.s
 def default_store_path() -> Path:
     """``$MCPROF_STORE`` if set, else ``./mcprof-store``."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _empty_table(spec: TableSpec) -> pa.Table:
@@ -105,6 +103,9 @@ class Store:
             self._db.from_arrow(_empty_table(spec)).create(f"empty_{spec.name}")
         self._point()
         self._db.execute(resources.files(__package__).joinpath("views.sql").read_text())
+        self._kernel_rules = KernelRules()
+        self._kernel_rules.install(self._db)
+        self._kernel_tables_of: list[tuple[str, int]] | None = None
 
     @property
     def root(self) -> Path:
@@ -115,6 +116,20 @@ class Store:
     def lock(self) -> StoreLock:
         """The lock queries share and file swaps (compaction) take alone."""
         return self._lock
+
+    @property
+    def kernel_rules(self) -> KernelRules:
+        """The rules the kernel-level views (``kernels``, ``steps``, ...) apply now."""
+        return self._kernel_rules
+
+    def use_kernel_rules(self, rules: KernelRules | None = None) -> None:
+        """Apply ``rules`` (default: the built-in ones) to the kernel-level views of this
+        ``Store`` object, for every query after this call."""
+        rules = KernelRules() if rules is None else rules
+        with self._views:
+            rules.install(self._db)
+            self._kernel_rules = rules
+            self._kernel_tables_of = None
 
     def compact(self, run_ids: Sequence[str] | None = None) -> CompactionReport:
         """Merge each partition's small files into one (default: every run); see ``compact``."""
@@ -131,12 +146,12 @@ class Store:
             has_files = self._has_files(spec)
             if self._pointed.get(spec.name) == has_files:
                 continue
-            columns = ", ".join(_quoted(c) for c in spec.columns)
+            columns = ", ".join(sql_identifier(c) for c in spec.columns)
             source = f"empty_{spec.name}"
             if has_files:
-                types = ", ".join(f"{_sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
+                types = ", ".join(f"{sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
                 files = (
-                    f"read_parquet({_sql_string(glob_pattern(self._root, spec))}, "
+                    f"read_parquet({sql_string(glob_pattern(self._root, spec))}, "
                     f"hive_partitioning = true, hive_types = {{{types}}}, union_by_name = true)"
                 )
                 # By name with the typed empty table: a column no file has yet reads NULL.
@@ -146,15 +161,28 @@ class Store:
             )
             self._pointed[spec.name] = has_files
 
+    def _build_kernel_tables(self) -> None:
+        """Rebuild the kernel-level tables if the committed traces changed since they were
+        built (or the rules did: then nothing is recorded as built)."""
+        committed = self._db.execute(
+            "SELECT source_id, write_id FROM trace_sources ORDER BY ALL"
+        ).fetchall()
+        if committed != self._kernel_tables_of:
+            build_kernel_tables(self._db)
+            self._kernel_tables_of = committed
+
     @contextmanager
-    def reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def reading(self, *, kernel_views: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         """A DuckDB cursor over the store's current views, for work of several statements
-        (temporary tables included): the files it reads stay in place until it closes."""
+        (temporary tables included): the files it reads stay in place until it closes.
+        With ``kernel_views``, the kernel-level tables hold the traces committed now."""
         while True:
             with self._lock.shared():
                 if not pending(self._root):
                     with self._views:
                         self._point()
+                        if kernel_views:
+                            self._build_kernel_tables()
                     cursor = self._db.cursor()
                     try:
                         yield cursor
@@ -169,7 +197,7 @@ class Store:
         Raises ``QueryError`` with DuckDB's reason when the query cannot run.
         """
         try:
-            with self.reading() as cursor:
+            with self.reading(kernel_views=mentions_kernel_views(query)) as cursor:
                 result = cursor.sql(query, params=params)
                 return pa.table({}) if result is None else result.to_arrow_table()
         except duckdb.Error as exc:
