@@ -7,6 +7,7 @@ Errors print one line, ``mcprof: error: ...``, and exit with status 1 (2 for usa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 import tempfile
@@ -27,8 +28,10 @@ from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.ingest.schedule import schedule
+from multicore_profiler.storage.kernel_rules import KernelRules
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.sql_text import sql_identifier, sql_string
 from multicore_profiler.storage.store import Store, default_store_path, open_store
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -78,8 +81,84 @@ def cmd_runs(args: argparse.Namespace) -> None:
     _emit(table, args.format, args.output)
 
 
+def _kernel_rules(args: argparse.Namespace) -> KernelRules:
+    rules = KernelRules() if args.rules is None else KernelRules.load(args.rules)
+    return rules if args.steps is None else dataclasses.replace(rules, steps=args.steps)
+
+
 def cmd_query(args: argparse.Namespace) -> None:
-    _emit(_store(args).sql(args.sql), args.format, args.output)
+    store = _store(args)
+    store.use_kernel_rules(_kernel_rules(args))
+    _emit(store.sql(args.sql), args.format, args.output)
+
+
+def _trace_source(store: Store, item: str, args: argparse.Namespace) -> str:
+    """The source id of a trace file (loaded into the store if new) or of a source id (or
+    a unique prefix of one) already in the store."""
+    path = Path(item)
+    if path.is_file():
+        source = ingest_trace(store, path, rank=args.rank, label=args.label)
+        if source.new:
+            print(f"{source.source_id}  {path}: {source.events} events loaded", file=sys.stderr)
+        return source.source_id
+    found = store.sql(
+        "SELECT source_id FROM trace_sources WHERE starts_with(source_id, $1) ORDER BY 1",
+        [item.lower()],
+    )["source_id"].to_pylist()
+    if len(found) != 1 or len(item) < 4:
+        problem = "names several" if len(found) > 1 else "is neither a trace file nor"
+        raise ProfileError(f"{item!r} {problem} the source id of a trace in {store.root}")
+    return found[0]
+
+
+def _check_steps(store: Store, source_id: str) -> None:
+    """Raise when a trace has no step with a GPU period, saying what was found instead."""
+    if store.sql("SELECT 1 FROM steps WHERE source_id = $1", [source_id]).num_rows:
+        return
+    pattern = store.kernel_rules.steps
+    found = store.sql(
+        """SELECT count(*) AS annotations, count(p.source_id) AS with_period
+           FROM step_annotations a
+           LEFT JOIN step_periods p
+               ON p.source_id = a.source_id AND p.annotation_index = a.event_index
+           WHERE a.source_id = $1""",
+        [source_id],
+    ).to_pylist()[0]
+    raise ProfileError(
+        f"trace {source_id} has no step with a GPU period: {found['annotations']} annotation(s) "
+        f"match the step pattern {pattern!r}; a step needs device kernels launched from inside "
+        "its annotation and a next step (the last one is dropped); give --steps REGEX"
+    )
+
+
+def cmd_kernels(args: argparse.Namespace) -> None:
+    store = _store(args, create=True)
+    store.use_kernel_rules(_kernel_rules(args))
+    sources = list(dict.fromkeys(_trace_source(store, item, args) for item in args.traces))
+    for source_id in sources:
+        _check_steps(store, source_id)
+    where = {"sources": sources}
+    order = store.sql(
+        """SELECT family FROM step_family_totals WHERE list_contains($sources, source_id)
+           GROUP BY family ORDER BY sum(union_ns) DESC, family""",
+        where,
+    )["family"].to_pylist()
+    columns = ", ".join(
+        f"round(sum(f.union_ns) FILTER (WHERE f.family = {sql_string(family)}) / 1e6, 3) "
+        f"AS {sql_identifier(family + '_ms')}"
+        for family in order
+    )
+    table = store.sql(
+        f"""SELECT s.source_id, s.rank, s.step_index AS step, s.step_name AS annotation,
+                   round(s.period_ns / 1e6, 3) AS period_ms,
+                   round(100 * s.busy_ns / s.period_ns, 1) AS busy_pct, {columns}
+            FROM steps s JOIN step_family_totals f USING (source_id, step_index)
+            WHERE list_contains($sources, s.source_id)
+            GROUP BY 1, 2, 3, 4, 5, 6
+            ORDER BY list_position($sources, s.source_id), s.step_index""",
+        where,
+    )
+    _emit(table, args.format, args.output)
 
 
 def _stage_names(pairs: Sequence[str]) -> dict[int, str]:
@@ -357,7 +436,30 @@ def _parser() -> argparse.ArgumentParser:
         "query", parents=[common, output], help="run SQL over the store's views"
     )
     query.add_argument("sql", help='e.g. "SELECT * FROM stage_stats"')
+    rules = argparse.ArgumentParser(add_help=False)
+    rules.add_argument(
+        "--rules", type=Path, help="kernel rules (TOML): families, steps, layers, segments"
+    )
+    rules.add_argument(
+        "--steps",
+        metavar="REGEX",
+        help="step annotation pattern, or 'profiler' (ProfilerStep#N, the default) or 'vllm'",
+    )
+    query._add_container_actions(rules)
     query.set_defaults(func=cmd_query)
+
+    kernels = commands.add_parser(
+        "kernels",
+        parents=[common, output, rules],
+        help="per-step kernel family times of torch.profiler / kineto or torch_npu traces",
+        description="Load trace files into the store (or name traces already there by source "
+        "id) and print, per step, its GPU period, busy share and each kernel family's union "
+        "(wall) time in ms.",
+    )
+    kernels.add_argument("traces", nargs="+", metavar="TRACE_OR_SOURCE")
+    kernels.add_argument("--rank", type=int, help="rank of newly loaded traces")
+    kernels.add_argument("--label", help="label of newly loaded traces")
+    kernels.set_defaults(func=cmd_kernels)
 
     ingest = commands.add_parser(
         "ingest-buffer",
