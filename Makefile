@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/export.py
 	$(BIN)/python bench/fuse.py
+	$(BIN)/python bench/kineto.py
 
 clean:
 	rm -rf $(VENV) mcprof-store mcprof-store-torch

@@ -1,0 +1,220 @@
+"""Kineto benchmark: ingest a real kineto trace and total its kernels by family, per step.
+
+The trace is the A100 training fixture (``tests/data/a100_training_rank0.json.gz``: 25.7 MB of
+JSON, 108,936 events, 6,080 device kernels). Ours, timed: ``open_store`` of a fresh store,
+``ingest_trace`` of the file, then ``SELECT * FROM step_family_totals WHERE source_id = $1``
+(a pyarrow Table); each repetition goes to a fresh store directory, removed after. Two more
+queries over the same store are timed as extra rows: the ``steps`` of the source, and the
+``kernels`` grouped by name (count and summed duration), the like-for-like of HTA's per-kernel
+breakdown. They run after step_family_totals, which has built the store's derived tables
+(``kernels`` and the others the views read), so they time the query alone. The import of
+``multicore_profiler`` is outside the timing.
+
+Baseline, in the same run on the same file: Holistic Trace Analysis (HTA, ``hta``),
+``TraceAnalysis(trace_dir=...)`` (which parses the trace, aligns it and cuts it to whole
+profiler steps) + ``get_gpu_kernel_breakdown(visualize=False)``. HTA reads a directory of
+``rank<N>.json.gz`` files, so the trace is symlinked into a fresh temporary directory as
+``rank0.json.gz`` for each repetition; HTA's logging and warnings are muted. The import of
+``hta.trace_analysis`` is outside the timing and reported on its own. Wall times are the best of
+``--repeat`` runs, all in this process.
+
+Goal: ours (ingest + step_family_totals) >= 5x faster than HTA's load + breakdown.
+
+    .venv/bin/python bench/kineto.py [--repeat 3] [--trace PATH] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TRACE = Path(__file__).resolve().parent.parent / "tests" / "data" / "a100_training_rank0.json.gz"
+GOAL = 5.0
+
+STEP_FAMILY_TOTALS = "SELECT * FROM step_family_totals WHERE source_id = $1"
+STEPS = "SELECT * FROM steps WHERE source_id = $1"
+KERNELS_BY_NAME = (
+    "SELECT name, count(*), sum(dur_ns) FROM kernels "
+    "WHERE source_id = $1 AND kind = 'kernel' GROUP BY name"
+)
+
+
+@contextmanager
+def quiet_hta() -> Iterator[None]:
+    """HTA's logger at ERROR and every warning (pandas' included) ignored."""
+    logger = logging.getLogger("hta")
+    saved = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(saved)
+
+
+@contextmanager
+def scratch(workdir: Path | None, prefix: str) -> Iterator[Path]:
+    """A fresh temporary directory, removed after."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=workdir or os.environ.get("TMPDIR")))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Timings:
+    """Wall times of each repetition by phase; ``best`` picks the fastest repetition."""
+
+    runs: list[dict[str, float]] = field(default_factory=list)
+
+    def best(self, key: str = "total") -> dict[str, float]:
+        return min(self.runs, key=lambda run: run[key])
+
+
+def hta_import() -> tuple[Any, float]:
+    """``hta.trace_analysis.TraceAnalysis`` and the seconds its import took."""
+    began = time.perf_counter()
+    with quiet_hta():
+        from hta.trace_analysis import TraceAnalysis
+    return TraceAnalysis, time.perf_counter() - began
+
+
+def hta_run(trace_analysis: Any, trace: Path, workdir: Path | None) -> tuple[float, Any, Any]:
+    """One timed HTA load + ``get_gpu_kernel_breakdown``; return its wall time and frames."""
+    suffix = ".json.gz" if trace.name.endswith(".gz") else ".json"
+    with scratch(workdir, "mcprof-hta-") as directory, quiet_hta():
+        (directory / f"rank0{suffix}").symlink_to(trace)
+        began = time.perf_counter()
+        analysis = trace_analysis(trace_dir=str(directory))
+        by_type, by_kernel = analysis.get_gpu_kernel_breakdown(visualize=False)
+        return time.perf_counter() - began, by_type, by_kernel
+
+
+def ours_run(trace: Path, workdir: Path | None) -> tuple[dict[str, float], dict[str, Any]]:
+    """One timed ingest into a fresh store + ``step_family_totals``, then the extra queries."""
+    import multicore_profiler
+
+    with scratch(workdir, "mcprof-kineto-") as root:
+        began = time.perf_counter()
+        store = multicore_profiler.open_store(root / "store")
+        source = multicore_profiler.ingest_trace(store, trace)
+        ingested = time.perf_counter()
+        totals = store.sql(STEP_FAMILY_TOTALS, [source.source_id])
+        queried = time.perf_counter()
+        steps = store.sql(STEPS, [source.source_id])
+        stepped = time.perf_counter()
+        kernels = store.sql(KERNELS_BY_NAME, [source.source_id])
+        grouped = time.perf_counter()
+    times = {
+        "ingest": ingested - began,
+        "totals": queried - ingested,
+        "total": queried - began,
+        "steps": stepped - queried,
+        "kernels": grouped - stepped,
+    }
+    return times, {"source": source, "totals": totals, "steps": steps, "kernels": kernels}
+
+
+def text_bytes(trace: Path) -> int:
+    """The size of the trace's JSON text (decompressed)."""
+    if not trace.name.endswith(".gz"):
+        return trace.stat().st_size
+    size = 0
+    with gzip.open(trace, "rb") as source:
+        while chunk := source.read(1 << 20):
+            size += len(chunk)
+    return size
+
+
+def row(work: str, wall: float, size: int, events: int, base: float | None) -> str:
+    """One line of the table; ``base`` is HTA's wall time, or None for HTA's own row."""
+    speedup = f"{base / wall:8.2f}x" if base is not None else f"{'-':>9}"
+    return (
+        f"{work:<44} {wall * 1e3:9.1f} {size / 1e6 / wall:8.1f} {events / 1e6 / wall:8.3f} "
+        f"{speedup}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--workdir", type=Path, help="where the temporary directories go")
+    args = parser.parse_args()
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    trace = args.trace.resolve()
+    size = text_bytes(trace)
+
+    trace_analysis, hta_import_s = hta_import()
+    began = time.perf_counter()
+    import multicore_profiler  # noqa: F401
+
+    ours_import_s = time.perf_counter() - began
+
+    hta = Timings()
+    for _ in range(args.repeat):
+        wall, by_type, by_kernel = hta_run(trace_analysis, trace, args.workdir)
+        hta.runs.append({"total": wall})
+    ours = Timings()
+    for _ in range(args.repeat):
+        times, result = ours_run(trace, args.workdir)
+        ours.runs.append(times)
+
+    source = result["source"]
+    events = source.events
+    kernel_rows = result["kernels"]
+    launches = sum(kernel_rows.column(1).to_pylist()) if kernel_rows.num_rows else 0
+    print(
+        f"trace {trace.name}: {size / 1e6:.1f} MB of JSON ({trace.stat().st_size / 1e6:.1f} MB "
+        f"on disk), {events:,} events, {launches:,} kernels; {os.cpu_count()} CPUs"
+    )
+    print(
+        f"imports (not timed below): hta.trace_analysis {hta_import_s:.2f} s, "
+        f"multicore_profiler {ours_import_s:.2f} s"
+    )
+    print(
+        f"sanity: step_family_totals {result['totals'].num_rows} rows, steps "
+        f"{result['steps'].num_rows} rows, kernels by name {kernel_rows.num_rows} rows; "
+        f"HTA per-kernel breakdown {len(by_kernel)} rows, per kernel type {len(by_type)} rows"
+    )
+
+    base = hta.best()["total"]
+    best = ours.best()
+    print()
+    print(
+        f"{'work':<44} {'wall ms':>9} {'MB/s':>8} {'M ev/s':>8} "
+        f"{'vs HTA':>9} (best of {args.repeat})"
+    )
+    print(row("HTA TraceAnalysis + get_gpu_kernel_breakdown", base, size, events, None))
+    print(row("ours open_store + ingest_trace", best["ingest"], size, events, base))
+    print(row("ours step_family_totals query", best["totals"], size, events, base))
+    print(row("ours ingest + step_family_totals", best["total"], size, events, base))
+    for key, work in (
+        ("steps", "ours steps query (extra, tables built)"),
+        ("kernels", "ours kernels by name (extra, tables built)"),
+    ):
+        print(row(work, min(run[key] for run in ours.runs), size, events, base))
+    print()
+    ratio = base / best["total"]
+    print(
+        f"ratio: HTA / ours (ingest + step_family_totals) = {ratio:.2f}x "
+        f"(goal >= {GOAL:g}x) -> {'met' if ratio >= GOAL else 'NOT met'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
