@@ -33,14 +33,16 @@ import pyarrow.compute as pc
 
 from multicore_profiler.errors import TraceFormatError
 
-BLOCK_BYTES = 16 << 20
-"""Text read at once: a few dozen MB of temporaries per block, whatever the file's size."""
+BLOCK_BYTES = 4 << 20
+"""Text read at once: a few dozen MB of temporaries per block, whatever the file's size;
+small enough that the first block's scan, which nothing overlaps, is short."""
 
 _LBRACE, _LBRACKET, _RBRACE, _RBRACKET, _COMMA, _COLON = 1, 2, 3, 4, 5, 6
 _QUOTE_MARK, _ESCAPE = 7, 8
 _CLASS = np.zeros(256, np.uint8)
 for _char, _kind in zip(b'{[}],:"\\', range(1, 9), strict=True):
     _CLASS[_char] = _kind
+_CLASS_TABLE = _CLASS.tobytes()
 _STEP = np.zeros(9, np.int8)
 _STEP[[_LBRACE, _LBRACKET]] = 1
 _STEP[[_RBRACE, _RBRACKET]] = -1
@@ -86,9 +88,11 @@ class Structure:
 
 def scan(text: np.ndarray, depth: int = 0) -> Structure:
     """Scan ``text`` (uint8), which starts outside any string at ``depth``."""
-    kind = _CLASS[text]
+    # bytes.translate classifies about twice as fast as indexing _CLASS with the text.
+    kind = np.frombuffer(text.tobytes().translate(_CLASS_TABLE), np.uint8)
     backslash = np.flatnonzero(kind == _ESCAPE)
     if backslash.size:
+        kind = kind.copy()
         # A character is escaped when an odd run of backslashes precedes it.
         starts = np.ones(backslash.size, bool)
         starts[1:] = np.diff(backslash) != 1
@@ -98,14 +102,14 @@ def scan(text: np.ndarray, depth: int = 0) -> Structure:
         escaped = backslash[run_end[odd] - 1] + 1
         kind[escaped[escaped < text.size]] = 0
         kind[backslash] = 0
-    pos = np.flatnonzero(kind)
-    kind = kind[pos]
+    pos = np.flatnonzero(kind != 0)  # on booleans: more than twice as fast
+    kind = np.take(kind, pos)
     quote = kind == _QUOTE_MARK
     inside = np.logical_xor.accumulate(quote) if quote.size else quote
     # A quote toggles the state and is kept; any other mark counts only outside strings.
     keep = quote | ~inside
     pos, kind = pos[keep], kind[keep]
-    step = _STEP[kind]
+    step = np.take(_STEP, kind)
     in_string = bool(inside[-1]) if inside.size else False
     return Structure(pos, kind, depth + np.cumsum(step, dtype=np.int32), backslash, in_string)
 
@@ -390,8 +394,47 @@ _INT64_MAX = np.uint64((1 << 63) - 1)
 
 
 def _numbers(text: np.ndarray, start: np.ndarray, stop: np.ndarray, decimals: int) -> Numbers:
+    """Numbers parsed by Arrow where it can read them all exactly (``_cast_numbers``); else
+    decimal numbers of up to 24 characters read with numpy, and the others (exponents,
+    more digits) one by one with ``Decimal``. Never through a float."""
+    cast = _cast_numbers(text, start, stop, decimals)
+    return cast if cast is not None else _digit_numbers(text, start, stop, decimals)
+
+
+def _cast_numbers(
+    text: np.ndarray, start: np.ndarray, stop: np.ndarray, decimals: int
+) -> Numbers | None:
+    """Every present value read by Arrow's cast of its text (C++, a few times faster than
+    reading digits with numpy): to int64, or to a decimal with ``decimals`` places whose
+    unscaled integer is the value x 10^decimals. ``None`` when any value is not such a
+    number (a word, more places, out of range): then none is taken from here."""
+    present = start >= 0
+    if text.size == 0 or not present.any():
+        return None
+    quoted = present & (text[np.maximum(start, 0)] == ord('"'))
+    begin = start + quoted
+    length = np.where(present, stop - quoted - begin, 0)
+    views = _string_views(text, begin, length, present)
+    try:
+        if decimals == 0:
+            value = pc.cast(views, pa.int64()).to_numpy(zero_copy_only=False)
+        else:
+            scaled = pc.cast(views, pa.decimal128(38, decimals))
+            pairs = np.frombuffer(scaled.buffers()[1], np.int64).reshape(-1, 2)
+            pairs = pairs[scaled.offset : scaled.offset + start.size]
+            low, high = pairs[:, 0], pairs[:, 1]
+            if not (high == (low >> 63))[present].all():
+                return None
+            value = low
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    value = np.where(present, value, 0).astype(np.int64)
+    return Numbers(value, present, quoted, np.zeros(start.size, bool))
+
+
+def _digit_numbers(text: np.ndarray, start: np.ndarray, stop: np.ndarray, decimals: int) -> Numbers:
     """Decimal numbers of up to 24 characters read with numpy; others (exponents, more
-    digits) one by one with ``Decimal``. Never through a float."""
+    digits) one by one with ``Decimal``."""
     count = start.size
     value = np.zeros(count, np.int64)
     number, quoted, rounded = (np.zeros(count, bool) for _ in range(3))
