@@ -122,6 +122,12 @@ KERNEL_TABLES = ("device_ops", "op_launches", "step_periods", "kernels", "step_i
 
 KERNEL_VIEWS = (
     *KERNEL_TABLES,
+    "kernel_family",
+    "collective_op",
+    "step_annotations",
+    "kernel_family_rules",
+    "layer_sequence",
+    "segment_kind_rules",
     "steps",
     "step_family_totals",
     "collectives",
@@ -136,7 +142,8 @@ _MENTIONS_KERNEL_VIEWS = re.compile(r"(?i)\b(" + "|".join(KERNEL_VIEWS) + r")\b"
 
 
 def mentions_kernel_views(query: str) -> bool:
-    """Whether SQL text names a kernel-level view (so its tables must be current)."""
+    """Whether SQL text names a kernel-level view, macro or rules table (so they must be
+    installed and their tables current)."""
     return _MENTIONS_KERNEL_VIEWS.search(query) is not None
 
 
@@ -278,12 +285,16 @@ class KernelRules:
         except RulesError as exc:
             raise RulesError(f"{where}: {exc}") from exc
 
-    def install(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Create or replace the rules tables, the generated SQL and the kernel views on
-        ``con``; a pattern DuckDB cannot compile raises ``RulesError`` naming it."""
+    def check(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Raise ``RulesError`` naming the first pattern DuckDB (RE2) cannot compile."""
         for index, (family, pattern) in enumerate(self.families):
             _check_regex(con, pattern, f"family rule {index} ({family!r})")
         _check_regex(con, self.steps, "step pattern")
+
+    def install(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Create or replace the rules tables, the generated SQL and the kernel views on
+        ``con`` (their tables empty, to be built by ``build_kernel_tables``)."""
+        self.check(con)
         con.execute(
             "CREATE OR REPLACE TABLE kernel_family_rules "
             "(priority INTEGER, family VARCHAR, pattern VARCHAR)"

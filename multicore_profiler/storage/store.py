@@ -103,8 +103,10 @@ class Store:
             self._db.from_arrow(_empty_table(spec)).create(f"empty_{spec.name}")
         self._point()
         self._db.execute(resources.files(__package__).joinpath("views.sql").read_text())
+        # The kernel-level views are installed by the first query that names one: most
+        # uses of a store never do, and installing them costs a tenth of a second.
         self._kernel_rules = KernelRules()
-        self._kernel_rules.install(self._db)
+        self._kernel_views_installed = False
         self._kernel_tables_of: list[tuple[str, int]] | None = None
 
     @property
@@ -127,8 +129,9 @@ class Store:
         ``Store`` object, for every query after this call."""
         rules = KernelRules() if rules is None else rules
         with self._views:
-            rules.install(self._db)
+            rules.check(self._db)
             self._kernel_rules = rules
+            self._kernel_views_installed = False
             self._kernel_tables_of = None
 
     def compact(self, run_ids: Sequence[str] | None = None) -> CompactionReport:
@@ -162,8 +165,12 @@ class Store:
             self._pointed[spec.name] = has_files
 
     def _build_kernel_tables(self) -> None:
-        """Rebuild the kernel-level tables if the committed traces changed since they were
-        built (or the rules did: then nothing is recorded as built)."""
+        """Install the kernel-level views if they are not, and rebuild their tables if the
+        committed traces changed since they were built (or the rules did)."""
+        if not self._kernel_views_installed:
+            self._kernel_rules.install(self._db)
+            self._kernel_views_installed = True
+            self._kernel_tables_of = None
         committed = self._db.execute(
             "SELECT source_id, write_id FROM trace_sources ORDER BY ALL"
         ).fetchall()
