@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/export.py
 	$(BIN)/python bench/fuse.py
 	$(BIN)/python bench/kineto.py
+	$(BIN)/python bench/kineto.py --scale 10 --repeat 1
 
 clean:
 	rm -rf $(VENV) mcprof-store mcprof-store-torch

@@ -27,15 +27,15 @@ WITH ops AS (
 SELECT ops.*, families.family FROM ops LEFT JOIN families USING (name);
 CREATE OR REPLACE TABLE device_ops AS SELECT * FROM _live_device_ops LIMIT 0;
 
--- Where each device op was launched: the host call with its correlation id (kineto), else
--- the start of a flow that ends on the op (torch_npu's async_npu flows). One row per link.
+-- Where each device op was launched: the host calls with its correlation id (kineto),
+-- else the starts of the flows that end on the op (torch_npu's async_npu and HostToDevice
+-- flows). One row per link.
 CREATE OR REPLACE VIEW _live_op_launches AS
 WITH host_calls AS (
     SELECT source_id, correlation, pid, tid, ts_ns, name
     FROM trace_events
     WHERE ph = 'X' AND correlation IS NOT NULL AND task_type IS NULL
         AND coalesce(cat, '') NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation')
-    QUALIFY row_number() OVER (PARTITION BY source_id, correlation ORDER BY event_index) = 1
 ), by_correlation AS (
     SELECT o.source_id, o.event_index, h.pid AS launch_pid, h.tid AS launch_tid,
         h.ts_ns AS launch_ts_ns, h.name AS launch_name, 'correlation' AS linked_by
@@ -43,7 +43,9 @@ WITH host_calls AS (
 ), unlinked AS (
     SELECT * FROM device_ops ANTI JOIN by_correlation USING (source_id, event_index)
 ), flow_ends AS (
+    -- Only on the tracks of ops still unlinked: none in a kineto trace.
     SELECT source_id, cat, flow_id, pid, tid, ts_ns FROM trace_events
+    SEMI JOIN (SELECT DISTINCT source_id, pid, tid FROM unlinked) USING (source_id, pid, tid)
     WHERE ph = 'f' AND flow_id IS NOT NULL AND ts_ns IS NOT NULL
 ), flow_starts AS (
     SELECT source_id, cat, flow_id, pid, tid, ts_ns, name FROM trace_events
