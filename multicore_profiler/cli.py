@@ -116,16 +116,11 @@ def _check_steps(store: Store, source_id: str) -> None:
     if store.sql("SELECT 1 FROM steps WHERE source_id = $1", [source_id]).num_rows:
         return
     pattern = store.kernel_rules.steps
-    found = store.sql(
-        """SELECT count(*) AS annotations, count(p.source_id) AS with_period
-           FROM step_annotations a
-           LEFT JOIN step_periods p
-               ON p.source_id = a.source_id AND p.annotation_index = a.event_index
-           WHERE a.source_id = $1""",
-        [source_id],
-    ).to_pylist()[0]
+    annotations = store.sql(
+        "SELECT count(*) AS n FROM step_annotations WHERE source_id = $1", [source_id]
+    ).to_pylist()[0]["n"]
     raise ProfileError(
-        f"trace {source_id} has no step with a GPU period: {found['annotations']} annotation(s) "
+        f"trace {source_id} has no step with a GPU period: {annotations} annotation(s) "
         f"match the step pattern {pattern!r}; a step needs device kernels launched from inside "
         "its annotation and a next step (the last one is dropped); give --steps REGEX"
     )
@@ -432,10 +427,6 @@ def _parser() -> argparse.ArgumentParser:
     runs = commands.add_parser("runs", parents=[common, output], help="list the runs in the store")
     runs.set_defaults(func=cmd_runs)
 
-    query = commands.add_parser(
-        "query", parents=[common, output], help="run SQL over the store's views"
-    )
-    query.add_argument("sql", help='e.g. "SELECT * FROM stage_stats"')
     rules = argparse.ArgumentParser(add_help=False)
     rules.add_argument(
         "--rules", type=Path, help="kernel rules (TOML): families, steps, layers, segments"
@@ -445,7 +436,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="REGEX",
         help="step annotation pattern, or 'profiler' (ProfilerStep#N, the default) or 'vllm'",
     )
-    query._add_container_actions(rules)
+
+    query = commands.add_parser(
+        "query", parents=[common, output, rules], help="run SQL over the store's views"
+    )
+    query.add_argument("sql", help='e.g. "SELECT * FROM stage_stats"')
     query.set_defaults(func=cmd_query)
 
     kernels = commands.add_parser(

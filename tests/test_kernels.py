@@ -12,6 +12,7 @@ import dataclasses
 import gzip
 import json
 import re
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -298,13 +299,8 @@ def test_torch_npu_tasks_link_by_flows_and_make_steps(store: Store) -> None:
         "SELECT family, count(*) AS n FROM kernels WHERE source_id = $1 GROUP BY ALL",
         [source],
     )
-    assert {r["family"]: r["n"] for r in families} == dict(
-        sorted(
-            {
-                f: sum(default_family(o.name) == f for o in ref.device_ops(events))
-                for f in {default_family(o.name) for o in ref.device_ops(events)}
-            }.items()
-        )
+    assert {r["family"]: r["n"] for r in families} == Counter(
+        default_family(o.name) for o in ref.device_ops(events)
     )
     # The one ProfilerStep is the last step, so dropped; its own tasks are counted.
     assert rows(store, "SELECT count(*) AS n FROM steps") == [{"n": 0}]

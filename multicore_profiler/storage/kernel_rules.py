@@ -360,8 +360,7 @@ SELECT source_id, rank, event_index, name, pid, tid, ts_ns, coalesce(dur_ns, 0) 
     {step} AS step_number, {phase} AS phase, {total("tokens")} AS tokens,
     {total("requests")} AS requests, {details} AS details
 FROM trace_events
-WHERE ph = 'X' AND ts_ns IS NOT NULL AND task_type IS NULL
-    AND coalesce(cat, '') NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation')
+WHERE ph = 'X' AND ts_ns IS NOT NULL AND is_host_event(cat, task_type)
     AND regexp_matches(name, {pattern})"""
 
 

@@ -19,8 +19,7 @@ WITH ops AS (
         name, pid, tid, stream, device, ts_ns, coalesce(dur_ns, 0) AS dur_ns,
         ts_ns + coalesce(dur_ns, 0) AS end_ns, correlation, task_type
     FROM trace_events
-    WHERE ph = 'X' AND ts_ns IS NOT NULL
-        AND (cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') OR task_type IS NOT NULL)
+    WHERE ph = 'X' AND ts_ns IS NOT NULL AND is_device_op(cat, task_type)
 ), families AS (
     SELECT name, kernel_family(name) AS family FROM (SELECT DISTINCT name FROM ops)
 )
@@ -34,8 +33,7 @@ CREATE OR REPLACE VIEW _live_op_launches AS
 WITH host_calls AS (
     SELECT source_id, correlation, pid, tid, ts_ns, name
     FROM trace_events
-    WHERE ph = 'X' AND correlation IS NOT NULL AND task_type IS NULL
-        AND coalesce(cat, '') NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation')
+    WHERE ph = 'X' AND correlation IS NOT NULL AND is_host_event(cat, task_type)
 ), by_correlation AS (
     SELECT o.source_id, o.event_index, h.pid AS launch_pid, h.tid AS launch_tid,
         h.ts_ns AS launch_ts_ns, h.name AS launch_name, 'correlation' AS linked_by

@@ -203,6 +203,16 @@ CREATE OR REPLACE VIEW trace_sources AS
 SELECT * FROM raw_trace_sources
 QUALIFY row_number() OVER (PARTITION BY source_id ORDER BY ingested_at, write_id) = 1;
 
+-- Whether an outer-trace event is device activity: a kernel, memcpy or memset (kineto's
+-- categories) or a device task (torch_npu's carry a Task Type).
+CREATE OR REPLACE MACRO is_device_op(cat, task_type) AS
+coalesce(cat IN ('kernel', 'gpu_memcpy', 'gpu_memset'), false) OR task_type IS NOT NULL;
+
+-- Whether an outer-trace event happened on the host: neither device activity nor the copy
+-- of an annotation that kineto draws on the GPU (gpu_user_annotation).
+CREATE OR REPLACE MACRO is_host_event(cat, task_type) AS
+NOT is_device_op(cat, task_type) AND coalesce(cat, '') <> 'gpu_user_annotation';
+
 -- Events of the outer traces, of committed ingests only, with their source's rank.
 -- ts_ns and dur_ns are exact integer nanoseconds; args is the JSON text as written.
 CREATE OR REPLACE VIEW trace_events AS
