@@ -121,7 +121,7 @@ def _check_steps(store: Store, source_id: str) -> None:
     ).to_pylist()[0]["n"]
     raise ProfileError(
         f"trace {source_id} has no step with a GPU period: {annotations} annotation(s) "
-        f"match the step pattern {pattern!r}; a step needs device kernels launched from inside "
+        f"match the step pattern '{pattern}'; a step needs device kernels launched from inside "
         "its annotation and a next step (the last one is dropped); give --steps REGEX"
     )
 
