@@ -230,17 +230,27 @@ def test_a100_collectives_of_each_step(store: Store, a100: str, a100_events) -> 
     assert {r["op"] for r in got} == {"send_recv"}
 
 
-def test_kernel_breakdown_equals_hta(store: Store, a100: str) -> None:
-    hta = gpu_kernel_breakdown(A100)
+@pytest.mark.parametrize(
+    "fixture",
+    ["a100_training_rank0.json.gz", "mi250_minitoy_train.json.gz", "a100_triton_example.json.gz"],
+)
+def test_kernel_breakdown_equals_hta(store: Store, fixture: str) -> None:
+    path = DATA / fixture
+    source = ingest_trace(store, path).source_id
+    hta = gpu_kernel_breakdown(path)
+    # HTA rounds a fractional-us kernel to whole us inside it: ceil(ts) to floor(ts + dur).
     got = rows(
         store,
-        "SELECT name, count(*) AS n, sum(dur_ns) AS ns FROM kernels "
+        "SELECT name, count(*) AS n, sum(dur_ns) AS ns, "
+        "sum(end_ns // 1000 - (ts_ns + 999) // 1000)::BIGINT AS hta_us FROM kernels "
         "WHERE source_id = $1 AND kind = 'kernel' GROUP BY name",
-        [a100],
+        [source],
     )
-    assert {r["name"]: (r["n"], r["ns"] // 1000) for r in got} == hta
-    assert all(r["ns"] % 1000 == 0 for r in got)  # integer-us trace: no rounding in HTA
-    assert sum(n for n, _ in hta.values()) == 6080
+    assert {r["name"]: (r["n"], r["hta_us"]) for r in got} == hta
+    if fixture.startswith("a100_training"):
+        # An integer-us trace: HTA's sums are ours, exactly.
+        assert {r["name"]: (r["n"], r["ns"] / 1000) for r in got} == hta
+        assert sum(n for n, _ in hta.values()) == 6080
 
 
 def test_mi250_gpu_annotation_is_not_a_step_and_a_custom_pattern_is(store: Store) -> None:
