@@ -497,23 +497,33 @@ def _string_views(
     text: np.ndarray, begin: np.ndarray, length: np.ndarray, valid: np.ndarray
 ) -> pa.Array:
     """The spans ``[begin, begin + length)`` of ``text`` as an Arrow string view array over
-    the text itself: one 16-byte view per value, built with numpy, and no byte copied
-    until Arrow casts it to a plain string array."""
+    the text itself: one 16-byte view per value, built with numpy as two 64-bit words, and
+    no byte copied until Arrow casts it to a plain string array.
+
+    A view is the length (4 bytes), then either the value itself (up to 12 bytes, the rest
+    zero) or its first 4 bytes, buffer 0 and its offset in ``text``."""
     count = begin.size
-    views = np.zeros((count, 16), np.uint8)
-    views[:, :4] = length.astype("<i4").view(np.uint8).reshape(count, 4)
     at = np.minimum(begin, max(text.size - 1, 0))
-    inline = length <= 12
     if text.size:
-        head = _windows(text, 12)[at]
-        views[:, 4:] = np.where(inline[:, None] & (np.arange(12) < length[:, None]), head, 0)
-        views[~inline, 4:8] = head[~inline, :4]
-        views[~inline, 8:12] = 0
-        views[~inline, 12:] = begin[~inline].astype("<i4").view(np.uint8).reshape(-1, 4)
+        data = np.ascontiguousarray(_windows(text, 16)[at]).view("<u8")
+    else:
+        data = np.zeros((count, 2), np.uint64)
+    size = length.astype(np.uint64)
+    first = size | (_low_bytes(data[:, 0], np.minimum(size, 4)) << _U32)
+    inline = _low_bytes((data[:, 0] >> _U32) | (data[:, 1] << _U32), np.maximum(size, 4) - 4)
+    second = np.where(length <= 12, inline, begin.astype(np.uint64) << _U32)
     validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(
-        pa.string_view(), count, [validity, pa.py_buffer(views), pa.py_buffer(text)]
-    )
+    views = pa.py_buffer(np.stack([first, second], axis=1))
+    return pa.Array.from_buffers(pa.string_view(), count, [validity, views, pa.py_buffer(text)])
+
+
+_U32 = np.uint64(32)
+_BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
+
+
+def _low_bytes(words: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``words`` with only their ``keep`` (0 to 8) low bytes kept."""
+    return words & _BYTE_MASKS[np.minimum(keep, 8).astype(np.intp)]
 
 
 def _strings(
