@@ -56,13 +56,16 @@ stream ``Stream Id`` and its device tasks' kind ``Task Type``)."""
 
 
 def _key_codes(keys: tuple[str, ...]) -> dict[str, tuple[int, int, int]]:
-    """Each key as (length, first 8 bytes, last 8 bytes) packed into integers."""
+    """Each key as (length, first 8 bytes, last 8 bytes) packed into integers; no two keys
+    may share their first 8 bytes (``_key_ids`` finds a key by them)."""
     codes = {}
     for key in keys:
         raw = key.encode()
         head = int.from_bytes(raw[:8].ljust(8, b"\0"), "little")
         tail = int.from_bytes(raw[-8:], "little")
         codes[key] = (len(raw), head, tail)
+    if len({head for _, head, _ in codes.values()}) < len(codes):
+        raise ValueError(f"keys {keys} share their first 8 bytes")
     return codes
 
 
@@ -299,21 +302,34 @@ def _windows(text: np.ndarray, width: int = 8) -> np.ndarray:
     )
 
 
-def _key_match(text: np.ndarray, opens: np.ndarray, closes: np.ndarray, codes: dict) -> dict:
-    """For each key, the mask of the quoted strings ``text[opens + 1:closes]`` equal to it."""
-    length = (closes - opens - 1).astype(np.uint64)
-    short = np.minimum(length, 8)
+_U32 = np.uint64(32)
+_BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
+
+
+def _low_bytes(words: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``words`` with only their ``keep`` (0 to 8) low bytes kept."""
+    return words & _BYTE_MASKS[np.minimum(keep, 8).astype(np.intp)]
+
+
+def _key_ids(text: np.ndarray, opens: np.ndarray, closes: np.ndarray, codes: dict) -> np.ndarray:
+    """The index in ``codes`` of the key each quoted string ``text[opens + 1:closes]`` equals,
+    or -1: one lookup of its first 8 bytes among the keys' (distinct, see ``_key_codes``),
+    then a check of its length, and of its last 8 bytes for keys longer than 8."""
+    if not codes:
+        return np.full(opens.size, -1)
+    sizes, heads, tails = np.array(list(codes.values()), np.uint64).T
+    order = np.argsort(heads)
+    length = closes - opens - 1
     windows = _windows(text)
-    ones = np.uint64(0xFFFFFFFFFFFFFFFF)
-    eight = np.uint64(8)
-    mask = np.where(short < 8, (np.uint64(1) << (short * eight)) - np.uint64(1), ones)
-    head = np.ascontiguousarray(windows[opens + 1]).view("<u8").ravel() & mask
-    tail_at = closes - short.astype(np.int64)
-    tail = np.ascontiguousarray(windows[tail_at]).view("<u8").ravel() & mask
-    return {
-        key: (length == size) & (head == np.uint64(first)) & (tail == np.uint64(last))
-        for key, (size, first, last) in codes.items()
-    }
+    head = _low_bytes(np.ascontiguousarray(windows[opens + 1]).view("<u8").ravel(), length)
+    slot = np.minimum(np.searchsorted(heads[order], head), heads.size - 1)
+    key = order[slot]
+    found = (heads[key] == head) & (length.astype(np.uint64) == sizes[key])
+    long = np.flatnonzero(found & (length > 8))
+    if long.size:
+        tail = np.ascontiguousarray(windows[closes[long] - 8]).view("<u8").ravel()
+        found[long] = tail == tails[key[long]]
+    return np.where(found, key, -1)
 
 
 @dataclass
@@ -344,34 +360,33 @@ def _fields(
     """Spans of the values of ``codes``' keys directly inside the objects (at ``depth``)
     whose braces are at ``owner_starts`` and ``owner_stops`` (both sorted)."""
     count = owner_starts.size
-    start = {key: np.full(count, -1, np.int64) for key in codes}
-    stop = {key: np.full(count, -1, np.int64) for key in codes}
+    starts = np.full((len(codes), count), -1, np.int64)
+    stops = np.full((len(codes), count), -1, np.int64)
+
+    def fields() -> Fields:
+        return Fields(dict(zip(codes, starts, strict=True)), dict(zip(codes, stops, strict=True)))
+
     if count == 0:
-        return Fields(start, stop)
+        return fields()
     marks = separators.colons[separators.colon_depth == depth]
     colons = st.pos[marks]
     owner = np.searchsorted(owner_starts, colons, side="right") - 1
     inside = (owner >= 0) & (colons < owner_stops[np.maximum(owner, 0)])
     marks, colons, owner = marks[inside], colons[inside], owner[inside]
     if colons.size == 0:
-        return Fields(start, stop)
-    matches = _key_match(text, st.pos[marks - 2], st.pos[marks - 1], codes)
-    wanted = np.zeros(colons.size, bool)
-    for mask in matches.values():
-        wanted |= mask
-    rows = np.flatnonzero(wanted)
-    colons, owner = colons[rows], owner[rows]
+        return fields()
+    ids = _key_ids(text, st.pos[marks - 2], st.pos[marks - 1], codes)
+    rows = np.flatnonzero(ids >= 0)
+    colons, owner, ids = colons[rows], owner[rows], ids[rows]
     ends = np.sort(
         np.concatenate([separators.commas[separators.comma_depth == depth], owner_stops])
     )
     value_stop = ends[np.searchsorted(ends, colons)]
     value_start = _skip_space(text, colons + 1, value_stop, 1)
     value_stop = _skip_space(text, value_stop, value_start, -1)
-    for key, mask in matches.items():
-        mine = mask[rows]
-        start[key][owner[mine]] = value_start[mine]
-        stop[key][owner[mine]] = value_stop[mine]
-    return Fields(start, stop)
+    starts[ids, owner] = value_start
+    stops[ids, owner] = value_stop
+    return fields()
 
 
 def _solid_bytes(text: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
@@ -515,15 +530,6 @@ def _string_views(
     validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
     views = pa.py_buffer(np.stack([first, second], axis=1))
     return pa.Array.from_buffers(pa.string_view(), count, [validity, views, pa.py_buffer(text)])
-
-
-_U32 = np.uint64(32)
-_BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
-
-
-def _low_bytes(words: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """``words`` with only their ``keep`` (0 to 8) low bytes kept."""
-    return words & _BYTE_MASKS[np.minimum(keep, 8).astype(np.intp)]
 
 
 def _strings(
