@@ -293,7 +293,7 @@ class KernelRules:
 
     def install(self, con: duckdb.DuckDBPyConnection) -> None:
         """Create or replace the rules tables, the generated SQL and the kernel views on
-        ``con`` (their tables empty, to be built by ``build_kernel_tables``)."""
+        ``con``, and build their tables from the traces committed now."""
         self.check(con)
         con.execute(
             "CREATE OR REPLACE TABLE kernel_family_rules "

@@ -4,9 +4,9 @@
 -- Times are exact integer nanoseconds of the trace's clock.
 --
 -- device_ops, op_launches, step_periods, kernels and step_islands are tables: each is built
--- from its _live_ view (SELECT * FROM _live_<name>), in this order, when a query needs
--- them and the committed traces or the rules have changed, so the views above them do not
--- recompute them (DuckDB inlines a view at every reference). Here they are created empty.
+-- from its _live_ view (SELECT * FROM _live_<name>), in this order, here and again when a
+-- query needs them and the committed traces have changed, so the views above them do not
+-- recompute them (DuckDB inlines a view at every reference).
 
 -- Device activity: kernels, memcpys and memsets (kineto) and device tasks (torch_npu's,
 -- which carry a Task Type), with their family.
@@ -24,7 +24,7 @@ WITH ops AS (
     SELECT name, kernel_family(name) AS family FROM (SELECT DISTINCT name FROM ops)
 )
 SELECT ops.*, families.family FROM ops LEFT JOIN families USING (name);
-CREATE OR REPLACE TABLE device_ops AS SELECT * FROM _live_device_ops LIMIT 0;
+CREATE OR REPLACE TABLE device_ops AS SELECT * FROM _live_device_ops;
 
 -- Where each device op was launched: the host calls with its correlation id (kineto),
 -- else the starts of the flows that end on the op (torch_npu's async_npu and HostToDevice
@@ -59,7 +59,7 @@ WITH host_calls AS (
     WHERE f.ts_ns <= o.end_ns
 )
 SELECT * FROM by_correlation UNION ALL SELECT * FROM by_flow;
-CREATE OR REPLACE TABLE op_launches AS SELECT * FROM _live_op_launches LIMIT 0;
+CREATE OR REPLACE TABLE op_launches AS SELECT * FROM _live_op_launches;
 
 -- Steps with a GPU period: from the first GPU activity of the step's own launches (host
 -- calls inside the annotation, on its thread) to the next step's; the last step of a
@@ -89,7 +89,7 @@ SELECT
     start_ns, end_ns, end_ns - start_ns AS period_ns, own_launches
 FROM ordered
 WHERE end_ns IS NOT NULL;
-CREATE OR REPLACE TABLE step_periods AS SELECT * FROM _live_step_periods LIMIT 0;
+CREATE OR REPLACE TABLE step_periods AS SELECT * FROM _live_step_periods;
 
 -- One row per device op (kind kernel, memcpy or memset) of every trace: its family, the
 -- step whose period it starts in (NULL outside every period) and where it was launched.
@@ -109,7 +109,7 @@ SELECT
 FROM device_ops o
 LEFT JOIN first_launch l USING (source_id, event_index)
 ASOF LEFT JOIN step_periods s ON o.source_id = s.source_id AND o.ts_ns >= s.start_ns;
-CREATE OR REPLACE TABLE kernels AS SELECT * FROM _live_kernels LIMIT 0;
+CREATE OR REPLACE TABLE kernels AS SELECT * FROM _live_kernels;
 
 -- Islands of GPU time in each step: the union of device-op intervals clipped to the step's
 -- period, per group: each family, '*' (every op) and '~collective' (every op but the
@@ -153,7 +153,7 @@ WITH spans AS (
 SELECT source_id, step_index, grp, island, min(lo) AS start_ns, max(hi) AS end_ns
 FROM numbered
 GROUP BY ALL;
-CREATE OR REPLACE TABLE step_islands AS SELECT * FROM _live_step_islands LIMIT 0;
+CREATE OR REPLACE TABLE step_islands AS SELECT * FROM _live_step_islands;
 
 -- One row per step with a GPU period: the annotation and its details, the period, the
 -- device ops that start in it (launches, summed time) and the union of every op's time

@@ -132,7 +132,6 @@ class Store:
             rules.check(self._db)
             self._kernel_rules = rules
             self._kernel_views_installed = False
-            self._kernel_tables_of = None
 
     def compact(self, run_ids: Sequence[str] | None = None) -> CompactionReport:
         """Merge each partition's small files into one (default: every run); see ``compact``."""
@@ -165,18 +164,17 @@ class Store:
             self._pointed[spec.name] = has_files
 
     def _build_kernel_tables(self) -> None:
-        """Install the kernel-level views if they are not, and rebuild their tables if the
-        committed traces changed since they were built (or the rules did)."""
-        if not self._kernel_views_installed:
-            self._kernel_rules.install(self._db)
-            self._kernel_views_installed = True
-            self._kernel_tables_of = None
+        """Install the kernel-level views (which builds their tables) if they are not, else
+        rebuild their tables if the committed traces changed since they were built."""
         committed = self._db.execute(
             "SELECT source_id, write_id FROM trace_sources ORDER BY ALL"
         ).fetchall()
-        if committed != self._kernel_tables_of:
+        if not self._kernel_views_installed:
+            self._kernel_rules.install(self._db)
+            self._kernel_views_installed = True
+        elif committed != self._kernel_tables_of:
             build_kernel_tables(self._db)
-            self._kernel_tables_of = committed
+        self._kernel_tables_of = committed
 
     @contextmanager
     def reading(self, *, kernel_views: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
