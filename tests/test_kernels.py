@@ -555,6 +555,20 @@ def test_rank_pairs_need_the_same_label_and_annotation(store: Store, tmp_path: P
     assert got == [{"a_rank": 0, "b_rank": 1, "step_index": 0, "step_name": "ProfilerStep#1"}]
 
 
+def test_rank_pairs_leave_out_another_run_of_the_job(store: Store, tmp_path: Path) -> None:
+    names = ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+    hour = 3_600_000_000
+    a = write_moe_trace(tmp_path / "a.json", rank=0, names=names)
+    b = write_moe_trace(tmp_path / "b.json", rank=1, names=names, shift_us=hour)
+    a_id = ingest_trace(store, a, label="nightly").source_id
+    b_id = ingest_trace(store, b, label="nightly").source_id
+    # Same label, but tonight's rank 1 ran an hour after yesterday's rank 0.
+    assert rows(store, "SELECT count(*) AS n FROM rank_pairs") == [{"n": 0}]
+    # Asked for by name, they still pair, and say they do not overlap.
+    got = rows(store, "SELECT overlapping, start_skew_ns FROM rank_pair($1, $2)", [a_id, b_id])
+    assert got == [{"overlapping": False, "start_skew_ns": hour * 1000}] * 2
+
+
 def test_step_details_from_named_groups(store: Store, tmp_path: Path) -> None:
     names = [
         "execute_context_2(512)_generation_0(0)",

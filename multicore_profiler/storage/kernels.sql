@@ -353,7 +353,8 @@ GROUP BY source_id, rank, step_index, step_name, layer_index;
 -- other's).
 CREATE OR REPLACE VIEW step_pairs AS
 WITH per_step AS (
-    SELECT s.source_id, s.rank, src.label, s.step_index, s.step_name, s.start_ns, s.period_ns,
+    SELECT s.source_id, s.rank, src.label, src.first_ts_ns, src.last_ts_ns,
+        s.step_index, s.step_name, s.start_ns, s.period_ns,
         count(c.event_index) AS collectives, coalesce(sum(c.dur_ns), 0)::BIGINT AS collective_ns
     FROM step_periods s
     JOIN trace_sources src USING (source_id)
@@ -372,6 +373,7 @@ WITH per_step AS (
 )
 SELECT a.label AS a_label, a.source_id AS a_source_id, a.rank AS a_rank,
     b.label AS b_label, b.source_id AS b_source_id, b.rank AS b_rank,
+    a.first_ts_ns < b.last_ts_ns AND b.first_ts_ns < a.last_ts_ns AS overlapping,
     a.step_index, a.step_name,
     a.start_ns AS a_start_ns, b.start_ns AS b_start_ns, b.start_ns - a.start_ns AS start_skew_ns,
     a.period_ns AS a_period_ns, b.period_ns AS b_period_ns,
@@ -393,8 +395,9 @@ LEFT JOIN waits w
 CREATE OR REPLACE MACRO rank_pair(a, b) AS TABLE
 SELECT * FROM step_pairs WHERE a_source_id = a AND b_source_id = b;
 
--- Pairs of ranks of one job: traces with the same label (or both without one), the lower
--- rank as a, step by step.
+-- Pairs of ranks of one job, step by step: traces with the same label (or both without
+-- one) whose time ranges overlap (two runs of a job, one after the other, do not pair), the
+-- lower rank as a.
 CREATE OR REPLACE VIEW rank_pairs AS
 SELECT * FROM step_pairs
-WHERE a_label IS NOT DISTINCT FROM b_label AND a_rank < b_rank;
+WHERE a_label IS NOT DISTINCT FROM b_label AND a_rank < b_rank AND overlapping;
