@@ -126,14 +126,14 @@ def test_collective_op_of_collective_kernel_names(store: Store) -> None:
 # Real traces against the plain-Python reference and HTA -------------------------------------
 
 
-def test_a100_steps_equal_the_reference(store: Store, a100: str, a100_events) -> None:
-    expected_steps = ref.steps(a100_events)
-    totals = ref.step_totals(a100_events, expected_steps)
-    expected = [
+def reference_steps(events: list[dict[str, Any]], pattern: str) -> list[dict[str, Any]]:
+    """The ``steps`` rows the reference computes: annotation, period, launches and times."""
+    steps = ref.steps(events, pattern)
+    totals = ref.step_totals(events, steps)
+    return [
         {
             "step_index": s.index,
             "step_name": s.name,
-            "step_number": int(s.name.split("#")[1]),
             "annotation_index": s.annotation_index,
             "start_ns": s.start_ns,
             "end_ns": s.end_ns,
@@ -143,14 +143,24 @@ def test_a100_steps_equal_the_reference(store: Store, a100: str, a100_events) ->
             "kernel_ns": totals[(s.index, "*")][1],
             "busy_ns": totals[(s.index, "*")][2],
         }
-        for s in expected_steps
+        for s in steps
     ]
+
+
+STEP_COLUMNS = (
+    "step_index, step_name, annotation_index, start_ns, end_ns, period_ns, own_launches, "
+    "launches, kernel_ns, busy_ns"
+)
+
+
+def test_a100_steps_equal_the_reference(store: Store, a100: str, a100_events) -> None:
     got = rows(
         store,
-        f"SELECT {', '.join(expected[0])} FROM steps WHERE source_id = $1 ORDER BY step_index",
+        f"SELECT {STEP_COLUMNS}, step_number FROM steps WHERE source_id = $1 ORDER BY step_index",
         [a100],
     )
-    assert got == expected
+    expected = reference_steps(a100_events, ref.DEFAULT_STEP_PATTERN)
+    assert got == [{**r, "step_number": int(r["step_name"].split("#")[1])} for r in expected]
     # Four of the five ProfilerStep annotations: the last has no successor.
     assert [r["step_name"] for r in got] == [f"ProfilerStep#{n}" for n in range(550, 554)]
     assert got[0]["start_ns"] == 1_683_564_901_552_104_000
@@ -269,24 +279,13 @@ def test_mi250_gpu_annotation_is_not_a_step_and_a_custom_pattern_is(store: Store
     # Steps by another annotation: each ``aten::`` op with kernels, the last one dropped.
     pattern = r"^aten::(add_|mul|addmm)$"
     store.use_kernel_rules(KernelRules(steps=pattern))
-    expected = ref.steps(events, pattern)
     got = rows(
         store,
-        "SELECT step_index, step_name, start_ns, end_ns, own_launches FROM steps "
-        "WHERE source_id = $1 ORDER BY step_index",
+        f"SELECT {STEP_COLUMNS} FROM steps WHERE source_id = $1 ORDER BY step_index",
         [source],
     )
-    assert got == [
-        {
-            "step_index": s.index,
-            "step_name": s.name,
-            "start_ns": s.start_ns,
-            "end_ns": s.end_ns,
-            "own_launches": s.own_launches,
-        }
-        for s in expected
-    ]
-    assert len(got) >= 2
+    assert got == reference_steps(events, pattern)
+    assert [r["step_name"] for r in got] == ["aten::addmm", "aten::add_"]
 
 
 def test_torch_npu_tasks_link_by_flows_and_make_steps(store: Store) -> None:
@@ -319,25 +318,8 @@ def test_torch_npu_tasks_link_by_flows_and_make_steps(store: Store) -> None:
     # Three aten::linear calls on the main thread make two steps of the forward pass.
     pattern = r"^aten::linear$"
     store.use_kernel_rules(KernelRules(steps=pattern))
-    expected = ref.steps(events, pattern)
-    totals = ref.step_totals(events, expected)
-    got = rows(
-        store,
-        "SELECT step_index, start_ns, end_ns, own_launches, launches, kernel_ns, busy_ns "
-        "FROM steps ORDER BY step_index",
-    )
-    assert got == [
-        {
-            "step_index": s.index,
-            "start_ns": s.start_ns,
-            "end_ns": s.end_ns,
-            "own_launches": s.own_launches,
-            "launches": totals[(s.index, "*")][0],
-            "kernel_ns": totals[(s.index, "*")][1],
-            "busy_ns": totals[(s.index, "*")][2],
-        }
-        for s in expected
-    ]
+    got = rows(store, f"SELECT {STEP_COLUMNS} FROM steps ORDER BY step_index")
+    assert got == reference_steps(events, pattern)
     assert len(got) == 2
 
 
