@@ -277,12 +277,17 @@ def _skip_space(text: np.ndarray, at: np.ndarray, limit: np.ndarray, step: int) 
     """Move each position in ``at`` past whitespace (forwards or, with step -1, back),
     never past ``limit``; only the positions still on whitespace are looked at again."""
     at = at.copy()
-    rows = np.arange(at.size)
+    behind = 0 if step > 0 else 1
+    last = text.size - 1
+
+    def on_space(where: np.ndarray, bound: np.ndarray) -> np.ndarray:
+        return (where != bound) & _SPACE[text[np.clip(where - behind, 0, last)]]
+
+    # The first look is at every position (no gather); few move on (one space, mostly).
+    rows = np.flatnonzero(on_space(at, limit))
     while rows.size:
-        probe = at[rows] if step > 0 else at[rows] - 1
-        moving = (at[rows] != limit[rows]) & _SPACE[text[np.clip(probe, 0, text.size - 1)]]
-        rows = rows[moving]
         at[rows] += step
+        rows = rows[on_space(at[rows], limit[rows])]
     return at
 
 
