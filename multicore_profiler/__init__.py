@@ -7,9 +7,9 @@ decoded launches as a step of a run, ``export_chrome_trace`` for timelines of th
 store's records, ``ingest_trace`` to load torch.profiler / kineto and torch_npu traces
 into the store, ``merge_chrome_traces`` to fuse a MegaKernel's tracks into such a trace,
 ``KernelRules`` for the kernel-level views of those traces (``Store.use_kernel_rules``),
-``RunInfo``, and ``ProfileError``, the base of every error raised on
-bad input. Kernel authors find specs, RuntimeConfig and the
-launch hook in ``multicore_profiler.kernels``.
+``RunInfo``, ``RunSelector`` (which runs a listing or comparison is about), and
+``ProfileError``, the base of every error raised on bad input. Kernel authors find specs,
+RuntimeConfig and the launch hook in ``multicore_profiler.kernels``.
 
 The capture session needs torch, so it is imported on first use: reading stores and
 traces does not load torch.
@@ -28,6 +28,7 @@ from multicore_profiler.ingest.outer_trace import TraceSource, ingest_trace
 from multicore_profiler.ingest.schedule import ProfilerAction, schedule
 from multicore_profiler.storage.kernel_rules import KernelRules
 from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.selectors import RunSelector
 from multicore_profiler.storage.store import Store, open_store
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "ProfileError",
     "ProfilerAction",
     "RunInfo",
+    "RunSelector",
     "Store",
     "TraceSource",
     "decode_buffer",

@@ -77,7 +77,13 @@ def _store(args: argparse.Namespace, *, create: bool = False) -> Store:
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
-    table = _store(args).sql("SELECT * FROM run_summary ORDER BY start_time, run_id")
+    store = _store(args)
+    selected = None if args.select is None else store.select_runs(args.select)
+    table = store.sql(
+        "SELECT * FROM run_summary WHERE $runs IS NULL OR list_contains($runs, run_id) "
+        "ORDER BY start_time, run_id",
+        {"runs": selected},
+    )
     _emit(table, args.format, args.output)
 
 
@@ -425,6 +431,11 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     runs = commands.add_parser("runs", parents=[common, output], help="list the runs in the store")
+    runs.add_argument(
+        "--select",
+        metavar="SELECTOR",
+        help="only these runs, e.g. branch:main,latest:5 or commit:3f2a,tag:model=moe-7b",
+    )
     runs.set_defaults(func=cmd_runs)
 
     rules = argparse.ArgumentParser(add_help=False)

@@ -83,6 +83,11 @@ class RulesError(ProfileError, ValueError):
     the rules, or a rules file that cannot be read (the message names the file and entry)."""
 
 
+class SelectorError(ProfileError, ValueError):
+    """A run selector that cannot be read (an unknown key, a bad time or count) or that
+    selects no run of the store."""
+
+
 class ScheduleError(ProfileError, ValueError):
     """Profiler schedule arguments that cannot describe a schedule."""
 

@@ -24,7 +24,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from multicore_profiler.errors import QueryError, StoreError
+from multicore_profiler.errors import QueryError, SelectorError, StoreError
 from multicore_profiler.storage.compact import CompactionReport, compact
 from multicore_profiler.storage.kernel_rules import (
     KernelRules,
@@ -43,6 +43,7 @@ from multicore_profiler.storage.schema import (
     TASKS,
     TableSpec,
 )
+from multicore_profiler.storage.selectors import RunSelector
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
 
@@ -207,6 +208,18 @@ class Store:
                 return pa.table({}) if result is None else result.to_arrow_table()
         except duckdb.Error as exc:
             raise QueryError(f"query failed: {exc}") from exc
+
+    def select_runs(self, selector: RunSelector | str) -> list[str]:
+        """The ids of the runs a selector (``RunSelector`` or its text) selects, oldest
+        first; ``SelectorError`` when it selects none."""
+        if isinstance(selector, str):
+            selector = RunSelector.parse(selector)
+        query, params = selector.sql()
+        runs = self.sql(query, params)["run_id"].to_pylist()
+        if not runs:
+            total = self.sql("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"]
+            raise SelectorError(f"selector {selector} selects none of the {total} runs in {self}")
+        return runs
 
     def write_run(self, run: RunInfo) -> None:
         """Record a run's current state (a newer row for the same run supersedes older ones)."""

@@ -1,0 +1,134 @@
+"""Run selectors: which runs of a store a listing, a comparison or a report is about.
+
+A selector is text, the same in Python and on the command line: comma-separated terms
+``key:value``. Terms of one key are alternatives, terms of different keys all apply:
+
+- ``run:<id>`` (or a bare run id), ``commit:<prefix>``, ``branch:<name>``, ``label:<label>``;
+- ``tag:<key>=<value>`` (every tag term must hold);
+- ``since:<time>``, ``until:<time>``: the run's start, ISO 8601 (``2026-11-30`` or
+  ``2026-11-30T08:00``; UTC unless it says otherwise), since inclusive, until exclusive;
+- ``latest:<N>``: of the runs the other terms select, the N that started last.
+
+``branch:main,latest:5`` is the five latest runs on main; ``commit:3f2a,commit:9c1e`` the runs
+of either commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from multicore_profiler.errors import SelectorError
+
+_KEYS = ("run", "commit", "branch", "label", "tag", "since", "until", "latest")
+
+
+def _time(text: str, key: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise SelectorError(
+            f"{key}:{text} is not an ISO 8601 date or time (e.g. 2026-11-30T08:00)"
+        ) from exc
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class RunSelector:
+    """A parsed selector (see the module's doc); ``RunSelector.parse(text)`` reads one."""
+
+    runs: tuple[str, ...] = ()
+    commits: tuple[str, ...] = ()
+    branches: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+    latest: int | None = None
+    text: str = field(default="", compare=False)
+
+    @classmethod
+    def parse(cls, text: str) -> RunSelector:
+        """Read a selector; ``SelectorError`` names a term that is not one."""
+        found: dict[str, list[Any]] = {key: [] for key in _KEYS}
+        terms = [term.strip() for term in text.split(",")]
+        if not text.strip() or not all(terms):
+            raise SelectorError(f"selector {text!r} has an empty term")
+        for term in terms:
+            key, sep, value = term.partition(":")
+            if not sep:
+                key, value = "run", term
+            if key not in _KEYS:
+                raise SelectorError(
+                    f"selector term {term!r}: unknown key {key!r}; one of {', '.join(_KEYS)}"
+                )
+            if not value:
+                raise SelectorError(f"selector term {term!r} has no value")
+            if key == "tag":
+                name, equals, tag_value = value.partition("=")
+                if not equals or not name:
+                    raise SelectorError(f"selector term {term!r}: a tag is tag:KEY=VALUE")
+                found[key].append((name, tag_value))
+            elif key in ("since", "until"):
+                found[key].append(_time(value, key))
+            elif key == "latest":
+                if not value.isdigit() or int(value) < 1:
+                    raise SelectorError(f"selector term {term!r}: latest takes a count >= 1")
+                found[key].append(int(value))
+            else:
+                found[key].append(value)
+        for key in ("since", "until", "latest"):
+            if len(found[key]) > 1:
+                raise SelectorError(f"selector {text!r} gives {key} more than once")
+        return cls(
+            runs=tuple(found["run"]),
+            commits=tuple(found["commit"]),
+            branches=tuple(found["branch"]),
+            labels=tuple(found["label"]),
+            tags=tuple(found["tag"]),
+            since=found["since"][0] if found["since"] else None,
+            until=found["until"][0] if found["until"] else None,
+            latest=found["latest"][0] if found["latest"] else None,
+            text=text,
+        )
+
+    def sql(self) -> tuple[str, dict[str, Any]]:
+        """A query of the selected runs' ids over the ``runs`` view, oldest first, and its
+        parameters."""
+        conditions: list[str] = []
+        params: dict[str, Any] = {}
+
+        def any_of(column: str, values: tuple[str, ...], test: str) -> None:
+            if not values:
+                return
+            names = []
+            for index, value in enumerate(values):
+                name = f"{column}_{index}"
+                params[name] = value
+                names.append(test.format(column=column, value=f"${name}"))
+            conditions.append("(" + " OR ".join(names) + ")")
+
+        any_of("run_id", self.runs, "{column} = {value}")
+        any_of("commit", self.commits, "starts_with({column}, {value})")
+        any_of("branch", self.branches, "{column} = {value}")
+        any_of("label", self.labels, "{column} = {value}")
+        for index, (key, value) in enumerate(self.tags):
+            params[f"tag_key_{index}"], params[f"tag_value_{index}"] = key, value
+            conditions.append(f"tags[$tag_key_{index}] = $tag_value_{index}")
+        if self.since is not None:
+            params["since"] = self.since
+            conditions.append("start_time >= $since")
+        if self.until is not None:
+            params["until"] = self.until
+            conditions.append("start_time < $until")
+        where = " AND ".join(conditions) or "true"
+        limit = f" LIMIT {self.latest}" if self.latest is not None else ""
+        query = (
+            f"SELECT run_id FROM (SELECT run_id, start_time FROM runs WHERE {where} "
+            f"ORDER BY start_time DESC, run_id DESC{limit}) ORDER BY start_time, run_id"
+        )
+        return query, params
+
+    def __str__(self) -> str:
+        return self.text or "(every run)"
