@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import orjson
 import pyarrow as pa
 from tqdm import tqdm
 
@@ -28,6 +29,7 @@ from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.ingest.schedule import schedule
+from multicore_profiler.storage.compare import VERDICTS, Comparison
 from multicore_profiler.storage.kernel_rules import KernelRules
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo
@@ -160,6 +162,104 @@ def cmd_kernels(args: argparse.Namespace) -> None:
         where,
     )
     _emit(table, args.format, args.output)
+
+
+def _markdown(comparison: Comparison) -> str:
+    """A comparison as a Markdown summary and table, for a pull-request comment."""
+    counts = ", ".join(
+        f"{comparison.count(verdict)} {verdict}"
+        for verdict in VERDICTS
+        if comparison.count(verdict)
+    )
+    lines = [
+        f"**mcprof compare**: {counts} (change of the median above "
+        f"{comparison.threshold:.0%}, Mann-Whitney p < {comparison.alpha:g})",
+        "",
+        f"base `{comparison.base}` ({len(comparison.base_runs)} run(s)), "
+        f"head `{comparison.head}` ({len(comparison.head_runs)} run(s))",
+        "",
+    ]
+    lines += [f"> warning: {warning}" for warning in comparison.warnings]
+    header = [*comparison.by, "base median (us)", "head median (us)", "change", "interval", "p"]
+    header += ["verdict", "added (us/invocation)"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def us(value: float | None) -> str:
+        return "" if value is None else f"{value / 1e3:.2f}"
+
+    def pct(value: float | None) -> str:
+        return "" if value is None else f"{value:+.1%}"
+
+    for row in comparison.rows.to_pylist():
+        low, high = row["change_low"], row["change_high"]
+        interval = "" if low is None else f"{pct(low)} .. {pct(high)}"
+        cells = [str(row[column]) for column in comparison.by]
+        cells += [us(row["base_median_ns"]), us(row["head_median_ns"]), pct(row["change"])]
+        cells += [interval, "" if row["p_value"] is None else f"{row['p_value']:.2g}"]
+        verdict = f"**{row['verdict']}**" if row["verdict"] == "regressed" else row["verdict"]
+        cells += [verdict, us(row["impact_ns"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _comparison_json(comparison: Comparison) -> bytes:
+    document = {
+        "base": {"selector": comparison.base, "runs": list(comparison.base_runs)},
+        "head": {"selector": comparison.head, "runs": list(comparison.head_runs)},
+        "by": list(comparison.by),
+        "metric": comparison.metric,
+        "threshold": comparison.threshold,
+        "alpha": comparison.alpha,
+        "counts": {verdict: comparison.count(verdict) for verdict in VERDICTS},
+        "warnings": list(comparison.warnings),
+        "groups": comparison.rows.to_pylist(),
+    }
+    return orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    store = _store(args)
+    comparison = store.compare(
+        args.base,
+        args.head,
+        by=[column.strip() for column in args.by.split(",")],
+        threshold=args.threshold,
+        alpha=args.alpha,
+    )
+    for warning in comparison.warnings:
+        print(f"mcprof: warning: {warning}", file=sys.stderr)
+    if args.format in ("json", "markdown"):
+        text = (
+            _comparison_json(comparison)
+            if args.format == "json"
+            else _markdown(comparison).encode()
+        )
+        if args.output is None:
+            sys.stdout.buffer.write(text)
+        else:
+            args.output.write_bytes(text)
+    elif args.format == "csv":
+        _emit(comparison.rows, "csv", args.output)
+    else:
+        if args.output is not None:
+            raise ProfileError("--format table prints to the terminal; pick csv, json or markdown")
+        print(_markdown(comparison).splitlines()[0].replace("**", ""))
+        con = duckdb.connect()
+        con.register("rows", comparison.rows)
+        shown = con.sql(
+            f"""SELECT {", ".join(sql_identifier(c) for c in comparison.by)},
+                       base_count AS base_n, head_count AS head_n,
+                       round(base_median_ns / 1e3, 2) AS base_us,
+                       round(head_median_ns / 1e3, 2) AS head_us,
+                       printf('%+.1f%%', change * 100) AS change,
+                       printf('%+.1f%% .. %+.1f%%', change_low * 100, change_high * 100)
+                           AS interval,
+                       printf('%.2g', p_value) AS p, verdict,
+                       round(impact_ns / 1e3, 2) AS added_us_per_invocation
+                FROM rows""",
+        ).to_arrow_table()
+        _emit(shown, "table", None)
+    return 1 if args.fail_on_regression and comparison.regressed else 0
 
 
 def _stage_names(pairs: Sequence[str]) -> dict[int, str]:
@@ -454,6 +554,33 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("sql", help='e.g. "SELECT * FROM stage_stats"')
     query.set_defaults(func=cmd_query)
 
+    compare = commands.add_parser(
+        "compare",
+        parents=[common],
+        help="what got slower (or faster) between two sets of runs, with statistics",
+        description="Compare the records of the base runs with those of the head runs, per "
+        "group: medians, p90, the median's relative change with a bootstrap interval, a "
+        "Mann-Whitney U p-value and a verdict. Exit status: 1 with --fail-on-regression when "
+        "a group regressed, 2 on a usage error, else 0.",
+    )
+    compare.add_argument("--base", required=True, metavar="SELECTOR", help="e.g. commit:3f2a")
+    compare.add_argument("--head", required=True, metavar="SELECTOR", help="e.g. commit:9c1e")
+    compare.add_argument(
+        "--by",
+        default="kernel_name,stage,phase",
+        help="group columns of records_ns (default: kernel_name,stage,phase)",
+    )
+    compare.add_argument(
+        "--threshold", type=float, default=0.05, help="relative change of the median (0.05)"
+    )
+    compare.add_argument("--alpha", type=float, default=0.01, help="significance level (0.01)")
+    compare.add_argument("--format", choices=("table", "json", "markdown", "csv"), default="table")
+    compare.add_argument("-o", "--output", type=Path, help="write to this file")
+    compare.add_argument(
+        "--fail-on-regression", action="store_true", help="exit with status 1 if a group regressed"
+    )
+    compare.set_defaults(func=cmd_compare, error_status=2)
+
     kernels = commands.add_parser(
         "kernels",
         parents=[common, output, rules],
@@ -621,14 +748,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.simplefilter("always", DroppedRecordsWarning)
         warnings.showwarning = _show_warning
         try:
-            args.func(args)
+            status = args.func(args)
         except ProfileError as exc:
             lines = (line.strip() for line in str(exc).splitlines())
             print(f"mcprof: error: {'; '.join(line for line in lines if line)}", file=sys.stderr)
-            return 1
+            # compare keeps status 1 for "regressed": its errors are usage errors (2).
+            return getattr(args, "error_status", 1)
         except KeyboardInterrupt:
             return 130
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

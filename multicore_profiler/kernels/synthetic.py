@@ -81,8 +81,12 @@ class SimulatedMoeKernel:
         aic_slots: int = 24,
         aiv_slots: int = 48,
         frequency_hz: float = 50e6,
+        stage_us: dict[int, float] | None = None,
     ) -> None:
         self.frequency_hz = frequency_hz
+        self.stage_us = {**_MEAN_US, **(stage_us or {})}
+        """Mean compute time of each stage's tasks, in us (``stage_us`` overrides some: a
+        known slowdown to find)."""
         workers = {CoreType.AIC: aic_workers, CoreType.AIV: aiv_workers}
         assigned = {CoreType.AIC: 0, CoreType.AIV: 0}
         tasks: list[Task] = []
@@ -151,7 +155,8 @@ class SimulatedMoeKernel:
                 ready = max(begin, max(int(done[d]) for d in task.depends_on) + latency)
                 out.append((task.worker, begin, ready, DESC_WAIT_DEPENDENCY, *ids))
                 begin = ready
-            end = begin + max(1, round(_MEAN_US[task.stage] * cycles_per_us * jitter[task.task_id]))
+            mean = self.stage_us[task.stage]
+            end = begin + max(1, round(mean * cycles_per_us * jitter[task.task_id]))
             out.append((task.worker, begin, end, task.stage, *ids))
             if task.triggers:
                 out.append((task.worker, end, end + trigger, DESC_TRIGGER_EVENT, *ids))

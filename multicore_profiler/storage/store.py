@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from multicore_profiler.errors import QueryError, SelectorError, StoreError
 from multicore_profiler.storage.compact import CompactionReport, compact
+from multicore_profiler.storage.compare import Comparison, compare
 from multicore_profiler.storage.kernel_rules import (
     KernelRules,
     build_kernel_tables,
@@ -220,6 +221,15 @@ class Store:
             total = self.sql("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"]
             raise SelectorError(f"selector {selector} selects none of the {total} runs in {self}")
         return runs
+
+    def compare(
+        self,
+        base: RunSelector | str | Sequence[str],
+        head: RunSelector | str | Sequence[str],
+        **options: Any,
+    ) -> Comparison:
+        """Compare the records of two sets of runs group by group; see ``compare``."""
+        return compare(self, base, head, **options)
 
     def write_run(self, run: RunInfo) -> None:
         """Record a run's current state (a newer row for the same run supersedes older ones)."""

@@ -1,0 +1,264 @@
+"""Compare two sets of runs, group by group, with statistics: what got slower between commits.
+
+For each group (default: kernel, stage and phase) the records' durations of the base runs
+and of the head runs are two samples. A group is ``regressed`` (``improved``) when its
+median grew (shrank) by more than the threshold (default 5%) and a two-sided
+Mann-Whitney U test gives p below alpha (default 0.01); else ``unchanged``. A group found
+on one side only is ``new`` or ``gone``. The relative change of the median comes with a
+bootstrap confidence interval at level 1 - alpha. Durations are the store's ``dur_ns``:
+cycles converted with each invocation's own frequency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+from scipy.stats import mannwhitneyu
+
+from multicore_profiler.errors import SelectorError
+from multicore_profiler.storage.selectors import RunSelector
+from multicore_profiler.storage.sql_text import sql_identifier
+
+if TYPE_CHECKING:
+    from multicore_profiler.storage.store import Store
+
+GROUP_COLUMNS = (
+    "kernel_name",
+    "direction",
+    "stage",
+    "phase",
+    "core",
+    "owner_id",
+    "rank",
+    "step",
+)
+"""The ``records_ns`` columns a comparison may group by."""
+
+METRICS = {"duration": "dur_ns"}
+"""What is compared: ``duration`` is a record's duration in ns."""
+
+VERDICTS = ("regressed", "improved", "unchanged", "new", "gone")
+
+RESULT_COLUMNS = (
+    "base_count",
+    "head_count",
+    "base_median_ns",
+    "head_median_ns",
+    "base_p90_ns",
+    "head_p90_ns",
+    "change",
+    "change_low",
+    "change_high",
+    "p_value",
+    "verdict",
+    "impact_ns",
+)
+"""The columns of a comparison's rows after the group's."""
+
+BOOTSTRAP_SAMPLES = 5000
+"""Each side's sample is bootstrapped from at most this many values (a random subset):
+the interval's width then no longer depends on how many records a group has."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of ``compare``: one row per group in ``rows``, most time added first."""
+
+    rows: pa.Table
+    base_runs: tuple[str, ...]
+    head_runs: tuple[str, ...]
+    base: str
+    head: str
+    by: tuple[str, ...]
+    metric: str
+    threshold: float
+    alpha: float
+    warnings: tuple[str, ...]
+
+    def count(self, verdict: str) -> int:
+        """How many groups have this verdict."""
+        return sum(v == verdict for v in self.rows["verdict"].to_pylist())
+
+    @property
+    def regressed(self) -> bool:
+        """Whether any group regressed."""
+        return self.count("regressed") > 0
+
+
+def _selected(store: Store, selector: RunSelector | str | Sequence[str]) -> tuple[str, list[str]]:
+    if isinstance(selector, (str, RunSelector)):
+        return str(selector), store.select_runs(selector)
+    runs = list(selector)
+    if not runs:
+        raise SelectorError("an empty list of runs selects nothing")
+    return ",".join(runs), runs
+
+
+def _bootstrap(
+    base: np.ndarray, head: np.ndarray, level: float, resamples: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """A percentile bootstrap interval of median(head) / median(base) - 1."""
+    medians = []
+    for sample in (base, head):
+        if sample.size > BOOTSTRAP_SAMPLES:
+            sample = rng.choice(sample, BOOTSTRAP_SAMPLES, replace=False)
+        draws = rng.integers(0, sample.size, (resamples, sample.size))
+        medians.append(np.median(sample[draws], axis=1))
+    ratio = medians[1] / medians[0] - 1
+    tail = (1 - level) / 2
+    low, high = np.quantile(ratio, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def _comparability(store: Store, base: list[str], head: list[str]) -> list[str]:
+    """Warnings where base and head differ in what shapes their durations."""
+    checks = {
+        "SoC": "soc",
+        "frequency (Hz)": "frequency_hz",
+        "buffer layout": "[aic_slots, aiv_slots, aic_capacity, aiv_capacity]",
+        "kernel spec (stage names)": "stage_names",
+    }
+    warnings = []
+    for what, expression in checks.items():
+        found = store.sql(
+            f"""SELECT list_contains($head, run_id) AS head,
+                       list_sort(list_distinct(list(({expression})::VARCHAR))) AS seen
+                FROM invocations WHERE list_contains($runs, run_id) GROUP BY ALL""",
+            {"head": head, "runs": base + head},
+        ).to_pylist()
+        seen = {row["head"]: row["seen"] for row in found}
+        if seen.get(False) != seen.get(True):
+            warnings.append(
+                f"base and head differ in {what}: base {', '.join(seen.get(False) or [])}; "
+                f"head {', '.join(seen.get(True) or [])}"
+            )
+    schedules = store.sql(
+        "SELECT list_contains($head, run_id) AS head, list_sort(list_distinct(list(schedule))) "
+        "AS seen FROM runs WHERE list_contains($runs, run_id) GROUP BY ALL",
+        {"head": head, "runs": base + head},
+    ).to_pylist()
+    seen = {row["head"]: row["seen"] for row in schedules}
+    if seen.get(False) != seen.get(True):
+        warnings.append(
+            f"base and head differ in schedule: base {', '.join(map(str, seen.get(False) or []))}"
+            f"; head {', '.join(map(str, seen.get(True) or []))}"
+        )
+    return warnings
+
+
+def compare(
+    store: Store,
+    base: RunSelector | str | Sequence[str],
+    head: RunSelector | str | Sequence[str],
+    *,
+    by: Sequence[str] = ("kernel_name", "stage", "phase"),
+    metric: str = "duration",
+    threshold: float = 0.05,
+    alpha: float = 0.01,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> Comparison:
+    """Compare the records of the ``base`` runs with those of the ``head`` runs, per group of
+    ``by`` columns (selectors, their text, or lists of run ids); see the module's doc."""
+    unknown = [column for column in by if column not in GROUP_COLUMNS]
+    if not by or unknown:
+        raise SelectorError(f"cannot group by {unknown or 'nothing'}; by takes {GROUP_COLUMNS}")
+    if metric not in METRICS:
+        raise SelectorError(f"unknown metric {metric!r}; one of {sorted(METRICS)}")
+    if not 0 < alpha < 1 or threshold < 0:
+        raise SelectorError(f"alpha must be in (0, 1) and threshold >= 0, got {alpha}, {threshold}")
+    base_text, base_runs = _selected(store, base)
+    head_text, head_runs = _selected(store, head)
+    shared = sorted(set(base_runs) & set(head_runs))
+    if shared:
+        raise SelectorError(f"base ({base_text}) and head ({head_text}) share runs {shared}")
+    columns = ", ".join(sql_identifier(column) for column in by)
+    samples = store.sql(
+        f"""SELECT {columns}, list_contains($head, run_id) AS head,
+                   list({METRICS[metric]} ORDER BY {METRICS[metric]}) AS values
+            FROM records_ns WHERE list_contains($runs, run_id)
+            GROUP BY ALL ORDER BY ALL""",
+        {"head": head_runs, "runs": base_runs + head_runs},
+    )
+    invocations = {
+        row["head"]: row["n"]
+        for row in store.sql(
+            """SELECT list_contains($head, run_id) AS head, count(*) AS n FROM invocations
+               WHERE list_contains($runs, run_id) GROUP BY ALL""",
+            {"head": head_runs, "runs": base_runs + head_runs},
+        ).to_pylist()
+    }
+    for side, runs, text in ((False, base_runs, base_text), (True, head_runs, head_text)):
+        if not invocations.get(side):
+            raise SelectorError(f"the runs of {text} ({', '.join(runs)}) hold no invocation")
+
+    groups: dict[tuple, dict[bool, np.ndarray]] = {}
+    offsets = samples["values"].combine_chunks()
+    values = offsets.values.to_numpy(zero_copy_only=False).astype(np.float64)
+    starts = offsets.offsets.to_numpy()
+    keys = samples.select(list(by)).to_pylist()
+    for row, (key, is_head) in enumerate(zip(keys, samples["head"].to_pylist(), strict=True)):
+        groups.setdefault(tuple(key.values()), {})[is_head] = values[starts[row] : starts[row + 1]]
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[Any]] = {column: [] for column in by}
+    out.update({name: [] for name in RESULT_COLUMNS})
+    for key, sides in groups.items():
+        for column, value in zip(by, key, strict=True):
+            out[column].append(value)
+        base_values, head_values = sides.get(False), sides.get(True)
+        stats: dict[str, Any] = dict.fromkeys(
+            ("change", "change_low", "change_high", "p_value"), None
+        )
+        for prefix, sample in (("base", base_values), ("head", head_values)):
+            present = sample is not None
+            out[f"{prefix}_count"].append(int(sample.size) if present else 0)
+            out[f"{prefix}_median_ns"].append(float(np.median(sample)) if present else None)
+            out[f"{prefix}_p90_ns"].append(float(np.quantile(sample, 0.9)) if present else None)
+        if head_values is None:
+            verdict = "gone"
+            impact = -float(np.median(base_values)) * base_values.size / invocations[False]
+        elif base_values is None:
+            verdict = "new"
+            impact = float(np.median(head_values)) * head_values.size / invocations[True]
+        else:
+            base_median, head_median = np.median(base_values), np.median(head_values)
+            p_value = float(mannwhitneyu(head_values, base_values).pvalue)
+            stats["p_value"] = p_value
+            # A relative change needs a base above zero (waits that did not wait have none).
+            change = float(head_median / base_median - 1) if base_median > 0 else None
+            if change is not None:
+                low, high = _bootstrap(base_values, head_values, 1 - alpha, resamples, rng)
+                stats.update(change=change, change_low=low, change_high=high)
+            significant = change is not None and p_value < alpha
+            verdict = (
+                "regressed"
+                if significant and change > threshold
+                else "improved"
+                if significant and change < -threshold
+                else "unchanged"
+            )
+            # Time added per invocation: the median's change for each of its records.
+            impact = float(head_median - base_median) * head_values.size / invocations[True]
+        for name, value in stats.items():
+            out[name].append(value)
+        out["verdict"].append(verdict)
+        out["impact_ns"].append(impact)
+    rows = pa.table(out)
+    order = np.argsort(-np.asarray(rows["impact_ns"].to_numpy(zero_copy_only=False)), kind="stable")
+    return Comparison(
+        rows=rows.take(order),
+        base_runs=tuple(base_runs),
+        head_runs=tuple(head_runs),
+        base=base_text,
+        head=head_text,
+        by=tuple(by),
+        metric=metric,
+        threshold=threshold,
+        alpha=alpha,
+        warnings=tuple(_comparability(store, base_runs, head_runs)),
+    )

@@ -1,0 +1,200 @@
+"""Comparisons of run sets: a slowdown injected into one stage of the simulated MegaKernel is
+found there and nowhere else, two runs of the same code differ nowhere, and the command
+line's formats and exit statuses."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+
+from multicore_profiler import cli
+from multicore_profiler.errors import SelectorError
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.kernels.synthetic import GMM1, SWIGLU, SimulatedMoeKernel
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.store import Store
+
+START = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+
+
+def write_run(
+    store: Store, kernel: SimulatedMoeKernel, *, seed: int, commit: str, name: str | None = None
+) -> str:
+    """Eight launches of ``kernel`` (compute times drawn with ``seed``) as a run of ``commit``."""
+    batch = kernel.launches(np.random.default_rng(seed), 8, start_cycle=10**6, period=10**6)
+    info = KernelInfo(
+        kernel_name=name or kernel.kernel_name,
+        owner_label=kernel.owner_label,
+        stage_names=kernel.stage_names,
+    )
+    run = RunInfo(f"run-{commit}-{seed}", START + timedelta(minutes=seed), commit=commit)
+    store.write_run(run)
+    ingest_buffers(
+        store,
+        batch,
+        kernel.layout,
+        frequency_hz=kernel.frequency_hz,
+        run_id=run.run_id,
+        kernel=info,
+        launches=Launches(step=0),
+    )
+    store.write_run(run.finish())
+    return run.run_id
+
+
+@pytest.fixture
+def runs(store: Store) -> Store:
+    """Base: two runs of the default kernel. Same: another run of it. Slow: SwiGLU 25%
+    slower. Fast: GMM1 20% faster."""
+    write_run(store, SimulatedMoeKernel(), seed=1, commit="base0001")
+    write_run(store, SimulatedMoeKernel(), seed=2, commit="base0001")
+    write_run(store, SimulatedMoeKernel(), seed=3, commit="same0002")
+    write_run(store, SimulatedMoeKernel(stage_us={SWIGLU: 5.0}), seed=4, commit="slow0003")
+    write_run(store, SimulatedMoeKernel(stage_us={GMM1: 20.0}), seed=5, commit="fast0004")
+    return store
+
+
+def verdicts(comparison) -> dict[tuple, str]:
+    by = comparison.by
+    return {tuple(r[c] for c in by): r["verdict"] for r in comparison.rows.to_pylist()}
+
+
+def test_two_runs_of_the_same_code_differ_nowhere(runs: Store) -> None:
+    comparison = runs.compare("commit:base", "commit:same")
+    assert comparison.base_runs == ("run-base0001-1", "run-base0001-2")
+    assert comparison.head_runs == ("run-same0002-3",)
+    assert set(verdicts(comparison).values()) == {"unchanged"}
+    assert len(comparison.rows) == 13  # 5 stages x compute, 4 x wait and trigger, Combine wait
+    assert not comparison.regressed
+    assert comparison.warnings == ()
+
+
+def test_a_slowdown_is_found_in_its_stage_only(runs: Store) -> None:
+    comparison = runs.compare("commit:base", "commit:slow")
+    found = {key: v for key, v in verdicts(comparison).items() if v != "unchanged"}
+    assert found == {("SimulatedMegaMoe", "SwiGLU", "compute"): "regressed"}
+    assert comparison.regressed
+    rows = {(r["stage"], r["phase"]): r for r in comparison.rows.to_pylist()}
+    swiglu = rows["SwiGLU", "compute"]
+    # Medians and counts as the store computes them.
+    medians = runs.sql(
+        """SELECT run_id LIKE 'run-slow%' AS head, count(*) AS n,
+                  quantile_cont(dur_ns, 0.5) AS median, quantile_cont(dur_ns, 0.9) AS p90
+           FROM records_ns WHERE stage = 'SwiGLU' AND phase = 'compute'
+               AND (run_id LIKE 'run-base%' OR run_id LIKE 'run-slow%')
+           GROUP BY ALL ORDER BY head"""
+    ).to_pylist()
+    assert (swiglu["base_count"], swiglu["head_count"]) == (1024, 512)
+    assert (swiglu["base_median_ns"], swiglu["head_median_ns"]) == (
+        medians[0]["median"],
+        medians[1]["median"],
+    )
+    assert (swiglu["base_p90_ns"], swiglu["head_p90_ns"]) == (medians[0]["p90"], medians[1]["p90"])
+    assert swiglu["change"] == medians[1]["median"] / medians[0]["median"] - 1
+    # The injected 25% lies in the 99% interval; the test is far past chance.
+    assert swiglu["change_low"] < 0.25 < swiglu["change_high"]
+    assert swiglu["p_value"] < 1e-50
+    # Most time added per invocation first: 64 SwiGLU tasks a launch, each slower.
+    assert comparison.rows["stage"][0].as_py() == "SwiGLU"
+    assert swiglu["impact_ns"] == (swiglu["head_median_ns"] - swiglu["base_median_ns"]) * 64
+
+
+def test_a_speedup_is_found_with_what_it_shortens(runs: Store) -> None:
+    comparison = runs.compare("commit:base", "commit:fast")
+    found = {key: v for key, v in verdicts(comparison).items() if v != "unchanged"}
+    # SwiGLU's tasks wait for their GMM1 tile, which now ends sooner.
+    assert found == {
+        ("SimulatedMegaMoe", "GMM1", "compute"): "improved",
+        ("SimulatedMegaMoe", "SwiGLU", "wait"): "improved",
+    }
+    assert not comparison.regressed
+    rows = comparison.rows.to_pylist()
+    gmm1 = next(r for r in rows if (r["stage"], r["phase"]) == ("GMM1", "compute"))
+    assert gmm1["change_low"] < -0.2 < gmm1["change_high"]
+    assert comparison.rows["stage"][-1].as_py() in ("GMM1", "SwiGLU")  # most time saved last
+
+
+def test_groups_by_owner(runs: Store) -> None:
+    comparison = runs.compare("commit:base", "commit:slow", by=("stage", "phase", "owner_id"))
+    found = verdicts(comparison)
+    # Each of the 8 experts' SwiGLU tasks (64 of them on each side's run) regressed. With
+    # 104 groups tested at p < 0.01, another may pass by chance: no assertion on those.
+    assert [found["SwiGLU", "compute", expert] for expert in range(8)] == ["regressed"] * 8
+    assert len(found) == 13 * 8
+
+
+def test_new_and_gone_groups_and_comparability(store: Store) -> None:
+    write_run(store, SimulatedMoeKernel(), seed=1, commit="aaaa")
+    write_run(store, SimulatedMoeKernel(frequency_hz=100e6), seed=2, commit="bbbb", name="Next")
+    comparison = store.compare("commit:aaaa", "commit:bbbb", by=("kernel_name", "phase"))
+    assert verdicts(comparison) == {
+        ("SimulatedMegaMoe", "compute"): "gone",
+        ("SimulatedMegaMoe", "trigger"): "gone",
+        ("SimulatedMegaMoe", "wait"): "gone",
+        ("Next", "compute"): "new",
+        ("Next", "trigger"): "new",
+        ("Next", "wait"): "new",
+    }
+    assert comparison.warnings == (
+        "base and head differ in frequency (Hz): base 50000000.0; head 100000000.0",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"base": "commit:base", "head": "commit:base0001"}, "share runs"),
+        ({"base": "commit:base", "head": "commit:nope"}, "selects none"),
+        ({"base": "commit:base", "head": "commit:slow", "by": ("colour",)}, "cannot group by"),
+        ({"base": "commit:base", "head": "commit:slow", "metric": "energy"}, "unknown metric"),
+        ({"base": "commit:base", "head": "commit:slow", "alpha": 0}, "alpha must be in (0, 1)"),
+    ],
+)
+def test_bad_comparisons(runs: Store, kwargs: dict, message: str) -> None:
+    with pytest.raises(SelectorError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        runs.compare(**kwargs)
+
+
+def test_cli_compare_formats_and_exit_statuses(capsys, runs: Store, tmp_path) -> None:
+    store = str(runs.root)
+    base = ["compare", "--store", store, "--base", "commit:base"]
+    assert cli.main([*base, "--head", "commit:same", "--fail-on-regression"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mcprof compare: 13 unchanged (change of the median above 5%")
+    assert cli.main([*base, "--head", "commit:slow", "--fail-on-regression"]) == 1
+    assert "1 regressed, 12 unchanged" in capsys.readouterr().out
+    assert cli.main([*base, "--head", "commit:slow"]) == 0  # no gate asked for
+    capsys.readouterr()
+    assert cli.main([*base, "--head", "commit:slow", "--format", "markdown"]) == 0
+    markdown = capsys.readouterr().out.splitlines()
+    assert markdown[0] == (
+        "**mcprof compare**: 1 regressed, 12 unchanged (change of the median "
+        "above 5%, Mann-Whitney p < 0.01)"
+    )
+    assert markdown[2] == "base `commit:base` (2 run(s)), head `commit:slow` (1 run(s))"
+    assert markdown[4].startswith("| kernel_name | stage | phase | base median (us) |")
+    assert markdown[6].startswith("| SimulatedMegaMoe | SwiGLU | compute |")
+    assert markdown[6].endswith("| **regressed** | " + markdown[6].rsplit("| ", 1)[1])
+    output = tmp_path / "c.json"
+    assert cli.main([*base, "--head", "commit:slow", "--format", "json", "-o", str(output)]) == 0
+    document = json.loads(output.read_text())
+    assert document["counts"] == {
+        "regressed": 1, "improved": 0, "unchanged": 12, "new": 0, "gone": 0
+    }  # fmt: skip
+    assert document["head"] == {"selector": "commit:slow", "runs": ["run-slow0003-4"]}
+    assert document["groups"][0]["stage"] == "SwiGLU"
+    assert cli.main([*base, "--head", "commit:slow", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "kernel_name,stage,phase,base_count,head_count,base_median_ns,head_median_ns,"
+        "base_p90_ns,head_p90_ns,change,change_low,change_high,p_value,verdict,impact_ns"
+    )
+    # Usage errors are 2, never 1 (which a CI gate reads as a regression).
+    assert cli.main([*base, "--head", "commit:nope", "--fail-on-regression"]) == 2
+    assert "selects none" in capsys.readouterr().err
+    assert cli.main([*base, "--head", "commit:slow", "--by", "colour"]) == 2
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["compare", "--store", store, "--base", "commit:base"])
+    assert caught.value.code == 2
