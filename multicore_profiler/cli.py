@@ -29,7 +29,7 @@ from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.ingest.schedule import schedule
-from multicore_profiler.storage.compare import VERDICTS, Comparison
+from multicore_profiler.storage.compare import LEVELS, VERDICTS, Comparison
 from multicore_profiler.storage.kernel_rules import KernelRules
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo
@@ -175,8 +175,8 @@ def _markdown(comparison: Comparison) -> str:
         f"**mcprof compare**: {counts} (change of the median above "
         f"{comparison.threshold:.0%}, Mann-Whitney p < {comparison.alpha:g})",
         "",
-        f"base `{comparison.base}` ({len(comparison.base_runs)} run(s)), "
-        f"head `{comparison.head}` ({len(comparison.head_runs)} run(s))",
+        f"base `{comparison.base}` ({len(comparison.base_ids)} run(s)), "
+        f"head `{comparison.head}` ({len(comparison.head_ids)} run(s))",
         "",
     ]
     lines += [f"> warning: {warning}" for warning in comparison.warnings]
@@ -204,8 +204,8 @@ def _markdown(comparison: Comparison) -> str:
 
 def _comparison_json(comparison: Comparison) -> bytes:
     document = {
-        "base": {"selector": comparison.base, "runs": list(comparison.base_runs)},
-        "head": {"selector": comparison.head, "runs": list(comparison.head_runs)},
+        "base": {"selector": comparison.base, "runs": list(comparison.base_ids)},
+        "head": {"selector": comparison.head, "runs": list(comparison.head_ids)},
         "by": list(comparison.by),
         "metric": comparison.metric,
         "threshold": comparison.threshold,
@@ -222,7 +222,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = store.compare(
         args.base,
         args.head,
-        by=[column.strip() for column in args.by.split(",")],
+        level=args.level,
+        by=None if args.by is None else [column.strip() for column in args.by.split(",")],
         threshold=args.threshold,
         alpha=args.alpha,
     )
@@ -566,9 +567,16 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--base", required=True, metavar="SELECTOR", help="e.g. commit:3f2a")
     compare.add_argument("--head", required=True, metavar="SELECTOR", help="e.g. commit:9c1e")
     compare.add_argument(
+        "--level",
+        choices=sorted(LEVELS),
+        default="records",
+        help="records (default), invocations (wall time of each launch), or kernels (of the "
+        "outer traces in the store; the selectors then choose traces)",
+    )
+    compare.add_argument(
         "--by",
-        default="kernel_name,stage,phase",
-        help="group columns of records_ns (default: kernel_name,stage,phase)",
+        help="group columns (default: kernel_name,stage,phase for records, kernel_name for "
+        "invocations, family for kernels)",
     )
     compare.add_argument(
         "--threshold", type=float, default=0.05, help="relative change of the median (0.05)"

@@ -9,10 +9,12 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pytest
+from test_kernels import write_moe_trace
 
 from multicore_profiler import cli
 from multicore_profiler.errors import SelectorError
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.kernels.synthetic import GMM1, SWIGLU, SimulatedMoeKernel
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
@@ -64,8 +66,8 @@ def verdicts(comparison) -> dict[tuple, str]:
 
 def test_two_runs_of_the_same_code_differ_nowhere(runs: Store) -> None:
     comparison = runs.compare("commit:base", "commit:same")
-    assert comparison.base_runs == ("run-base0001-1", "run-base0001-2")
-    assert comparison.head_runs == ("run-same0002-3",)
+    assert comparison.base_ids == ("run-base0001-1", "run-base0001-2")
+    assert comparison.head_ids == ("run-same0002-3",)
     assert set(verdicts(comparison).values()) == {"unchanged"}
     assert len(comparison.rows) == 13  # 5 stages x compute, 4 x wait and trigger, Combine wait
     assert not comparison.regressed
@@ -126,6 +128,47 @@ def test_groups_by_owner(runs: Store) -> None:
     assert len(found) == 13 * 8
 
 
+def test_invocation_wall_times(runs: Store) -> None:
+    # GMM1 runs on the AIC workers' critical path: a faster GMM1 makes launches faster.
+    fast = runs.compare("commit:base", "commit:fast", level="invocations")
+    assert fast.by == ("kernel_name",)
+    [row] = fast.rows.to_pylist()
+    assert (row["base_count"], row["head_count"], row["verdict"]) == (16, 8, "improved")
+    walls = runs.sql(
+        """SELECT run_id, invocation_id, max(ts_ns + dur_ns) - min(ts_ns) AS wall
+           FROM records_ns WHERE run_id LIKE 'run-fast%' GROUP BY ALL"""
+    )["wall"].to_numpy()
+    assert row["head_median_ns"] == float(np.median(walls))
+    assert row["impact_ns"] == row["head_median_ns"] - row["base_median_ns"]
+    # SwiGLU runs on the AIV workers, off that path: slower SwiGLU tasks, same launches.
+    slow = runs.compare("commit:base", "commit:slow", level="invocations")
+    assert slow.rows["verdict"].to_pylist() == ["unchanged"]
+    same = runs.compare("commit:base", "commit:same", level="invocations", by=("kernel_name",))
+    assert same.rows["verdict"].to_pylist() == ["unchanged"]
+
+
+def test_trace_kernels_by_family_and_name(store: Store, tmp_path) -> None:
+    names = [f"ProfilerStep#{n}" for n in range(12)]
+    for rank in (0, 1):
+        old = write_moe_trace(tmp_path / f"old{rank}.json", rank=rank, names=names)
+        new = write_moe_trace(
+            tmp_path / f"new{rank}.json", rank=rank, names=names, all_reduce_extra_us=7
+        )
+        ingest_trace(store, old, label="old")
+        ingest_trace(store, new, label="new")
+    comparison = store.compare("label:old", "label:new", level="kernels", by=("family", "name"))
+    found = {key: v for key, v in verdicts(comparison).items() if v != "unchanged"}
+    assert found == {("collective", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"): "regressed"}
+    row = comparison.rows.to_pylist()[0]
+    assert (row["base_count"], row["head_count"]) == (24, 24)
+    assert (row["base_median_ns"], row["head_median_ns"]) == (20_000, 27_000)
+    assert row["change"] == 27_000 / 20_000 - 1
+    assert row["impact_ns"] == 7_000 * 12  # per trace: 12 all-reduces, 7 us each
+    assert len(comparison.base_ids) == len(comparison.head_ids) == 2
+    by_family = store.compare("label:old", "label:new", level="kernels")
+    assert verdicts(by_family)["collective",] == "unchanged"  # 20 -> 27 and 30 -> 30 mixed
+
+
 def test_new_and_gone_groups_and_comparability(store: Store) -> None:
     write_run(store, SimulatedMoeKernel(), seed=1, commit="aaaa")
     write_run(store, SimulatedMoeKernel(frequency_hz=100e6), seed=2, commit="bbbb", name="Next")
@@ -148,8 +191,16 @@ def test_new_and_gone_groups_and_comparability(store: Store) -> None:
     [
         ({"base": "commit:base", "head": "commit:base0001"}, "share runs"),
         ({"base": "commit:base", "head": "commit:nope"}, "selects none"),
-        ({"base": "commit:base", "head": "commit:slow", "by": ("colour",)}, "cannot group by"),
+        (
+            {"base": "commit:base", "head": "commit:slow", "by": ("colour",)},
+            "cannot group records by",
+        ),
         ({"base": "commit:base", "head": "commit:slow", "metric": "energy"}, "unknown metric"),
+        ({"base": "commit:base", "head": "commit:slow", "level": "layers"}, "unknown level"),
+        (
+            {"base": "commit:base", "head": "commit:slow", "level": "kernels"},
+            "traces have no commit or branch",
+        ),
         ({"base": "commit:base", "head": "commit:slow", "alpha": 0}, "alpha must be in (0, 1)"),
     ],
 )
@@ -198,3 +249,10 @@ def test_cli_compare_formats_and_exit_statuses(capsys, runs: Store, tmp_path) ->
     with pytest.raises(SystemExit) as caught:
         cli.main(["compare", "--store", store, "--base", "commit:base"])
     assert caught.value.code == 2
+    capsys.readouterr()
+    level = ["--level", "invocations", "--format", "csv"]
+    assert cli.main([*base, "--head", "commit:fast", *level, "--fail-on-regression"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("kernel_name,base_count,head_count,")
+    assert lines[1].startswith("SimulatedMegaMoe,16,8,")
+    assert lines[1].split(",")[-2] == "improved"

@@ -26,20 +26,53 @@ from multicore_profiler.storage.sql_text import sql_identifier
 if TYPE_CHECKING:
     from multicore_profiler.storage.store import Store
 
-GROUP_COLUMNS = (
-    "kernel_name",
-    "direction",
-    "stage",
-    "phase",
-    "core",
-    "owner_id",
-    "rank",
-    "step",
-)
-"""The ``records_ns`` columns a comparison may group by."""
 
-METRICS = {"duration": "dur_ns"}
-"""What is compared: ``duration`` is a record's duration in ns."""
+@dataclass(frozen=True)
+class Level:
+    """What one sample is: the SQL of the samples (``id``: the run or trace they belong to,
+    the group columns, ``value`` in ns), of the units time is added per (one row each, with
+    ``id``), the columns a comparison may group by, its default grouping, and whether its
+    selectors choose runs or traces."""
+
+    samples: str
+    units: str
+    columns: tuple[str, ...]
+    default_by: tuple[str, ...]
+    of: str
+
+
+LEVELS = {
+    "records": Level(
+        "SELECT run_id AS id, *, dur_ns AS value FROM records_ns",
+        "SELECT run_id AS id FROM invocations",
+        ("kernel_name", "direction", "stage", "phase", "core", "owner_id", "rank", "step"),
+        ("kernel_name", "stage", "phase"),
+        "runs",
+    ),
+    # An invocation's wall time: its last record's end minus its first record's start.
+    "invocations": Level(
+        """SELECT run_id AS id, kernel_name, direction, rank, step,
+                  max(ts_ns + dur_ns) - min(ts_ns) AS value
+           FROM records_ns GROUP BY run_id, rank, invocation_id, kernel_name, direction, step""",
+        "SELECT run_id AS id FROM invocations",
+        ("kernel_name", "direction", "rank", "step"),
+        ("kernel_name",),
+        "runs",
+    ),
+    # Device kernels of the outer traces in the store (see the kernel views).
+    "kernels": Level(
+        "SELECT source_id AS id, family, name, kind, rank, dur_ns AS value FROM kernels",
+        "SELECT source_id AS id FROM trace_sources",
+        ("family", "name", "kind", "rank"),
+        ("family",),
+        "traces",
+    ),
+}
+"""What a comparison compares: device records, kernel invocations, or the kernels of
+outer (torch / torch_npu) traces."""
+
+METRICS = ("duration",)
+"""What is compared: durations in ns (of a record, an invocation or a trace kernel)."""
 
 VERDICTS = ("regressed", "improved", "unchanged", "new", "gone")
 
@@ -69,11 +102,12 @@ class Comparison:
     """The result of ``compare``: one row per group in ``rows``, most time added first."""
 
     rows: pa.Table
-    base_runs: tuple[str, ...]
-    head_runs: tuple[str, ...]
+    base_ids: tuple[str, ...]
+    head_ids: tuple[str, ...]
     base: str
     head: str
     by: tuple[str, ...]
+    level: str
     metric: str
     threshold: float
     alpha: float
@@ -89,13 +123,16 @@ class Comparison:
         return self.count("regressed") > 0
 
 
-def _selected(store: Store, selector: RunSelector | str | Sequence[str]) -> tuple[str, list[str]]:
+def _selected(
+    store: Store, selector: RunSelector | str | Sequence[str], of: str
+) -> tuple[str, list[str]]:
     if isinstance(selector, (str, RunSelector)):
-        return str(selector), store.select_runs(selector)
-    runs = list(selector)
-    if not runs:
-        raise SelectorError("an empty list of runs selects nothing")
-    return ",".join(runs), runs
+        select = store.select_runs if of == "runs" else store.select_traces
+        return str(selector), select(selector)
+    ids = list(selector)
+    if not ids:
+        raise SelectorError(f"an empty list of {of} selects nothing")
+    return ",".join(ids), ids
 
 
 def _bootstrap(
@@ -155,46 +192,60 @@ def compare(
     base: RunSelector | str | Sequence[str],
     head: RunSelector | str | Sequence[str],
     *,
-    by: Sequence[str] = ("kernel_name", "stage", "phase"),
+    level: str = "records",
+    by: Sequence[str] | None = None,
     metric: str = "duration",
     threshold: float = 0.05,
     alpha: float = 0.01,
     resamples: int = 1000,
     seed: int = 0,
 ) -> Comparison:
-    """Compare the records of the ``base`` runs with those of the ``head`` runs, per group of
-    ``by`` columns (selectors, their text, or lists of run ids); see the module's doc."""
-    unknown = [column for column in by if column not in GROUP_COLUMNS]
+    """Compare the ``base`` runs with the ``head`` runs (selectors, their text, or lists of
+    ids; traces at level ``kernels``), per group of ``by`` columns; see the module's doc."""
+    if level not in LEVELS:
+        raise SelectorError(f"unknown level {level!r}; one of {sorted(LEVELS)}")
+    kind = LEVELS[level]
+    by = tuple(kind.default_by if by is None else by)
+    unknown = [column for column in by if column not in kind.columns]
     if not by or unknown:
-        raise SelectorError(f"cannot group by {unknown or 'nothing'}; by takes {GROUP_COLUMNS}")
+        raise SelectorError(
+            f"cannot group {level} by {unknown or 'nothing'}; by takes {kind.columns}"
+        )
     if metric not in METRICS:
-        raise SelectorError(f"unknown metric {metric!r}; one of {sorted(METRICS)}")
+        raise SelectorError(f"unknown metric {metric!r}; one of {METRICS}")
     if not 0 < alpha < 1 or threshold < 0:
         raise SelectorError(f"alpha must be in (0, 1) and threshold >= 0, got {alpha}, {threshold}")
-    base_text, base_runs = _selected(store, base)
-    head_text, head_runs = _selected(store, head)
-    shared = sorted(set(base_runs) & set(head_runs))
+    base_text, base_ids = _selected(store, base, kind.of)
+    head_text, head_ids = _selected(store, head, kind.of)
+    shared = sorted(set(base_ids) & set(head_ids))
     if shared:
-        raise SelectorError(f"base ({base_text}) and head ({head_text}) share runs {shared}")
+        raise SelectorError(f"base ({base_text}) and head ({head_text}) share {kind.of} {shared}")
+    sides = {"head": head_ids, "ids": base_ids + head_ids}
     columns = ", ".join(sql_identifier(column) for column in by)
     samples = store.sql(
-        f"""SELECT {columns}, list_contains($head, run_id) AS head,
-                   list({METRICS[metric]} ORDER BY {METRICS[metric]}) AS values
-            FROM records_ns WHERE list_contains($runs, run_id)
+        f"""SELECT {columns}, list_contains($head, id) AS head,
+                   list(value ORDER BY value) AS values
+            FROM ({kind.samples}) WHERE list_contains($ids, id) AND value IS NOT NULL
             GROUP BY ALL ORDER BY ALL""",
-        {"head": head_runs, "runs": base_runs + head_runs},
+        sides,
     )
-    invocations = {
+    units = {
         row["head"]: row["n"]
         for row in store.sql(
-            """SELECT list_contains($head, run_id) AS head, count(*) AS n FROM invocations
-               WHERE list_contains($runs, run_id) GROUP BY ALL""",
-            {"head": head_runs, "runs": base_runs + head_runs},
+            f"""SELECT list_contains($head, id) AS head, count(*) AS n FROM ({kind.units})
+                WHERE list_contains($ids, id) GROUP BY ALL""",
+            sides,
         ).to_pylist()
     }
-    for side, runs, text in ((False, base_runs, base_text), (True, head_runs, head_text)):
-        if not invocations.get(side):
-            raise SelectorError(f"the runs of {text} ({', '.join(runs)}) hold no invocation")
+    counted = store.sql(
+        f"SELECT list_contains($head, id) AS head, count(*) AS n FROM ({kind.samples}) "
+        "WHERE list_contains($ids, id) GROUP BY ALL",
+        sides,
+    ).to_pylist()
+    found = {row["head"] for row in counted if row["n"]}
+    for side, ids, text in ((False, base_ids, base_text), (True, head_ids, head_text)):
+        if not units.get(side) or side not in found:
+            raise SelectorError(f"the {kind.of} of {text} ({', '.join(ids)}) hold no {level}")
 
     groups: dict[tuple, dict[bool, np.ndarray]] = {}
     offsets = samples["values"].combine_chunks()
@@ -221,10 +272,10 @@ def compare(
             out[f"{prefix}_p90_ns"].append(float(np.quantile(sample, 0.9)) if present else None)
         if head_values is None:
             verdict = "gone"
-            impact = -float(np.median(base_values)) * base_values.size / invocations[False]
+            impact = -float(np.median(base_values)) * base_values.size / units[False]
         elif base_values is None:
             verdict = "new"
-            impact = float(np.median(head_values)) * head_values.size / invocations[True]
+            impact = float(np.median(head_values)) * head_values.size / units[True]
         else:
             base_median, head_median = np.median(base_values), np.median(head_values)
             p_value = float(mannwhitneyu(head_values, base_values).pvalue)
@@ -242,8 +293,8 @@ def compare(
                 if significant and change < -threshold
                 else "unchanged"
             )
-            # Time added per invocation: the median's change for each of its records.
-            impact = float(head_median - base_median) * head_values.size / invocations[True]
+            # Time added per invocation (or trace): the median's change for each sample.
+            impact = float(head_median - base_median) * head_values.size / units[True]
         for name, value in stats.items():
             out[name].append(value)
         out["verdict"].append(verdict)
@@ -252,13 +303,14 @@ def compare(
     order = np.argsort(-np.asarray(rows["impact_ns"].to_numpy(zero_copy_only=False)), kind="stable")
     return Comparison(
         rows=rows.take(order),
-        base_runs=tuple(base_runs),
-        head_runs=tuple(head_runs),
+        base_ids=tuple(base_ids),
+        head_ids=tuple(head_ids),
         base=base_text,
         head=head_text,
         by=tuple(by),
         metric=metric,
         threshold=threshold,
         alpha=alpha,
-        warnings=tuple(_comparability(store, base_runs, head_runs)),
+        level=level,
+        warnings=tuple(_comparability(store, base_ids, head_ids)) if kind.of == "runs" else (),
     )

@@ -1,4 +1,5 @@
-"""Run selectors: which runs of a store a listing, a comparison or a report is about.
+"""Run selectors: which runs of a store a listing, a comparison or a report is about (and
+which of its outer traces, with the keys that apply to them).
 
 A selector is text, the same in Python and on the command line: comma-separated terms
 ``key:value``. Terms of one key are alternatives, terms of different keys all apply:
@@ -93,9 +94,16 @@ class RunSelector:
             text=text,
         )
 
-    def sql(self) -> tuple[str, dict[str, Any]]:
-        """A query of the selected runs' ids over the ``runs`` view, oldest first, and its
-        parameters."""
+    def sql(self, of: str = "runs") -> tuple[str, dict[str, Any]]:
+        """A query of the selected ids, oldest first, and its parameters: of runs (the
+        ``runs`` view), or of traces (``trace_sources``: ``run:`` names a source id, times
+        are when it was ingested, and there is no commit or branch)."""
+        if of == "traces":
+            if self.commits or self.branches:
+                raise SelectorError(f"selector {self}: traces have no commit or branch")
+            table, id_column, time_column = "trace_sources", "source_id", "ingested_at"
+        else:
+            table, id_column, time_column = "runs", "run_id", "start_time"
         conditions: list[str] = []
         params: dict[str, Any] = {}
 
@@ -109,7 +117,7 @@ class RunSelector:
                 names.append(test.format(column=column, value=f"${name}"))
             conditions.append("(" + " OR ".join(names) + ")")
 
-        any_of("run_id", self.runs, "{column} = {value}")
+        any_of(id_column, self.runs, "{column} = {value}")
         any_of("commit", self.commits, "starts_with({column}, {value})")
         any_of("branch", self.branches, "{column} = {value}")
         any_of("label", self.labels, "{column} = {value}")
@@ -118,15 +126,16 @@ class RunSelector:
             conditions.append(f"tags[$tag_key_{index}] = $tag_value_{index}")
         if self.since is not None:
             params["since"] = self.since
-            conditions.append("start_time >= $since")
+            conditions.append(f"{time_column} >= $since")
         if self.until is not None:
             params["until"] = self.until
-            conditions.append("start_time < $until")
+            conditions.append(f"{time_column} < $until")
         where = " AND ".join(conditions) or "true"
         limit = f" LIMIT {self.latest}" if self.latest is not None else ""
         query = (
-            f"SELECT run_id FROM (SELECT run_id, start_time FROM runs WHERE {where} "
-            f"ORDER BY start_time DESC, run_id DESC{limit}) ORDER BY start_time, run_id"
+            f"SELECT {id_column} AS id FROM (SELECT {id_column}, {time_column} FROM {table} "
+            f"WHERE {where} ORDER BY {time_column} DESC, {id_column} DESC{limit}) "
+            f"ORDER BY {time_column}, {id_column}"
         )
         return query, params
 

@@ -213,14 +213,23 @@ class Store:
     def select_runs(self, selector: RunSelector | str) -> list[str]:
         """The ids of the runs a selector (``RunSelector`` or its text) selects, oldest
         first; ``SelectorError`` when it selects none."""
+        return self._select(selector, "runs")
+
+    def select_traces(self, selector: RunSelector | str) -> list[str]:
+        """The source ids of the outer traces a selector selects (``run:`` a source id,
+        ``label:``, ``tag:``, ``since:``/``until:`` their ingest time, ``latest:``)."""
+        return self._select(selector, "traces")
+
+    def _select(self, selector: RunSelector | str, of: str) -> list[str]:
         if isinstance(selector, str):
             selector = RunSelector.parse(selector)
-        query, params = selector.sql()
-        runs = self.sql(query, params)["run_id"].to_pylist()
-        if not runs:
-            total = self.sql("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"]
-            raise SelectorError(f"selector {selector} selects none of the {total} runs in {self}")
-        return runs
+        query, params = selector.sql(of)
+        ids = self.sql(query, params)["id"].to_pylist()
+        if not ids:
+            table = "runs" if of == "runs" else "trace_sources"
+            total = self.sql(f"SELECT count(*) AS n FROM {table}").to_pylist()[0]["n"]
+            raise SelectorError(f"selector {selector} selects none of the {total} {of} in {self}")
+        return ids
 
     def compare(
         self,
