@@ -229,6 +229,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     for warning in comparison.warnings:
         print(f"mcprof: warning: {warning}", file=sys.stderr)
+    if args.plot is not None:
+        from multicore_profiler.export.compare_plot import plot_comparison  # matplotlib
+
+        print(f"mcprof: picture: {plot_comparison(comparison, args.plot)}", file=sys.stderr)
     if args.format in ("json", "markdown"):
         text = (
             _comparison_json(comparison)
@@ -584,6 +588,9 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--alpha", type=float, default=0.01, help="significance level (0.01)")
     compare.add_argument("--format", choices=("table", "json", "markdown", "csv"), default="table")
     compare.add_argument("-o", "--output", type=Path, help="write to this file")
+    compare.add_argument(
+        "--plot", type=Path, metavar="IMAGE", help="draw each group's durations (e.g. out.png)"
+    )
     compare.add_argument(
         "--fail-on-regression", action="store_true", help="exit with status 1 if a group regressed"
     )

@@ -5,6 +5,7 @@ line's formats and exit statuses."""
 from __future__ import annotations
 
 import json
+import struct
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -12,7 +13,8 @@ import pytest
 from test_kernels import write_moe_trace
 
 from multicore_profiler import cli
-from multicore_profiler.errors import SelectorError
+from multicore_profiler.errors import ExportError, SelectorError
+from multicore_profiler.export.compare_plot import plot_comparison
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.kernels.synthetic import GMM1, SWIGLU, SimulatedMoeKernel
@@ -256,3 +258,25 @@ def test_cli_compare_formats_and_exit_statuses(capsys, runs: Store, tmp_path) ->
     assert lines[0].startswith("kernel_name,base_count,head_count,")
     assert lines[1].startswith("SimulatedMegaMoe,16,8,")
     assert lines[1].split(",")[-2] == "improved"
+
+
+def test_plot_of_a_comparison(runs: Store, tmp_path, capsys) -> None:
+    comparison = runs.compare("commit:base", "commit:slow")
+    picture = plot_comparison(comparison, tmp_path / "c.png")
+    data = picture.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    # 10 x (1.2 + 0.45 x 13 groups) inches at 110 dpi.
+    assert (width, height) == (1100, int((1.2 + 0.45 * 13) * 110))
+    assert not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(ExportError, match="'xyz' is not an image format"):
+        plot_comparison(comparison, tmp_path / "c.xyz")
+    store = str(runs.root)
+    svg = tmp_path / "c.svg"
+    code = cli.main(
+        ["compare", "--store", store, "--base", "commit:base", "--head", "commit:slow",
+         "--plot", str(svg), "--format", "csv"]
+    )  # fmt: skip
+    assert code == 0
+    assert svg.read_text().count("SwiGLU / compute") == 1
+    assert f"mcprof: picture: {svg}" in capsys.readouterr().err

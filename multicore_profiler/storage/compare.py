@@ -12,7 +12,7 @@ cycles converted with each invocation's own frequency.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -112,6 +112,8 @@ class Comparison:
     threshold: float
     alpha: float
     warnings: tuple[str, ...]
+    samples: dict[tuple, dict[bool, np.ndarray]] = field(repr=False, compare=False)
+    """Each group's values (ns) by side (``False``: base, ``True``: head), for pictures."""
 
     def count(self, verdict: str) -> int:
         """How many groups have this verdict."""
@@ -313,4 +315,5 @@ def compare(
         alpha=alpha,
         level=level,
         warnings=tuple(_comparability(store, base_ids, head_ids)) if kind.of == "runs" else (),
+        samples=groups,
     )
