@@ -153,39 +153,31 @@ def _bootstrap(
     return float(low), float(high)
 
 
+_COMPARABLE = (
+    ("SoC", "invocations", "soc"),
+    ("frequency (Hz)", "invocations", "frequency_hz"),
+    ("buffer layout", "invocations", "[aic_slots, aiv_slots, aic_capacity, aiv_capacity]"),
+    ("kernel spec (stage names)", "invocations", "stage_names"),
+    ("schedule", "runs", "schedule"),
+)
+"""What shapes durations besides the code: (what, the view it is in, its SQL)."""
+
+
 def _comparability(store: Store, base: list[str], head: list[str]) -> list[str]:
     """Warnings where base and head differ in what shapes their durations."""
-    checks = {
-        "SoC": "soc",
-        "frequency (Hz)": "frequency_hz",
-        "buffer layout": "[aic_slots, aiv_slots, aic_capacity, aiv_capacity]",
-        "kernel spec (stage names)": "stage_names",
-    }
     warnings = []
-    for what, expression in checks.items():
+    for what, view, expression in _COMPARABLE:
         found = store.sql(
             f"""SELECT list_contains($head, run_id) AS head,
                        list_sort(list_distinct(list(({expression})::VARCHAR))) AS seen
-                FROM invocations WHERE list_contains($runs, run_id) GROUP BY ALL""",
+                FROM {view} WHERE list_contains($runs, run_id) GROUP BY ALL""",
             {"head": head, "runs": base + head},
         ).to_pylist()
-        seen = {row["head"]: row["seen"] for row in found}
+        seen = {row["head"]: ", ".join(row["seen"]) for row in found}
         if seen.get(False) != seen.get(True):
             warnings.append(
-                f"base and head differ in {what}: base {', '.join(seen.get(False) or [])}; "
-                f"head {', '.join(seen.get(True) or [])}"
+                f"base and head differ in {what}: base {seen.get(False)}; head {seen.get(True)}"
             )
-    schedules = store.sql(
-        "SELECT list_contains($head, run_id) AS head, list_sort(list_distinct(list(schedule))) "
-        "AS seen FROM runs WHERE list_contains($runs, run_id) GROUP BY ALL",
-        {"head": head, "runs": base + head},
-    ).to_pylist()
-    seen = {row["head"]: row["seen"] for row in schedules}
-    if seen.get(False) != seen.get(True):
-        warnings.append(
-            f"base and head differ in schedule: base {', '.join(map(str, seen.get(False) or []))}"
-            f"; head {', '.join(map(str, seen.get(True) or []))}"
-        )
     return warnings
 
 
