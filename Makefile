@@ -21,7 +21,9 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The HTML report's test opens the page in a headless Chromium.
 test: lint
+	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

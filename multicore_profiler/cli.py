@@ -267,6 +267,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if args.fail_on_regression and comparison.regressed else 0
 
 
+def cmd_report(args: argparse.Namespace) -> None:
+    from multicore_profiler.export.report import write_report
+
+    path = write_report(
+        _store(args), args.run, args.output, base=args.base, invocation=args.invocation
+    )
+    print(f"{path}: report of {args.run}" + (f" against {args.base}" if args.base else ""))
+
+
 def _stage_names(pairs: Sequence[str]) -> dict[int, str]:
     names = {}
     for pair in pairs:
@@ -595,6 +604,19 @@ def _parser() -> argparse.ArgumentParser:
         "--fail-on-regression", action="store_true", help="exit with status 1 if a group regressed"
     )
     compare.set_defaults(func=cmd_compare, error_status=2)
+
+    report = commands.add_parser(
+        "report",
+        parents=[common],
+        help="write a self-contained HTML report of runs (stages, a timeline, a comparison)",
+    )
+    report.add_argument("--run", required=True, metavar="SELECTOR", help="e.g. commit:9c1e")
+    report.add_argument("--base", metavar="SELECTOR", help="compare the runs against these")
+    report.add_argument(
+        "--invocation", type=int, help="the invocation to draw (default: the latest run's first)"
+    )
+    report.add_argument("-o", "--output", type=Path, required=True, help="the page (.html)")
+    report.set_defaults(func=cmd_report)
 
     kernels = commands.add_parser(
         "kernels",

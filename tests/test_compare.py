@@ -6,59 +6,18 @@ from __future__ import annotations
 
 import json
 import struct
-from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pytest
+from simulated_runs import write_run
 from test_kernels import write_moe_trace
 
 from multicore_profiler import cli
 from multicore_profiler.errors import ExportError, SelectorError
 from multicore_profiler.export.compare_plot import plot_comparison
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.outer_trace import ingest_trace
-from multicore_profiler.kernels.synthetic import GMM1, SWIGLU, SimulatedMoeKernel
-from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.store import Store
-
-START = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
-
-
-def write_run(
-    store: Store, kernel: SimulatedMoeKernel, *, seed: int, commit: str, name: str | None = None
-) -> str:
-    """Eight launches of ``kernel`` (compute times drawn with ``seed``) as a run of ``commit``."""
-    batch = kernel.launches(np.random.default_rng(seed), 8, start_cycle=10**6, period=10**6)
-    info = KernelInfo(
-        kernel_name=name or kernel.kernel_name,
-        owner_label=kernel.owner_label,
-        stage_names=kernel.stage_names,
-    )
-    run = RunInfo(f"run-{commit}-{seed}", START + timedelta(minutes=seed), commit=commit)
-    store.write_run(run)
-    ingest_buffers(
-        store,
-        batch,
-        kernel.layout,
-        frequency_hz=kernel.frequency_hz,
-        run_id=run.run_id,
-        kernel=info,
-        launches=Launches(step=0),
-    )
-    store.write_run(run.finish())
-    return run.run_id
-
-
-@pytest.fixture
-def runs(store: Store) -> Store:
-    """Base: two runs of the default kernel. Same: another run of it. Slow: SwiGLU 25%
-    slower. Fast: GMM1 20% faster."""
-    write_run(store, SimulatedMoeKernel(), seed=1, commit="base0001")
-    write_run(store, SimulatedMoeKernel(), seed=2, commit="base0001")
-    write_run(store, SimulatedMoeKernel(), seed=3, commit="same0002")
-    write_run(store, SimulatedMoeKernel(stage_us={SWIGLU: 5.0}), seed=4, commit="slow0003")
-    write_run(store, SimulatedMoeKernel(stage_us={GMM1: 20.0}), seed=5, commit="fast0004")
-    return store
 
 
 def verdicts(comparison) -> dict[tuple, str]:
