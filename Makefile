@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test lint bench clean
 
@@ -23,7 +24,8 @@ lint: $(STAMP)
 
 # The HTML report's test opens the page in a headless Chromium.
 test: lint
-	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)
+	command -v chromium >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
