@@ -166,14 +166,8 @@ def cmd_kernels(args: argparse.Namespace) -> None:
 
 def _markdown(comparison: Comparison) -> str:
     """A comparison as a Markdown summary and table, for a pull-request comment."""
-    counts = ", ".join(
-        f"{comparison.count(verdict)} {verdict}"
-        for verdict in VERDICTS
-        if comparison.count(verdict)
-    )
     lines = [
-        f"**mcprof compare**: {counts} (change of the median above "
-        f"{comparison.threshold:.0%}, Mann-Whitney p < {comparison.alpha:g})",
+        f"**mcprof compare**: {comparison.summary()}",
         "",
         f"base `{comparison.base}` ({len(comparison.base_ids)} run(s)), "
         f"head `{comparison.head}` ({len(comparison.head_ids)} run(s))",
@@ -248,7 +242,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         if args.output is not None:
             raise ProfileError("--format table prints to the terminal; pick csv, json or markdown")
-        print(_markdown(comparison).splitlines()[0].replace("**", ""))
+        print(f"mcprof compare: {comparison.summary()}")
         con = duckdb.connect()
         con.register("rows", comparison.rows)
         shown = con.sql(

@@ -176,14 +176,8 @@ def _comparison(comparison: Comparison) -> dict[str, Any]:
         for row in rows.to_pylist()
     ]
     columns = [*comparison.by, "base median (us)", "head median (us)", "change", "p"]
-    counts = ", ".join(
-        f"{comparison.count(v)} {v}"
-        for v in ("regressed", "improved", "unchanged", "new", "gone")
-        if comparison.count(v)
-    )
     return {
-        "summary": f"base {comparison.base} against {comparison.head}: {counts} (change of "
-        f"the median above {comparison.threshold:.0%}, Mann-Whitney p < {comparison.alpha:g})",
+        "summary": f"base {comparison.base} against {comparison.head}: {comparison.summary()}",
         "warnings": list(comparison.warnings),
         "columns": [*columns, "verdict", "added (us/invocation)"],
         "rows": shown,

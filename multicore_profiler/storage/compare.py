@@ -115,6 +115,15 @@ class Comparison:
     samples: dict[tuple, dict[bool, np.ndarray]] = field(repr=False, compare=False)
     """Each group's values (ns) by side (``False``: base, ``True``: head), for pictures."""
 
+    def summary(self) -> str:
+        """The verdicts counted, with the rule: "1 regressed, 12 unchanged (change of the
+        median above 5%, Mann-Whitney p < 0.01)"."""
+        counts = ", ".join(f"{self.count(v)} {v}" for v in VERDICTS if self.count(v))
+        return (
+            f"{counts} (change of the median above {self.threshold:.0%}, "
+            f"Mann-Whitney p < {self.alpha:g})"
+        )
+
     def count(self, verdict: str) -> int:
         """How many groups have this verdict."""
         return sum(v == verdict for v in self.rows["verdict"].to_pylist())
@@ -231,12 +240,7 @@ def compare(
             sides,
         ).to_pylist()
     }
-    counted = store.sql(
-        f"SELECT list_contains($head, id) AS head, count(*) AS n FROM ({kind.samples}) "
-        "WHERE list_contains($ids, id) GROUP BY ALL",
-        sides,
-    ).to_pylist()
-    found = {row["head"] for row in counted if row["n"]}
+    found = set(samples["head"].to_pylist())  # the sides that have samples
     for side, ids, text in ((False, base_ids, base_text), (True, head_ids, head_text)):
         if not units.get(side) or side not in found:
             raise SelectorError(f"the {kind.of} of {text} ({', '.join(ids)}) hold no {level}")
