@@ -96,6 +96,7 @@ def test_invocation_row_keeps_layout_frequency_and_names(store: Store) -> None:
         "kernel_name": "HyperMegaMoe",
         "soc": "Ascend910B4",
         "frequency_hz": 50e6,
+        "frequency_source": "given",
         "anchor_cycle": 100,
         "aic_slots": 2,
         "aiv_slots": 3,

@@ -626,6 +626,7 @@ def _summary(
                 "pid": process["pid"],
                 "socName": row["soc"],
                 "cycleFrequencyMHz": row["frequency_hz"] / 1e6,
+                "cycleFrequencySource": row["frequency_source"],
                 "anchorCycle": row["anchor_cycle"],
                 "offsetUs": (row["anchor_cycle"] - process["anchor"]) * 1e6 / row["frequency_hz"],
                 "recordCapacityPerCore": {"AIC": row["aic_capacity"], "AIV": row["aiv_capacity"]},
@@ -672,6 +673,7 @@ def _summary(
         "socName": _only(e["socName"] for e in entries),
         "windowIndex": _only(e["windowIndex"] for e in entries),
         "cycleFrequencyMHz": _only(e["cycleFrequencyMHz"] for e in entries),
+        "cycleFrequencySource": _only(e["cycleFrequencySource"] for e in entries),
         "anchorCycle": _only(p["anchor"] for p in procs.values()),
         "recordCapacityPerCore": {
             "AIC": max(e["recordCapacityPerCore"]["AIC"] for e in entries),

@@ -30,6 +30,8 @@ class KernelInfo:
     owner_label: str = "Owner"
     stage_names: Mapping[int, str] = field(default_factory=dict)
     soc: str | None = None
+    frequency_source: str = "given"
+    """Where the frequency came from: ``given`` by hand, else the backend's source."""
     config_id: str | None = None
     """The RuntimeConfig the launches ran, whose task graph the ``tasks`` table holds."""
 
@@ -66,6 +68,7 @@ def step_tables(
             "kernel_name": [kernel.kernel_name] * count,
             "soc": pa.array([kernel.soc] * count, pa.string()),
             "frequency_hz": np.full(count, decoded.frequency_hz),
+            "frequency_source": [kernel.frequency_source] * count,
             "anchor_cycle": decoded.anchor_cycles,
             "aic_slots": np.full(count, layout.aic_slots, np.uint32),
             "aiv_slots": np.full(count, layout.aiv_slots, np.uint32),

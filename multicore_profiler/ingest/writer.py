@@ -147,6 +147,7 @@ class StepWriter:
                 owner_label=meta.owner_label,
                 stage_names=meta.stage_names,
                 soc=backend.soc,
+                frequency_source=backend.frequency_source,
                 config_id=config.config_id,
             )
             launches = Launches(

@@ -2,8 +2,8 @@
 
 A capture session never asks the user for a device or a frequency; it asks the
 kernel's backend. ``CpuBackend`` serves the CPU reference kernel (host threads,
-``time.perf_counter_ns`` as the cycle counter, so 1 GHz). Device backends (NPU,
-GPU) provide the same few members.
+``time.perf_counter_ns`` as the cycle counter, so 1 GHz); ``kernels.npu.NpuBackend``
+an Ascend NPU. Every backend provides the same few members.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ class Backend(Protocol):
     @property
     def frequency_hz(self) -> float:
         """Frequency of the cycle counter the kernel's records carry."""
+        ...
+
+    @property
+    def frequency_source(self) -> str:
+        """Where ``frequency_hz`` came from (stored with each invocation): ``host`` for the
+        CPU; ``override``, ``device``, ``profiler_info`` or ``soc_table`` for an NPU."""
         ...
 
     @property
@@ -64,6 +70,7 @@ class CpuBackend:
     """
 
     frequency_hz = 1e9
+    frequency_source = "host"
     soc = "cpu"
 
     def __init__(self) -> None:

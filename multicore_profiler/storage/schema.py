@@ -80,6 +80,7 @@ INVOCATIONS = TableSpec(
             ("kernel_name", pa.string()),
             ("soc", pa.string()),
             ("frequency_hz", pa.float64()),
+            ("frequency_source", pa.string()),
             ("anchor_cycle", pa.uint64()),
             ("aic_slots", pa.uint32()),
             ("aiv_slots", pa.uint32()),
@@ -94,7 +95,14 @@ INVOCATIONS = TableSpec(
         ]
     ),
     partition_by=("run_id",),
-    dictionary_columns=("direction", "kernel_name", "soc", "owner_label", "config_id"),
+    dictionary_columns=(
+        "direction",
+        "kernel_name",
+        "soc",
+        "frequency_source",
+        "owner_label",
+        "config_id",
+    ),
     sort_by=("rank", "invocation_id"),
 )
 
