@@ -110,5 +110,9 @@ class CaptureError(ProfileError):
     """Captured buffers that could not be drained or written to the store."""
 
 
+class BackendError(ProfileError):
+    """A device backend that cannot serve: its library or device is missing."""
+
+
 class DroppedRecordsWarning(UserWarning):
     """The device dropped records because a slot was full; the rest are kept."""
