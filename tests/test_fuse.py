@@ -24,7 +24,7 @@ from trace_checker import check_trace
 from multicore_profiler import cli
 from multicore_profiler.errors import FuseError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
-from multicore_profiler.fuse.align import kernel_pattern_for
+from multicore_profiler.fuse.align import frequency_check, kernel_pattern_for
 from multicore_profiler.fuse.merge import merge_chrome_traces
 from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
@@ -568,3 +568,89 @@ def test_ranks_pair_with_the_outer_trace(store: Store, tmp_path: Path) -> None:
     assert [(i["rank"], i["deviceId"], i["spanUs"]) for i in merged.report["invocations"]] == [
         (1, 1, 12.0)
     ] * 3
+
+
+def fused_at(store: Store, tmp_path: Path, frequency_hz: float, kernel_us: str) -> dict[str, Any]:
+    """The report of three 300-cycle invocations stored at ``frequency_hz`` fused into
+    kernels of ``kernel_us`` each."""
+    run = RunInfo.begin(run_id="mk")
+    store.write_run(run)
+    ingest_buffers(
+        store,
+        [launch(100_000 * i) for i in range(3)],
+        LAYOUT,
+        frequency_hz=frequency_hz,
+        run_id="mk",
+        kernel=KernelInfo(kernel_name=KERNEL, frequency_source="device"),
+        launches=Launches(rank=0, device=0, step=0),
+    )
+    kernels = [(KERNEL, f"{10 + 20 * i}.000", kernel_us) for i in range(3)]
+    write_kineto(tmp_path / "k.json", kernels, base=EPOCH_US)
+    return merge_chrome_traces(tmp_path / "k.json", store, tmp_path / "f.json", run="mk").report
+
+
+def test_spans_off_by_one_factor_suggest_the_frequency_that_fits(
+    store: Store, tmp_path: Path
+) -> None:
+    # The counter runs at 50 MHz (6 us spans in 6.2 us kernels); the device said 100.
+    report = fused_at(store, tmp_path, 100e6, "6.200")
+    assert report["frequencyCheck"] == {
+        "cycleFrequencyMHz": 100.0,
+        "source": "device",
+        "invocations": 3,
+        "spanToKernel": {"min": 0.4839, "median": 0.4839, "max": 0.4839},
+        "consistent": True,
+        "fits": False,
+        "estimatedMHz": 48.387,
+        "suggestedMHz": 50.0,
+    }
+    assert report["warnings"] == [
+        "every invocation's span is 0.48x its outer kernel's duration at 100 MHz (from "
+        "device): the cycle counter would fit 50 MHz; capture with that frequency_hz"
+    ]
+
+
+def test_spans_that_fit_their_kernels_raise_nothing(store: Store, tmp_path: Path) -> None:
+    report = fused_at(store, tmp_path, 50e6, "6.200")
+    check = report["frequencyCheck"]
+    assert (check["fits"], check["consistent"], check["suggestedMHz"]) == (True, True, None)
+    assert check["spanToKernel"]["median"] == 0.9677
+    assert report["warnings"] == []
+
+
+@pytest.mark.parametrize(
+    ("spans_and_durations", "consistent", "estimated"),
+    [
+        # Ratios 0.5 and 0.3: no single factor, so no suggestion.
+        ([(5000, 10_000), (3000, 10_000)], False, None),
+        # A hundredth of each kernel: no counter runs at 0.5 MHz; the kernel is the suspect.
+        ([(100, 10_000), (100, 10_000)], True, 0.5),
+        # Twice as long as their kernels: a 100 MHz counter read as 50 MHz.
+        ([(20_000, 10_000), (19_800, 9_950)], True, 99.749),
+    ],
+)
+def test_frequency_check_suggests_only_a_common_frequency(
+    spans_and_durations: list[tuple[int, int]], consistent: bool, estimated: float | None
+) -> None:
+    pairs = [
+        {
+            "span_ns": span,
+            "outer_dur_ns": dur,
+            "frequency_mhz": 50.0,
+            "frequency_source": "soc_table",
+        }
+        for span, dur in spans_and_durations
+    ]
+    check = frequency_check(pairs)
+    assert (check["consistent"], check["fits"], check["estimatedMHz"]) == (
+        consistent,
+        False,
+        estimated,
+    )
+    assert check["suggestedMHz"] == (100.0 if estimated == 99.749 else None)
+    single = frequency_check(pairs[:1])
+    assert (single["invocations"], single["spanToKernel"], single["suggestedMHz"]) == (
+        1,
+        None,
+        None,
+    )

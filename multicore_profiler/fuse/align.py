@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.errors import FuseError
@@ -24,6 +25,16 @@ from multicore_profiler.storage.sql_text import sql_strings
 DEVICE_CATEGORIES = ("kernel", "npu", "ascend", "aicore")
 DEVICE_TASK_TYPES = r"(?i)(ai_?core|aic|aiv|mix|vector_?core)"
 CORE_NAMES = {1: "AIC", 2: "AIV"}
+RATIO_SPREAD = 1.1
+"""Span / duration ratios within this factor of each other share one cause."""
+FITTING_RATIO = (0.8, 1.02)
+"""Span / duration medians a right frequency gives: records cover most of the kernel,
+and never (beyond timestamp rounding) more than all of it."""
+COMMON_FREQUENCIES_MHZ = (19.2, 24.0, 25.0, 50.0, 100.0, 200.0, 1000.0)
+"""System counter frequencies of real chips and hosts, which a suggestion snaps to."""
+SNAP_TOLERANCE = 0.15
+"""How far (relative) an estimate may lie from the common frequency it suggests: spans
+stop a little short of their kernel, so estimates run low."""
 LANE_TID_STEP = 10_000
 """A standalone trace's sub-track tid: core tid + 10000 x lane (see the exporter)."""
 
@@ -157,7 +168,7 @@ _PAIRS = """
 CREATE TEMP TABLE pairs AS
 SELECT
     i.invocation_id, i.direction, i.kernel_name, i.rank, i.device, i.events, i.first_ns,
-    i.last_ns - i.first_ns AS span_ns,
+    i.last_ns - i.first_ns AS span_ns, i.frequency_mhz, i.frequency_source,
     c.name AS outer_name, c.pid AS outer_pid, c.pid_name AS outer_pid_name,
     c.tid AS outer_tid, c.tid_name AS outer_tid_name, c.ts_ns AS outer_ts_ns,
     c.dur_ns AS outer_dur_ns, c.evidence,
@@ -365,6 +376,14 @@ def align(
             f"invocation {longer[0]['invocationId']}, by {longer[0]['exceedsOuterKernelUs']} us):"
             " the kernel may not be the one that ran them, or the cycle frequency is off"
         )
+    frequency = frequency_check(pairs)
+    if frequency["suggestedMHz"] is not None:
+        warnings.append(
+            f"every invocation's span is {frequency['spanToKernel']['median']:.2f}x its outer "
+            f"kernel's duration at {frequency['cycleFrequencyMHz']:g} MHz (from "
+            f"{frequency['source'] or 'an unknown source'}): the cycle counter would fit "
+            f"{frequency['suggestedMHz']:g} MHz; capture with that frequency_hz"
+        )
     events = sum(e["internalEventCount"] for e in entries)
     report = {
         "schemaVersion": 1,
@@ -388,9 +407,55 @@ def align(
             {"pid": _pid(t), "tid": t["tid"], "name": t["thread_name"]} for t in tracks.to_pylist()
         ],
         "invocations": entries,
+        "frequencyCheck": frequency,
         "warnings": warnings,
     }
     return Alignment(lines, events, report)
+
+
+def frequency_check(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the invocations' cycle frequency fits their outer kernels' durations.
+
+    With the right frequency an invocation's span (first record start to last record
+    end) is a little under its kernel's duration. A wrong one scales every span by the
+    same factor: when all span / duration ratios agree within ``RATIO_SPREAD`` and their
+    median lies outside ``FITTING_RATIO``, the frequency that would make spans fit is
+    ``used x median``. It is suggested only where a ``COMMON_FREQUENCIES_MHZ`` value lies
+    within ``SNAP_TOLERANCE`` of it: a span a hundredth of its kernel is no counter's
+    fault but a mismatched kernel or capture.
+    """
+    usable = [p for p in pairs if p["span_ns"] > 0 and p["outer_dur_ns"] > 0]
+    frequencies = {p["frequency_mhz"] for p in usable}
+    sources = {p["frequency_source"] for p in usable}
+    used = next(iter(frequencies)) if len(frequencies) == 1 else None
+    ratios = np.array([p["span_ns"] / p["outer_dur_ns"] for p in usable])
+    check: dict[str, Any] = {
+        "cycleFrequencyMHz": used,
+        "source": next(iter(sources)) if len(sources) == 1 else None,
+        "invocations": len(usable),
+        "spanToKernel": None,
+        "consistent": False,
+        "fits": None,
+        "estimatedMHz": None,
+        "suggestedMHz": None,
+    }
+    if len(usable) < 2 or used is None:
+        return check
+    median = float(np.median(ratios))
+    check["spanToKernel"] = {
+        "min": round(float(ratios.min()), 4),
+        "median": round(median, 4),
+        "max": round(float(ratios.max()), 4),
+    }
+    check["consistent"] = bool(ratios.max() <= ratios.min() * RATIO_SPREAD)
+    check["fits"] = FITTING_RATIO[0] <= median <= FITTING_RATIO[1]
+    if check["consistent"] and not check["fits"]:
+        estimate = used * median
+        common = min(COMMON_FREQUENCIES_MHZ, key=lambda mhz: abs(mhz / estimate - 1))
+        check["estimatedMHz"] = round(estimate, 3)
+        if abs(common / estimate - 1) <= SNAP_TOLERANCE:
+            check["suggestedMHz"] = common
+    return check
 
 
 def _core_case() -> str:

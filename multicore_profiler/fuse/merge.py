@@ -205,6 +205,10 @@ def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
             "direction": pa.array([e.get("direction") for e in entries], pa.string()),
             "kernel_name": pa.array([e["kernelName"] for e in entries], pa.string()),
             "step": pa.array([e.get("step") for e in entries], pa.int64()),
+            "frequency_mhz": pa.array([e.get("cycleFrequencyMHz") for e in entries], pa.float64()),
+            "frequency_source": pa.array(
+                [e.get("cycleFrequencySource") for e in entries], pa.string()
+            ),
         }
     )
     return pa.concat_tables(tables), invocations, summary
