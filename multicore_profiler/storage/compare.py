@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-from scipy.stats import mannwhitneyu
 
 from multicore_profiler.errors import SelectorError
 from multicore_profiler.storage.selectors import RunSelector
@@ -252,6 +251,9 @@ def compare(
     keys = samples.select(list(by)).to_pylist()
     for row, (key, is_head) in enumerate(zip(keys, samples["head"].to_pylist(), strict=True)):
         groups.setdefault(tuple(key.values()), {})[is_head] = values[starts[row] : starts[row + 1]]
+
+    # scipy.stats takes a second to import: only comparisons pay it, not every store.
+    from scipy.stats import mannwhitneyu
 
     rng = np.random.default_rng(seed)
     out: dict[str, list[Any]] = {column: [] for column in by}
