@@ -13,6 +13,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import duckdb
@@ -115,7 +116,7 @@ def _trace_source(store: Store, item: str, args: argparse.Namespace) -> str:
     )["source_id"].to_pylist()
     if len(found) != 1 or len(item) < 4:
         problem = "names several" if len(found) > 1 else "is neither a trace file nor"
-        raise ProfileError(f"{item!r} {problem} the source id of a trace in {store.root}")
+        raise ProfileError(f"{item!r} {problem} the source id of a trace in {store.uri}")
     return found[0]
 
 
@@ -356,6 +357,18 @@ def cmd_compact(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_gc(args: argparse.Namespace) -> None:
+    older = None if args.older_than is None else timedelta(days=args.older_than)
+    plan = _store(args, create=False).gc(
+        keep_last=args.keep_last, older_than=older, labels=args.label, apply=args.apply
+    )
+    columns = ["run_id", "label", "commit", "status", "start_time", "updated_at", "files", "bytes"]
+    rows = pa.Table.from_pylist(plan.runs) if plan.runs else None
+    if rows is not None:
+        _emit(rows.select(columns), args.format, args.output)
+    print(plan.summary(), file=sys.stderr)
+
+
 def cmd_export(args: argparse.Namespace) -> None:
     trace = export_chrome_trace(
         _store(args),
@@ -450,7 +463,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
     store = _store(args, create=True)
     generator = torch.Generator().manual_seed(args.seed)
     router, w1, w2 = make_moe_weights(8, 256, 512, generator=generator)
-    torch_trace = store.root.parent / f"{store.root.name}-torch"
+    # Beside a local store; in the working directory for a remote one.
+    name = store.uri.rstrip("/").rsplit("/", 1)[-1]
+    parent = store.root.parent if store.location.is_local else Path.cwd()
+    torch_trace = parent / f"{name}-torch"
     torch_trace.mkdir(exist_ok=True)
     trace_path = torch_trace / "pending.pt.trace.json"
     with (
@@ -488,7 +504,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     )
     totals = store.sql("SELECT * FROM run_summary WHERE run_id = $1", [prof.run_id]).to_pylist()
     print(
-        f"run {prof.run_id} in {store.root}: {totals[0]['invocations']} invocations in "
+        f"run {prof.run_id} in {store.uri}: {totals[0]['invocations']} invocations in "
         f"{len(prof.windows)} window(s) of {schedule(**DEMO_SCHEDULE)}, "
         f"{totals[0]['records']} records, {totals[0]['dropped']} dropped"
     )
@@ -508,10 +524,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
         f"fused trace of window {window}: {merged.path} ({merged.records} records, "
         f"{merged.added_events} events added)"
     )
-    print(f'try: mcprof query --store {store.root} "SELECT * FROM stage_stats"')
-    print(f"     mcprof export --store {store.root} -o {prof.run_id}.json  # for ui.perfetto.dev")
+    print(f'try: mcprof query --store {store.uri} "SELECT * FROM stage_stats"')
+    print(f"     mcprof export --store {store.uri} -o {prof.run_id}.json  # for ui.perfetto.dev")
     print(
-        f"     mcprof fuse {trace_path} --store {store.root} --run {prof.run_id} "
+        f"     mcprof fuse {trace_path} --store {store.uri} --run {prof.run_id} "
         f"--window {window} --allow-host-alignment -o {prof.run_id}.fused.json"
     )
 
@@ -520,9 +536,9 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--store",
-        type=Path,
         default=default_store_path(),
-        help="store directory (default: $MCPROF_STORE or ./mcprof-store)",
+        help="store directory or URI such as s3://bucket/prefix "
+        "(default: $MCPROF_STORE or ./mcprof-store)",
     )
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument(
@@ -668,6 +684,21 @@ def _parser() -> argparse.ArgumentParser:
         "--run", action="append", default=[], help="run to compact (repeatable; default: all)"
     )
     compact.set_defaults(func=cmd_compact)
+
+    gc = commands.add_parser(
+        "gc",
+        parents=[common, output],
+        help="remove whole runs by age or count (a dry run unless --apply)",
+    )
+    gc.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest runs")
+    gc.add_argument(
+        "--older-than", type=float, metavar="DAYS", help="remove runs last updated DAYS ago or more"
+    )
+    gc.add_argument(
+        "--label", action="append", default=[], help="only runs of this label (repeatable)"
+    )
+    gc.add_argument("--apply", action="store_true", help="remove them (default: only list them)")
+    gc.set_defaults(func=cmd_gc)
 
     export = commands.add_parser(
         "export",

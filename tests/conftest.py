@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import logging
+import re
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,3 +30,42 @@ def runs(store: Store) -> Store:
     write_run(store, SimulatedMoeKernel(stage_us={SWIGLU: 5.0}), seed=4, commit="slow0003")
     write_run(store, SimulatedMoeKernel(stage_us={GMM1: 20.0}), seed=5, commit="fast0004")
     return store
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3-compatible server (moto) on loopback, for the tests' session."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The environment that points S3 clients (pyarrow, boto3) at the test server."""
+    env = {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@pytest.fixture
+def s3_uri(s3_env: dict[str, str], request: pytest.FixtureRequest) -> str:
+    """``s3://<a new bucket>/store``: where a test's remote store goes."""
+    import boto3
+
+    bucket = "mcprof-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
+    bucket = f"{bucket}-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/store"

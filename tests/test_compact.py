@@ -90,7 +90,7 @@ def test_rows_of_uncommitted_invocations_are_left_alone(store: Store) -> None:
     fill(store, runs=1, ranks=1, steps=2)
     stray = store.sql("SELECT * EXCLUDE (run_id, step) FROM raw_records WHERE step = 1")
     stray = stray.set_column(2, "write_id", pa.array([77] * len(stray), pa.int64()))
-    orphan = write_partition(store.root, RECORDS, {"run_id": "run0", "step": 1}, stray)
+    orphan = Path(write_partition(store.location, RECORDS, {"run_id": "run0", "step": 1}, stray))
     before = store.sql(QUERIES["records"])
     report = store.compact()
     assert report.uncommitted_files == 1

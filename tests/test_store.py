@@ -225,7 +225,7 @@ def test_rows_of_a_dead_writer_never_join_a_retry(store: Store) -> None:
     # very invocation id that the retry, written next, uses again.
     leftover = store.sql("SELECT * EXCLUDE (run_id, step, write_id) FROM raw_records")
     write_partition(
-        store.root,
+        store.location,
         RECORDS,
         {"run_id": "r1", "step": 0},
         leftover.append_column("write_id", pa.array([12345] * 4, pa.int64())),

@@ -220,7 +220,7 @@ def ingest_trace(
                 yield table.add_column(0, "write_id", pa.repeat(pa.scalar(write_id), len(block)))
                 progress.update(len(block))
 
-    write_partition(store.root, TRACE_EVENTS, {"source_id": source_id}, tables())
+    write_partition(store.location, TRACE_EVENTS, {"source_id": source_id}, tables())
     metadata = top_level_fields(trace)
     rank = _rank(rank, metadata)
     base_time = metadata.get("baseTimeNanoseconds")
@@ -245,6 +245,6 @@ def ingest_trace(
         "layout": [orjson.dumps(text_layout(trace)).decode()],
     }
     write_partition(
-        store.root, TRACE_SOURCES, {"source_id": source_id}, pa.table(row, TRACE_SOURCES.schema)
+        store.location, TRACE_SOURCES, {"source_id": source_id}, pa.table(row, TRACE_SOURCES.schema)
     )
     return TraceSource(source_id, path, trace.events, rank, trace.form, True)

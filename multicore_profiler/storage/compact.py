@@ -95,6 +95,11 @@ def compact(store: Store, run_ids: Sequence[str] | None = None) -> CompactionRep
 
     Raises ``StoreError`` if another compaction of the store is running.
     """
+    if not store.location.is_local:
+        raise StoreError(
+            f"the store at {store.uri} is remote: compaction swaps files under readers with a "
+            "journal and a file lock, which object storage has not; compact a local store"
+        )
     root = store.root
     with open(root / COMPACT_LOCK, "a") as guard:
         try:

@@ -1,14 +1,17 @@
-"""Hive-partitioned Parquet files, each written aside and renamed into place.
+"""Hive-partitioned Parquet files, each appearing whole under a name no one else picks.
 
-A reader globbing ``*.parquet`` never sees a file being written: it is written
-under a ``.tmp`` name, flushed to disk, then renamed. File names are random, so any
-number of processes can add files to the same partition at once.
+A reader globbing ``*.parquet`` never sees a file being written. In a local store it
+is written under a ``.tmp`` name, flushed to disk, then renamed; in a remote one it is
+written to a local scratch file and uploaded, and an object store shows an upload only
+once it completes. File names are random, so any number of processes (every rank of a
+job) can add files to the same partition at once.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -17,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from multicore_profiler.errors import StoreError
+from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.schema import TableSpec
 
 PARQUET_SUFFIX = ".parquet"
@@ -34,9 +38,9 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def partition_dir(root: Path, spec: TableSpec, values: Mapping[str, object]) -> Path:
-    """The directory of one partition: ``root/<table>/run_id=<id>[/step=<n>]``."""
-    path = root / spec.name
+def partition_dir(spec: TableSpec, values: Mapping[str, object]) -> str:
+    """The directory of one partition in a store: ``<table>/run_id=<id>[/step=<n>]``."""
+    parts = [spec.name]
     for key in spec.partition_by:
         if key not in values:
             raise StoreError(f"a {spec.name} partition needs a value for {key!r}")
@@ -45,8 +49,8 @@ def partition_dir(root: Path, spec: TableSpec, values: Mapping[str, object]) -> 
             check_run_id(value)
         elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise StoreError(f"{key} must be a non-negative integer, got {value!r}")
-        path /= f"{key}={value}"
-    return path
+        parts.append(f"{key}={value}")
+    return "/".join(parts)
 
 
 def conform(table: pa.Table, spec: TableSpec) -> pa.Table:
@@ -128,31 +132,33 @@ def tmp_path(path: Path) -> Path:
 
 
 def write_partition(
-    root: Path,
+    location: StoreLocation,
     spec: TableSpec,
     values: Mapping[str, object],
     table: pa.Table | Iterable[pa.Table],
-) -> Path:
+) -> str:
     """Add one file of rows to a partition, atomically; return its path. The rows may
     come as a stream of tables, written as they come."""
     tables = [table] if isinstance(table, pa.Table) else table
-    directory = partition_dir(root, spec, values)
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / new_file_name()
+    conformed = (conform(t, spec) for t in tables)
+    relative = f"{partition_dir(spec, values)}/{new_file_name()}"
+    if not location.is_local:
+        with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
+            staged = Path(scratch) / "part.parquet"
+            write_parquet(staged, conformed, spec)
+            return location.upload(staged, relative)
+    final = location.directory / relative
+    final.parent.mkdir(parents=True, exist_ok=True)
     aside = tmp_path(final)
-    write_parquet(aside, (conform(t, spec) for t in tables), spec)
+    write_parquet(aside, conformed, spec)
     os.replace(aside, final)
-    fsync_dir(directory)
-    return final
-
-
-def glob_pattern(root: Path, spec: TableSpec) -> str:
-    """The glob that matches every live file of a table."""
-    return str(root / spec.name / "/".join(["*"] * len(spec.partition_by)) / f"*{PARQUET_SUFFIX}")
+    fsync_dir(final.parent)
+    return str(final)
 
 
 def run_partitions(root: Path, spec: TableSpec, run_id: str) -> Iterator[tuple[Path, list[Path]]]:
-    """Each partition directory of a run with its live files, in a stable order."""
+    """Each partition directory of a run in a local store with its live files, in a
+    stable order."""
     base = root / spec.name / f"run_id={check_run_id(run_id)}"
     if not base.is_dir():
         return

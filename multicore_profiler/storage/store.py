@@ -1,7 +1,8 @@
-"""The store: a directory of hive-partitioned Parquet files, queried through DuckDB views.
+"""The store: hive-partitioned Parquet files, queried through DuckDB views.
 
-``open_store(path)`` returns a ``Store``; ``Store.sql(query)`` returns a
-``pyarrow.Table``. Views (``runs``, ``invocations``, ``cores``, ``records``,
+``open_store(where)`` returns a ``Store`` in a local directory or under a URI of any
+pyarrow filesystem (``s3://bucket/prefix``; see ``location``); ``Store.sql(query)``
+returns a ``pyarrow.Table``. Views (``runs``, ``invocations``, ``cores``, ``records``,
 ``records_ns``, ``stage_stats``, ``run_summary``) span every run in the store and
 are re-listed at each query, so rows written by other processes appear as soon as
 their files do.
@@ -14,8 +15,8 @@ import os
 import secrets
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from datetime import datetime, timezone
+from contextlib import contextmanager, nullcontext
+from datetime import datetime, timedelta, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from multicore_profiler.errors import QueryError, SelectorError, StoreError
+from multicore_profiler.storage.catalog import FileCatalog
 from multicore_profiler.storage.compact import CompactionReport, compact
 from multicore_profiler.storage.compare import Comparison, compare
 from multicore_profiler.storage.kernel_rules import (
@@ -32,7 +36,9 @@ from multicore_profiler.storage.kernel_rules import (
     build_kernel_tables,
     mentions_kernel_views,
 )
-from multicore_profiler.storage.partitions import glob_pattern, write_partition
+from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.partitions import write_partition
+from multicore_profiler.storage.retention import GcPlan, collect, plan_gc
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import (
     CORES,
@@ -45,7 +51,7 @@ from multicore_profiler.storage.schema import (
     TableSpec,
 )
 from multicore_profiler.storage.selectors import RunSelector
-from multicore_profiler.storage.sql_text import sql_identifier, sql_string
+from multicore_profiler.storage.sql_text import sql_identifier
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
 
 STORE_ENV = "MCPROF_STORE"
@@ -53,13 +59,12 @@ DEFAULT_STORE = "mcprof-store"
 MARKER = "mcprof-store.json"
 FORMAT_VERSION = 1
 
-_HIVE_TYPES = {"run_id": "VARCHAR", "step": "BIGINT", "source_id": "VARCHAR"}
 _PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64(), "source_id": pa.string()}
 
 
-def default_store_path() -> Path:
-    """``$MCPROF_STORE`` if set, else ``./mcprof-store``."""
-    return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
+def default_store_path() -> str:
+    """``$MCPROF_STORE`` (a path or URI) if set, else ``./mcprof-store``."""
+    return os.environ.get(STORE_ENV) or DEFAULT_STORE
 
 
 def _empty_table(spec: TableSpec) -> pa.Table:
@@ -72,38 +77,43 @@ def _empty_table(spec: TableSpec) -> pa.Table:
 
 
 class Store:
-    """A multicore_profiler store rooted at a directory; see ``open_store``."""
+    """A multicore_profiler store, local or remote; see ``open_store``."""
 
-    def __init__(self, root: Path | str, *, create: bool = True) -> None:
-        root = Path(root).expanduser().absolute()
-        marker = root / MARKER
-        if not root.exists():
-            if not create:
-                raise StoreError(f"no store at {root} (nothing has been written there yet)")
-            root.mkdir(parents=True, exist_ok=True)
-        if not root.is_dir():
-            raise StoreError(f"{root} is not a directory, so it cannot hold a store")
-        if not marker.exists():
-            if any(root.iterdir()) or not create:
-                raise StoreError(f"{root} is not a multicore_profiler store (no {MARKER} in it)")
-            (root / LOCK_FILE).touch()
-            aside = root / f".{MARKER}.{os.getpid()}.tmp"
-            aside.write_text(json.dumps({"format": FORMAT_VERSION}) + "\n")
-            os.replace(aside, marker)
-        version = json.loads(marker.read_text()).get("format")
+    def __init__(
+        self,
+        where: Path | str | StoreLocation,
+        *,
+        create: bool = True,
+        filesystem: pafs.FileSystem | None = None,
+    ) -> None:
+        location = (
+            where if isinstance(where, StoreLocation) else StoreLocation.parse(where, filesystem)
+        )
+        try:
+            if location.is_local:
+                _init_local(location.directory, create)
+            else:
+                _init_remote(location, create)
+            version = json.loads(location.read_bytes(MARKER)).get("format")
+        except OSError as exc:
+            raise StoreError(f"cannot open the store at {location}: {exc}") from exc
         if version != FORMAT_VERSION:
             raise StoreError(
-                f"{root} is a store of format {version}; this version reads {FORMAT_VERSION}"
+                f"{location} is a store of format {version}; this version reads {FORMAT_VERSION}"
             )
-        self._root = root
-        self._lock = StoreLock(root)
+        self._location = location
+        self._lock = StoreLock(location.directory) if location.is_local else None
         self._views = threading.Lock()
         self._db = duckdb.connect()
         self._db.execute("SET enable_progress_bar = false; SET TimeZone = 'UTC'")
-        self._pointed: dict[str, bool] = {}
+        self._catalog = FileCatalog(location)
+        self._datasets: dict[str, tuple[tuple[str, ...], ds.Dataset]] = {}
+        # Over empty tables here; every query's cursor shadows those with files.
         for spec in TABLES.values():
             self._db.from_arrow(_empty_table(spec)).create(f"empty_{spec.name}")
-        self._point()
+            self._db.execute(
+                f"CREATE VIEW raw_{spec.name} AS {_with_empty(spec, f'empty_{spec.name}')}"
+            )
         self._db.execute(resources.files(__package__).joinpath("views.sql").read_text())
         # The kernel-level views are installed by the first query that names one: most
         # uses of a store never do, and installing them costs a tenth of a second.
@@ -112,13 +122,25 @@ class Store:
         self._kernel_tables_of: list[tuple[str, int]] | None = None
 
     @property
+    def location(self) -> StoreLocation:
+        """Where the store lives: its filesystem, base path and URI."""
+        return self._location
+
+    @property
+    def uri(self) -> str:
+        """The store's path or URI, as ``--store`` takes it."""
+        return self._location.uri
+
+    @property
     def root(self) -> Path:
-        """The store's directory."""
-        return self._root
+        """The store's directory; ``StoreError`` for a remote store."""
+        return self._location.directory
 
     @property
     def lock(self) -> StoreLock:
-        """The lock queries share and file swaps (compaction) take alone."""
+        """The lock queries share and file swaps (compaction) take alone (local stores)."""
+        if self._lock is None:
+            raise StoreError(f"the store at {self.uri} is remote: it has no file lock")
         return self._lock
 
     @property
@@ -135,47 +157,61 @@ class Store:
             self._kernel_rules = rules
             self._kernel_views_installed = False
 
+    def gc(
+        self,
+        *,
+        keep_last: int | None = None,
+        older_than: timedelta | None = None,
+        labels: Sequence[str] = (),
+        apply: bool = False,
+    ) -> GcPlan:
+        """Remove whole runs by a retention rule; with ``apply=False`` (the default) only
+        say which. See ``retention.plan_gc``."""
+        plan = plan_gc(self, keep_last=keep_last, older_than=older_than, labels=labels)
+        return collect(self, plan) if apply else plan
+
     def compact(self, run_ids: Sequence[str] | None = None) -> CompactionReport:
         """Merge each partition's small files into one (default: every run); see ``compact``."""
         return compact(self, run_ids)
 
-    def _has_files(self, spec: TableSpec) -> bool:
-        relative = Path(glob_pattern(self._root, spec)).relative_to(self._root)
-        return next(self._root.glob(str(relative)), None) is not None
-
-    def _point(self) -> None:
-        """Define each ``raw_<table>`` over the table's files, or over an empty table while
-        it has none (DuckDB refuses a glob that matches nothing); only what changed."""
-        for spec in TABLES.values():
-            has_files = self._has_files(spec)
-            if self._pointed.get(spec.name) == has_files:
-                continue
-            columns = ", ".join(sql_identifier(c) for c in spec.columns)
-            source = f"empty_{spec.name}"
-            if has_files:
-                types = ", ".join(f"{sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
-                files = (
-                    f"read_parquet({sql_string(glob_pattern(self._root, spec))}, "
-                    f"hive_partitioning = true, hive_types = {{{types}}}, union_by_name = true)"
+    def _point(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        """Shadow each ``raw_<table>`` that has files, on ``cursor``, by a view over a
+        pyarrow dataset of the files listed now. DuckDB hands the dataset its filters on
+        partition columns (run, step, source), and the dataset opens no file of another
+        partition: a query about one run costs about the same in a store of thousands.
+        A file written before a column was added reads it as NULL. Datasets are made
+        again only when a table's files changed."""
+        for name, files in self._catalog.files().items():
+            cached = self._datasets.get(name)
+            if cached is None or cached[0] != files:
+                spec = TABLES[name]
+                partitions = pa.schema([(k, _PARTITION_TYPES[k]) for k in spec.partition_by])
+                dataset = ds.dataset(
+                    list(files),
+                    schema=pa.unify_schemas([partitions, spec.schema]),
+                    format="parquet",
+                    filesystem=self._location.filesystem,
+                    partitioning=ds.partitioning(partitions, flavor="hive"),
+                    partition_base_dir=self._location.join(name),
                 )
-                # By name with the typed empty table: a column no file has yet reads NULL.
-                source = f"(SELECT * FROM {source} UNION ALL BY NAME SELECT * FROM {files})"
-            self._db.execute(
-                f"CREATE OR REPLACE VIEW raw_{spec.name} AS SELECT {columns} FROM {source}"
+                cached = self._datasets[name] = (files, dataset)
+            cursor.register(f"files_{name}", cached[1])
+            cursor.execute(
+                f"CREATE OR REPLACE TEMP VIEW raw_{name} AS "
+                + _with_empty(TABLES[name], f"files_{name}")
             )
-            self._pointed[spec.name] = has_files
 
-    def _build_kernel_tables(self) -> None:
+    def _build_kernel_tables(self, con: duckdb.DuckDBPyConnection) -> None:
         """Install the kernel-level views (which builds their tables) if they are not, else
         rebuild their tables if the committed traces changed since they were built."""
-        committed = self._db.execute(
+        committed = con.execute(
             "SELECT source_id, write_id FROM trace_sources ORDER BY ALL"
         ).fetchall()
         if not self._kernel_views_installed:
-            self._kernel_rules.install(self._db)
+            self._kernel_rules.install(con)
             self._kernel_views_installed = True
         elif committed != self._kernel_tables_of:
-            build_kernel_tables(self._db)
+            build_kernel_tables(con)
         self._kernel_tables_of = committed
 
     @contextmanager
@@ -184,19 +220,19 @@ class Store:
         (temporary tables included): the files it reads stay in place until it closes.
         With ``kernel_views``, the kernel-level tables hold the traces committed now."""
         while True:
-            with self._lock.shared():
-                if not pending(self._root):
-                    with self._views:
-                        self._point()
-                        if kernel_views:
-                            self._build_kernel_tables()
+            with self._lock.shared() if self._lock else nullcontext():
+                if self._lock is None or not pending(self.root):
                     cursor = self._db.cursor()
                     try:
+                        with self._views:
+                            self._point(cursor)
+                            if kernel_views:
+                                self._build_kernel_tables(cursor)
                         yield cursor
                     finally:
                         cursor.close()
                     return
-            recover(self._root, self._lock)
+            recover(self.root, self.lock)
 
     def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
         """Run one SQL statement over the store's views; return its rows as Arrow.
@@ -242,7 +278,7 @@ class Store:
 
     def write_run(self, run: RunInfo) -> None:
         """Record a run's current state (a newer row for the same run supersedes older ones)."""
-        write_partition(self._root, RUNS, {"run_id": run.run_id}, run.to_table())
+        write_partition(self._location, RUNS, {"run_id": run.run_id}, run.to_table())
 
     def write_step(
         self,
@@ -274,10 +310,10 @@ class Store:
         for spec, table in ((RECORDS, records), (CORES, cores), (INVOCATIONS, invocations)):
             if table.num_rows or spec is INVOCATIONS:
                 stamped = table.append_column("write_id", pa.repeat(write_id, table.num_rows))
-                write_partition(self._root, spec, partition, stamped)
+                write_partition(self._location, spec, partition, stamped)
         return write_id.as_py()
 
-    def write_tasks(self, run_id: str, tasks: pa.Table) -> Path:
+    def write_tasks(self, run_id: str, tasks: pa.Table) -> str:
         """Write task graphs (rows of the ``tasks`` table) of a run; return the file.
 
         A graph is keyed by (rank, config_id); writing one again (a retry) adds no row
@@ -285,7 +321,7 @@ class Store:
         """
         if tasks.num_rows == 0:
             raise StoreError("no task to write")
-        return write_partition(self._root, TASKS, {"run_id": run_id}, tasks)
+        return write_partition(self._location, TASKS, {"run_id": run_id}, tasks)
 
     def discard_writes(
         self,
@@ -310,7 +346,7 @@ class Store:
                 "reason": pa.repeat(pa.scalar(reason, pa.string()), count),
             }
         )
-        write_partition(self._root, DISCARDS, {"run_id": run_id}, rows)
+        write_partition(self._location, DISCARDS, {"run_id": run_id}, rows)
 
     def close(self) -> None:
         """Release the DuckDB connection."""
@@ -323,7 +359,7 @@ class Store:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Store({str(self._root)!r})"
+        return f"Store({self.uri!r})"
 
 
 def _within(values: pa.ChunkedArray, allowed: pa.ChunkedArray) -> bool:
@@ -339,9 +375,57 @@ def _within(values: pa.ChunkedArray, allowed: pa.ChunkedArray) -> bool:
     return pc.all(pc.is_in(values, value_set=allowed)).as_py() is not False
 
 
-def open_store(path: Path | str | None = None, *, create: bool = True) -> Store:
-    """Open the store at ``path`` (default ``$MCPROF_STORE`` or ``./mcprof-store``).
+def open_store(
+    where: Path | str | None = None,
+    *,
+    create: bool = True,
+    filesystem: pafs.FileSystem | None = None,
+) -> Store:
+    """Open the store at ``where``: a directory or a URI such as ``s3://bucket/prefix``
+    (default ``$MCPROF_STORE`` or ``./mcprof-store``), or a path on ``filesystem``.
 
     With ``create=False`` a missing store is an error instead of a new empty one.
     """
-    return Store(default_store_path() if path is None else path, create=create)
+    return Store(
+        default_store_path() if where is None else where, create=create, filesystem=filesystem
+    )
+
+
+def _with_empty(spec: TableSpec, source: str) -> str:
+    """The table's columns, typed, from ``source``: by name with the typed empty table, so
+    that a column no file has yet reads NULL."""
+    columns = ", ".join(sql_identifier(c) for c in spec.columns)
+    return (
+        f"SELECT {columns} FROM (SELECT * FROM empty_{spec.name} "
+        f"UNION ALL BY NAME SELECT * FROM {source})"
+    )
+
+
+def _init_local(root: Path, create: bool) -> None:
+    """Make the directory a store if it is new and empty; refuse any other directory."""
+    marker = root / MARKER
+    if not root.exists():
+        if not create:
+            raise StoreError(f"no store at {root} (nothing has been written there yet)")
+        root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        raise StoreError(f"{root} is not a directory, so it cannot hold a store")
+    if not marker.exists():
+        if any(root.iterdir()) or not create:
+            raise StoreError(f"{root} is not a multicore_profiler store (no {MARKER} in it)")
+        (root / LOCK_FILE).touch()
+        aside = root / f".{MARKER}.{os.getpid()}.tmp"
+        aside.write_text(json.dumps({"format": FORMAT_VERSION}) + "\n")
+        os.replace(aside, marker)
+
+
+def _init_remote(location: StoreLocation, create: bool) -> None:
+    """Write the marker of a new store under an empty prefix; refuse a prefix that holds
+    other files. Two ranks creating the store at once write the same marker."""
+    if location.info(MARKER).type == pafs.FileType.File:
+        return
+    if not create:
+        raise StoreError(f"no store at {location} (nothing has been written there yet)")
+    if location.files():
+        raise StoreError(f"{location} is not a multicore_profiler store (no {MARKER} in it)")
+    location.write_bytes(MARKER, (json.dumps({"format": FORMAT_VERSION}) + "\n").encode())

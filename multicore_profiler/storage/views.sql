@@ -78,17 +78,19 @@ CREATE OR REPLACE VIEW invocations AS
 SELECT i.* FROM raw_invocations i
 ANTI JOIN raw_discards d ON i.run_id = d.run_id AND i.rank = d.rank AND i.write_id = d.write_id;
 
--- One row per slot that was not idle, of committed invocations only.
+-- One row per slot that was not idle, of committed invocations only. (An inner join, not
+-- a semi join: a committed invocation is one row, and a filter on the run or step then
+-- reaches both sides, so neither reads another run's files.)
 CREATE OR REPLACE VIEW cores AS
 SELECT c.* FROM raw_cores c
-SEMI JOIN invocations i
+JOIN invocations i
     ON c.run_id = i.run_id AND c.rank = i.rank AND c.invocation_id = i.invocation_id
     AND c.write_id = i.write_id;
 
--- One row per device record, raw, of committed invocations only.
+-- One row per device record, raw, of committed invocations only (an inner join, as above).
 CREATE OR REPLACE VIEW records AS
 SELECT r.* FROM raw_records r
-SEMI JOIN invocations i
+JOIN invocations i
     ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
     AND r.write_id = i.write_id;
 

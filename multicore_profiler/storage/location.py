@@ -1,0 +1,133 @@
+"""Where a store lives: a local directory, or a prefix on any pyarrow filesystem.
+
+``StoreLocation.parse`` takes what a user writes after ``--store`` or in
+``$MCPROF_STORE``: a path, ``file://...``, or a URI pyarrow knows (``s3://bucket/prefix``,
+``gs://...``, ``hdfs://...``). Endpoints and credentials come from the usual
+environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...) or from the
+URI's query (``s3://bucket/prefix?endpoint_override=host:9000&scheme=http``), as
+pyarrow reads them; a ready ``pyarrow.fs.FileSystem`` may be given instead.
+
+A local store keeps its locks and journals (rename and flock work there); a remote one
+needs neither for what it does: every file is written whole under a name no other
+writer picks, and appears in one piece when its upload completes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from multicore_profiler.errors import StoreError
+
+OBJECT_STORES = ("s3", "gcs")
+"""Filesystems whose directories are only key prefixes: nothing to create."""
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """A store's filesystem, its base path there, and the URI a user names it by."""
+
+    filesystem: pafs.FileSystem
+    path: str
+    """The base path as the filesystem names it: ``/abs/dir``, or ``bucket/prefix``."""
+    uri: str
+
+    @classmethod
+    def parse(cls, where: str | Path, filesystem: pafs.FileSystem | None = None) -> StoreLocation:
+        """The location ``where`` names; on ``filesystem`` when one is given."""
+        text = os.fspath(where)
+        if filesystem is not None:
+            path = text.rstrip("/") or "/"
+            if isinstance(filesystem, pafs.LocalFileSystem):
+                return cls.local(Path(path))
+            return cls(filesystem, path, f"{filesystem.type_name}://{path}")
+        if "://" not in text:
+            return cls.local(Path(text))
+        try:
+            found, path = pafs.FileSystem.from_uri(text)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, OSError) as exc:
+            raise StoreError(f"cannot open store {text!r}: {exc}") from exc
+        if isinstance(found, pafs.LocalFileSystem):
+            return cls.local(Path(path))
+        path = path.rstrip("/")
+        if not path:
+            raise StoreError(f"store {text!r} names no bucket or directory")
+        return cls(found, path, text.split("?", 1)[0].rstrip("/"))
+
+    @classmethod
+    def local(cls, directory: Path) -> StoreLocation:
+        """A directory on this machine."""
+        directory = directory.expanduser().absolute()
+        return cls(pafs.LocalFileSystem(), str(directory), str(directory))
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the store is a directory of this machine (locks and renames work)."""
+        return isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    @property
+    def directory(self) -> Path:
+        """The local directory; ``StoreError`` for a remote store."""
+        if not self.is_local:
+            raise StoreError(f"{self.uri} is not a local directory")
+        return Path(self.path)
+
+    def join(self, *parts: str) -> str:
+        """The filesystem path of ``parts`` under the base path."""
+        return "/".join([self.path.rstrip("/"), *parts])
+
+    def info(self, relative: str) -> pafs.FileInfo:
+        """What is at ``relative``: a file, a directory, or nothing."""
+        return self.filesystem.get_file_info(self.join(relative))
+
+    def read_bytes(self, relative: str) -> bytes:
+        """A whole file's bytes."""
+        with self.filesystem.open_input_stream(self.join(relative)) as source:
+            return source.read()
+
+    def files(self, relative: str = "") -> list[pafs.FileInfo]:
+        """Every file under ``relative``, at any depth (none when it does not exist)."""
+        base = self.join(relative) if relative else self.path
+        selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+        return [i for i in self.filesystem.get_file_info(selector) if i.type == pafs.FileType.File]
+
+    def upload(self, local: Path, relative: str) -> str:
+        """Copy a finished local file to ``relative``; return its path. The file appears
+        whole or not at all: an object store shows an upload only once it completes;
+        elsewhere (HDFS) it is copied under a ``.tmp`` name, then renamed."""
+        destination = self.join(relative)
+        object_store = self.filesystem.type_name in OBJECT_STORES
+        if not object_store:  # where directories are real
+            self.filesystem.create_dir(destination.rsplit("/", 1)[0], recursive=True)
+        target = destination if object_store else destination + ".tmp"
+        pafs.copy_files(
+            str(local),
+            target,
+            source_filesystem=pafs.LocalFileSystem(),
+            destination_filesystem=self.filesystem,
+        )
+        if target != destination:
+            self.filesystem.move(target, destination)
+        return destination
+
+    def write_bytes(self, relative: str, data: bytes) -> None:
+        """A small file written in one piece (the store's marker)."""
+        with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
+            staged = Path(scratch) / "file"
+            staged.write_bytes(data)
+            self.upload(staged, relative)
+
+    def delete_dir(self, relative: str) -> None:
+        """Remove a directory (prefix) and everything in it, if it is there."""
+        path = self.join(relative)
+        self.filesystem.delete_dir_contents(path, missing_dir_ok=True)
+        if self.filesystem.get_file_info(path).type == pafs.FileType.Directory:
+            self.filesystem.delete_dir(path)
+
+    def __str__(self) -> str:
+        return self.uri

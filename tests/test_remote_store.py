@@ -1,0 +1,201 @@
+"""The store on object storage: a real S3-compatible server (moto) on loopback, sixteen
+writer processes, a writer killed before its commit, partition pruning, retention."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pyarrow.fs as pafs
+import pytest
+from remote_writer import KERNEL, LAUNCHES
+from simulated_runs import write_run
+
+from multicore_profiler import cli
+from multicore_profiler.errors import QueryError, StoreError
+from multicore_profiler.ingest.outer_trace import ingest_trace
+from multicore_profiler.kernels.synthetic import SWIGLU, SimulatedMoeKernel
+from multicore_profiler.storage.store import Store, open_store
+
+DATA = Path(__file__).parent / "data"
+WRITER = Path(__file__).parent / "remote_writer.py"
+PER_STEP = LAUNCHES * KERNEL.records_per_launch
+
+
+def bucket_of(uri: str) -> str:
+    return uri.removeprefix("s3://").split("/", 1)[0]
+
+
+def both(store: Store, remote: Store, query: str) -> tuple[list, list]:
+    return store.sql(query).to_pylist(), remote.sql(query).to_pylist()
+
+
+def test_a_store_on_s3_answers_like_a_local_one(store: Store, s3_uri: str) -> None:
+    with open_store(s3_uri) as remote:
+        assert (remote.uri, repr(remote)) == (s3_uri, f"Store({s3_uri!r})")
+        for target in (store, remote):
+            write_run(target, SimulatedMoeKernel(), seed=1, commit="aaaa0001")
+            write_run(target, SimulatedMoeKernel(stage_us={SWIGLU: 5.0}), seed=2, commit="bbbb")
+            ingest_trace(target, DATA / "mi250_minitoy_train.json.gz", label="toy")
+        for query in (
+            "SELECT * EXCLUDE (updated_at, end_time, host, versions) FROM runs ORDER BY run_id",
+            "SELECT * FROM stage_stats ORDER BY ALL",
+            "SELECT * FROM records_ns ORDER BY ALL LIMIT 50",
+            "SELECT family, count(*) AS n, sum(dur_ns) AS ns FROM kernels GROUP BY ALL "
+            "ORDER BY ALL",
+        ):
+            local, remote_rows = both(store, remote, query)
+            assert remote_rows == local
+            assert local  # every query has rows to compare
+        keys = {
+            o["Key"].split("/")[1]
+            for o in boto3.client("s3").list_objects_v2(Bucket=bucket_of(s3_uri))["Contents"]
+        }
+        assert keys == {
+            "mcprof-store.json",
+            "runs",
+            "invocations",
+            "cores",
+            "records",
+            "trace_events",
+            "trace_sources",
+        }
+    with open_store(s3_uri, create=False) as again:
+        assert again.sql("SELECT count(*) AS n FROM invocations").to_pylist() == [{"n": 16}]
+
+
+def test_what_cannot_be_a_remote_store_is_refused(s3_uri: str) -> None:
+    with pytest.raises(StoreError, match=r"no store at s3://.*nothing has been written"):
+        open_store(s3_uri, create=False)
+    client = boto3.client("s3")
+    bucket = bucket_of(s3_uri)
+    client.put_object(Bucket=bucket, Key="other/data.csv", Body=b"a,b\n")
+    with pytest.raises(StoreError, match=r"is not a multicore_profiler store \(no mcprof-store"):
+        open_store(f"s3://{bucket}/other")
+    with pytest.raises(StoreError, match="cannot open the store at s3://no-such-bucket-x/s"):
+        open_store("s3://no-such-bucket-x/s")
+    with pytest.raises(StoreError, match="names no bucket"):
+        open_store("s3://")
+    with open_store(s3_uri) as remote:
+        write_run(remote, SimulatedMoeKernel(), seed=1, commit="aaaa0001")
+        with pytest.raises(StoreError, match="is remote: compaction swaps files"):
+            remote.compact()
+        with pytest.raises(StoreError, match="is not a local directory"):
+            _ = remote.root
+
+
+def test_a_store_on_a_given_pyarrow_filesystem(tmp_path: Path, s3_env: dict[str, str]) -> None:
+    # Any pyarrow filesystem: here a SubTreeFileSystem over a local directory.
+    base = tmp_path / "tree"
+    base.mkdir()
+    subtree = pafs.SubTreeFileSystem(str(base), pafs.LocalFileSystem())
+    with open_store("stores/a", filesystem=subtree) as remote:
+        assert remote.uri == "subtree://stores/a"
+        write_run(remote, SimulatedMoeKernel(), seed=1, commit="aaaa0001")
+        assert remote.sql("SELECT count(*) AS n FROM invocations").to_pylist() == [{"n": 8}]
+    assert (base / "stores" / "a" / "mcprof-store.json").is_file()
+
+
+def run_writers(uri: str, env: dict[str, str], ranks: int, steps: int) -> None:
+    environment = {**os.environ, **env, "PYTHONPATH": str(WRITER.parent)}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, str(WRITER), uri, str(rank), str(steps)],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(ranks)
+    ]
+    for writer in writers:
+        out, err = writer.communicate(timeout=300)
+        assert (writer.returncode, out.strip()) == (0, "done"), err
+
+
+def test_sixteen_writer_processes_lose_and_duplicate_nothing(
+    s3_uri: str, s3_env: dict[str, str]
+) -> None:
+    ranks, steps = 16, 3
+    open_store(s3_uri).close()  # the job's launcher made the store; ranks only write
+    run_writers(s3_uri, s3_env, ranks, steps)
+    with open_store(s3_uri, create=False) as remote:
+        per_rank = remote.sql(
+            "SELECT rank, count(*) AS records, count(DISTINCT (invocation_id, core_type, "
+            "block_id, record_index)) AS distinct_records FROM records GROUP BY rank ORDER BY rank"
+        ).to_pylist()
+        assert per_rank == [
+            {"rank": r, "records": steps * PER_STEP, "distinct_records": steps * PER_STEP}
+            for r in range(ranks)
+        ]
+        assert remote.sql(
+            "SELECT count(*) AS n, count(DISTINCT (rank, invocation_id)) AS d FROM invocations"
+        ).to_pylist() == [{"n": ranks * steps * LAUNCHES, "d": ranks * steps * LAUNCHES}]
+        assert remote.sql("SELECT status, ranks_reporting FROM runs").to_pylist() == [
+            {"status": "complete", "ranks_reporting": ranks}
+        ]
+
+
+def test_a_writer_killed_before_its_commit_leaves_no_visible_row(
+    s3_uri: str, s3_env: dict[str, str]
+) -> None:
+    open_store(s3_uri).close()
+    writer = subprocess.Popen(
+        [sys.executable, str(WRITER), s3_uri, "0", "4", "--stall-before-commit", "2"],
+        env={**os.environ, **s3_env, "PYTHONPATH": str(WRITER.parent)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None
+    assert writer.stdout.readline().strip() == "stalled"
+    writer.kill()  # step 2's records and cores are uploaded, its invocations are not
+    writer.wait(timeout=60)
+    with open_store(s3_uri, create=False) as remote:
+        raw = remote.sql("SELECT step, count(*) AS n FROM raw_records GROUP BY step ORDER BY step")
+        assert raw.to_pylist() == [{"step": s, "n": PER_STEP} for s in range(3)]
+        visible = remote.sql("SELECT step, count(*) AS n FROM records GROUP BY step ORDER BY step")
+        assert visible.to_pylist() == [{"step": s, "n": PER_STEP} for s in range(2)]
+        assert remote.sql("SELECT count(*) AS n FROM records_ns").to_pylist() == [
+            {"n": 2 * PER_STEP}
+        ]
+        assert remote.sql("SELECT status FROM runs").to_pylist() == [{"status": "running"}]
+
+
+def test_a_query_about_one_run_reads_only_that_runs_files(s3_uri: str) -> None:
+    with open_store(s3_uri) as remote:
+        runs = [
+            write_run(remote, SimulatedMoeKernel(), seed=seed, commit=f"c{seed}")
+            for seed in (1, 2, 3)
+        ]
+        query = f"SELECT * FROM stage_stats WHERE run_id = '{runs[0]}' ORDER BY ALL"
+        before = remote.sql(query)
+        # Break every file of the other runs: a query that opened one would fail.
+        client = boto3.client("s3")
+        bucket = bucket_of(s3_uri)
+        for entry in client.list_objects_v2(Bucket=bucket)["Contents"]:
+            key = entry["Key"]
+            if "run_id=" in key and f"run_id={runs[0]}/" not in key:
+                client.put_object(Bucket=bucket, Key=key, Body=b"not parquet")
+        assert remote.sql(query).equals(before)
+        assert remote.sql(
+            f"SELECT count(*) AS n FROM records_ns WHERE run_id = '{runs[0]}'"
+        ).to_pylist() == [{"n": 8 * SimulatedMoeKernel().records_per_launch}]
+        with pytest.raises(QueryError, match=r"not parquet|magic|Parquet"):
+            remote.sql("SELECT count(*) FROM records_ns")
+
+
+def test_the_cli_takes_a_store_uri(
+    capsys: pytest.CaptureFixture[str], s3_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_store(s3_uri) as remote:
+        run_id = write_run(remote, SimulatedMoeKernel(), seed=1, commit="aaaa0001")
+    assert cli.main(["runs", "--store", s3_uri, "--format", "json"]) == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)] == [run_id]
+    monkeypatch.setenv("MCPROF_STORE", s3_uri)
+    query = "SELECT count(*) AS n FROM invocations"
+    assert cli.main(["query", query, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 8}]
