@@ -22,10 +22,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The HTML report's test opens the page in a headless Chromium.
+# The HTML report's test opens the page in a headless Chromium; the Spark test needs Java.
 test: lint
 	command -v chromium >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
+	command -v java >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openjdk-17-jre-headless)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -35,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/fuse.py
 	$(BIN)/python bench/kineto.py
 	$(BIN)/python bench/kineto.py --scale 10 --repeat 1
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) mcprof-store mcprof-store-torch

@@ -1,0 +1,81 @@
+"""Reading a store with Apache Spark: the same files, the same commit rule, the same
+per-stage statistics as DuckDB's.
+
+``register_spark_views(spark, where)`` registers temporary views on a ``SparkSession``:
+``raw_<table>`` over the store's Parquet files (hive partitions, every file's schema
+merged), then ``invocations``, ``records``, ``tasks``, ``records_ns`` and
+``stage_totals`` (the measured columns of ``stage_stats``) from ``spark_views.sql``.
+pyspark is not a dependency: the caller brings its session (``pip install pyspark``
+and a Java runtime). A remote store is read through Spark's own connector (``s3a://``
+for ``s3://``), configured as the cluster configures it.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from multicore_profiler.errors import StoreError
+from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.schema import DISCARDS, INVOCATIONS, RECORDS, RUNS, TASKS
+
+SPARK_TABLES = (RUNS, INVOCATIONS, RECORDS, TASKS, DISCARDS)
+"""The tables the Spark views read."""
+_EMPTY = {
+    "raw_discards": "CAST(NULL AS STRING) AS run_id, CAST(NULL AS INT) AS rank, "
+    "CAST(NULL AS BIGINT) AS write_id",
+    "raw_tasks": "CAST(NULL AS STRING) AS run_id, CAST(NULL AS INT) AS rank, "
+    "CAST(NULL AS STRING) AS config_id, CAST(NULL AS BIGINT) AS task_id, "
+    "CAST(NULL AS BIGINT) AS desc_id",
+}
+"""Columns the views use of the tables a store may not have yet."""
+_SCHEMES = {"s3": "s3a"}
+
+
+def spark_path(location: StoreLocation) -> str:
+    """The store's base path as Spark names it: ``file:///...`` or ``s3a://bucket/prefix``."""
+    if location.is_local:
+        return location.directory.as_uri()
+    scheme = location.uri.split("://", 1)[0]
+    return f"{_SCHEMES.get(scheme, scheme)}://{location.path}"
+
+
+def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
+    """Register the store's views on ``spark`` (a ``pyspark.sql.SparkSession``); return
+    their names."""
+    location = where if isinstance(where, StoreLocation) else StoreLocation.parse(where)
+    base = spark_path(location)
+    # Partition values stay text (a run id of digits is no number); step is cast below.
+    spark.conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+    names = []
+    for spec in SPARK_TABLES:
+        view = f"raw_{spec.name}"
+        if not location.files(spec.name):
+            if view not in _EMPTY:
+                raise StoreError(f"the store at {location} has no {spec.name} yet")
+            spark.sql(
+                f"CREATE OR REPLACE TEMPORARY VIEW {view} AS SELECT {_EMPTY[view]} WHERE false"
+            )
+            names.append(view)
+            continue
+        table = f"{base}/{spec.name}"
+        frame = (
+            spark.read.option("basePath", table)
+            .option("mergeSchema", "true")
+            .parquet(f"{table}/{'/'.join(['*'] * len(spec.partition_by))}")
+        )
+        if "step" in spec.partition_by:
+            frame = frame.withColumn("step", frame["step"].cast("bigint"))
+        frame.createOrReplaceTempView(view)
+        names.append(view)
+    text = resources.files(__package__).joinpath("spark_views.sql").read_text()
+    for statement in _statements(text):
+        spark.sql(statement)
+        names.append(statement.split(" AS", 1)[0].rsplit(" ", 1)[-1])
+    return names
+
+
+def _statements(text: str) -> list[str]:
+    """The SQL statements of a file (Spark runs one per call), without comment lines."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
