@@ -98,7 +98,8 @@ def _kernel_rules(args: argparse.Namespace) -> KernelRules:
 def cmd_query(args: argparse.Namespace) -> None:
     store = _store(args)
     store.use_kernel_rules(_kernel_rules(args))
-    _emit(store.sql(args.sql), args.format, args.output)
+    runs = list(args.run) + (store.select_runs(args.select) if args.select else [])
+    _emit(store.sql(args.sql, runs=runs or None), args.format, args.output)
 
 
 def _trace_source(store: Store, item: str, args: argparse.Namespace) -> str:
@@ -576,6 +577,17 @@ def _parser() -> argparse.ArgumentParser:
         "query", parents=[common, output, rules], help="run SQL over the store's views"
     )
     query.add_argument("sql", help='e.g. "SELECT * FROM stage_stats"')
+    query.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        help="scope the query to this run (repeatable): it reads only its files",
+    )
+    query.add_argument(
+        "--select",
+        metavar="SELECTOR",
+        help="scope the query to the runs a selector picks (label:nightly, commit:abc, ...)",
+    )
     query.set_defaults(func=cmd_query)
 
     compare = commands.add_parser(

@@ -186,6 +186,10 @@ def test_a_query_about_one_run_reads_only_that_runs_files(s3_uri: str) -> None:
         ).to_pylist() == [{"n": 8 * SimulatedMoeKernel().records_per_launch}]
         with pytest.raises(QueryError, match=r"not parquet|magic|Parquet"):
             remote.sql("SELECT count(*) FROM records_ns")
+        # Runs chosen by a subquery: only scoping the query keeps it off the broken files.
+        by_commit = "SELECT * FROM stage_stats WHERE run_id IN (SELECT run_id FROM runs "
+        by_commit += "WHERE commit = 'c1') ORDER BY ALL"
+        assert remote.sql(by_commit, runs=runs[:1]).equals(before)
 
 
 def test_the_cli_takes_a_store_uri(
@@ -199,3 +203,8 @@ def test_the_cli_takes_a_store_uri(
     query = "SELECT count(*) AS n FROM invocations"
     assert cli.main(["query", query, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"n": 8}]
+    with open_store(s3_uri) as remote:
+        write_run(remote, SimulatedMoeKernel(), seed=2, commit="bbbb0002")
+    for scope in (["--run", run_id], ["--select", "commit:aaaa0001"]):
+        assert cli.main(["query", query, "--format", "json", *scope]) == 0
+        assert json.loads(capsys.readouterr().out) == [{"n": 8}]

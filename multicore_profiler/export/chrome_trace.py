@@ -87,12 +87,13 @@ def _selection(
     rank: int | None,
     window: int | None,
     where: str | None,
-) -> tuple[str, str]:
-    """The SQL of the selected records and a description of the selection for messages."""
+) -> tuple[str, str, list[str]]:
+    """The SQL of the selected records, a description of the selection for messages, and
+    the runs it reads."""
     if run is None:
         latest = store.sql("SELECT run_id FROM runs ORDER BY start_time DESC, run_id DESC LIMIT 1")
         if latest.num_rows == 0:
-            raise ExportError(f"no records match: the store at {store.root} holds no run")
+            raise ExportError(f"no records match: the store at {store.uri} holds no run")
         runs = [latest["run_id"][0].as_py()]
     else:
         runs = [run] if isinstance(run, str) else list(run)
@@ -114,7 +115,8 @@ def _selection(
         conditions.append(f"({where})")
         described.append(f"where {where}")
     source = "records" if where is None else "records_ns"
-    return f"SELECT * FROM {source} r WHERE {' AND '.join(conditions)}", ", ".join(described)
+    selection = f"SELECT * FROM {source} r WHERE {' AND '.join(conditions)}"
+    return selection, ", ".join(described), runs
 
 
 def export_chrome_trace(
@@ -146,10 +148,10 @@ def export_chrome_trace(
     if query is not None:
         if any(v is not None for v in (run, step, invocation, rank, window, where)):
             raise ExportError("give either a query or run/step/invocation/rank/window/where")
-        selection, described = query, f"query {query!r}"
+        selection, described, runs = query, f"query {query!r}", None
     else:
-        selection, described = _selection(store, run, step, invocation, rank, window, where)
-    with store.reading() as con:
+        selection, described, runs = _selection(store, run, step, invocation, rank, window, where)
+    with store.reading(runs=runs) as con:
         trace = _build(con, selection, described, detailed_task_names)
     return _write(Path(path), trace)
 

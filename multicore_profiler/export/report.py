@@ -207,14 +207,15 @@ def write_report(
            AND ($invocation IS NULL OR invocation_id = $invocation)
            ORDER BY invocation_id, rank LIMIT 1""",
         {"run": latest, "invocation": invocation},
+        runs=[latest],
     ).to_pylist()
     if not chosen:
         what = "no invocation" if invocation is None else f"no invocation {invocation}"
         raise ExportError(f"run {latest} has {what} to draw")
     rank, invocation_id, kernel = (chosen[0][k] for k in ("rank", "invocation_id", "kernel_name"))
-    stages = store.sql(_STAGES, {"runs": selected})
+    stages = store.sql(_STAGES, {"runs": selected}, runs=selected)
     timeline = store.sql(
-        _TIMELINE, {"run": latest, "rank": rank, "invocation": invocation_id}
+        _TIMELINE, {"run": latest, "rank": rank, "invocation": invocation_id}, runs=[latest]
     ).to_pydict()
     names = sorted({name for name in timeline["stage"] if name is not None})
     data = {

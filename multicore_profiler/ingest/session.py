@@ -322,6 +322,7 @@ class MegaKernelProfile:
             """SELECT max(invocation_id) + 1 AS invocation, max(window_id) + 1 AS next_window
                FROM raw_invocations WHERE run_id = $1 AND rank = $2""",
             [self.run_id, self.rank],
+            runs=[self.run_id],  # every rank asks at start: list and read this run only
         ).to_pylist()[0]
         self._next_invocation = taken["invocation"] or 0
         self._first_window = taken["next_window"] or 0

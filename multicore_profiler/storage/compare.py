@@ -180,6 +180,7 @@ def _comparability(store: Store, base: list[str], head: list[str]) -> list[str]:
                        list_sort(list_distinct(list(({expression})::VARCHAR))) AS seen
                 FROM {view} WHERE list_contains($runs, run_id) GROUP BY ALL""",
             {"head": head, "runs": base + head},
+            runs=base + head,
         ).to_pylist()
         seen = {row["head"]: ", ".join(row["seen"]) for row in found}
         if seen.get(False) != seen.get(True):
@@ -223,6 +224,7 @@ def compare(
     if shared:
         raise SelectorError(f"base ({base_text}) and head ({head_text}) share {kind.of} {shared}")
     sides = {"head": head_ids, "ids": base_ids + head_ids}
+    scope = sides["ids"] if kind.of == "runs" else None  # read only these runs' files
     columns = ", ".join(sql_identifier(column) for column in by)
     samples = store.sql(
         f"""SELECT {columns}, list_contains($head, id) AS head,
@@ -230,6 +232,7 @@ def compare(
             FROM ({kind.samples}) WHERE list_contains($ids, id) AND value IS NOT NULL
             GROUP BY ALL ORDER BY ALL""",
         sides,
+        runs=scope,
     )
     units = {
         row["head"]: row["n"]
@@ -237,6 +240,7 @@ def compare(
             f"""SELECT list_contains($head, id) AS head, count(*) AS n FROM ({kind.units})
                 WHERE list_contains($ids, id) GROUP BY ALL""",
             sides,
+            runs=scope,
         ).to_pylist()
     }
     found = set(samples["head"].to_pylist())  # the sides that have samples
