@@ -62,6 +62,8 @@ FORMAT_VERSION = 1
 
 _PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64(), "source_id": pa.string()}
 _HIVE_TYPES = {"run_id": "VARCHAR", "step": "BIGINT", "source_id": "VARCHAR"}
+PLAN_CHECKS_KEPT = 1024
+"""Query texts whose reader choice is remembered (see ``Store.sql``)."""
 NATIVE_MAX_FILES = 256
 """Up to this many files a local table is read by DuckDB's Parquet reader; above, as a
 pyarrow dataset (see ``Store._point``)."""
@@ -115,6 +117,7 @@ class Store:
         self._datasets: dict[str, tuple[tuple[str, ...], ds.Dataset]] = {}
         self._complete_files: dict[str, bool] = {}
         self._shared_files: dict[str, tuple[str, ...]] = {}
+        self._plan_checks: dict[tuple[str, frozenset[str]], bool] = {}
         # Over empty tables until a query finds files (see _point).
         for spec in TABLES.values():
             self._db.from_arrow(_empty_table(spec)).create(f"empty_{spec.name}")
@@ -183,9 +186,9 @@ class Store:
 
     def _point(
         self, cursor: duckdb.DuckDBPyConnection, runs: Sequence[str] | None, native: bool = False
-    ) -> bool:
+    ) -> frozenset[str]:
         """Point each ``raw_<table>`` at the files listed now (of ``runs`` only, when
-        given); return whether any is read as a dataset.
+        given); return the tables read as datasets.
 
         A local table is read by DuckDB's own Parquet reader, the fastest scan, when the
         query is scoped to runs, has at most ``NATIVE_MAX_FILES`` files, or ``native`` is
@@ -196,19 +199,19 @@ class Store:
         column as NULL either way. The views every query shares live on the store's
         connection and change only with the files; the others are ``cursor``'s own."""
         listed = self._catalog.files(runs)
-        datasets = False
+        datasets = set()
         for spec in TABLES.values():
             files = listed.get(spec.name, ())
             scoped = runs is not None and spec.partition_by[0] == "run_id"
             big = len(files) > NATIVE_MAX_FILES
             if not self._location.is_local:
                 source = self._dataset_scan(cursor, spec, files) if files else None
-                datasets = datasets or bool(files)
+                datasets.update([spec.name] if files else [])
             elif scoped or (big and native):
                 source = self._native_scan(spec, files) if files else f"empty_{spec.name}"
             elif big:
                 source = self._dataset_scan(cursor, spec, files)
-                datasets = True
+                datasets.add(spec.name)
             else:
                 self._point_shared(spec, files)
                 continue
@@ -216,7 +219,7 @@ class Store:
                 cursor.execute(
                     f"CREATE OR REPLACE TEMP VIEW raw_{spec.name} AS {_with_empty(spec, source)}"
                 )
-        return datasets
+        return frozenset(datasets)
 
     def _point_shared(self, spec: TableSpec, files: tuple[str, ...]) -> None:
         """Point the store connection's ``raw_<table>`` at ``files`` if it reads others."""
@@ -293,8 +296,8 @@ class Store:
     @contextmanager
     def _reading(
         self, kernel_views: bool, runs: Sequence[str] | None
-    ) -> Iterator[tuple[duckdb.DuckDBPyConnection, bool]]:
-        """``reading``'s cursor, and whether any of its tables is read as a dataset."""
+    ) -> Iterator[tuple[duckdb.DuckDBPyConnection, frozenset[str]]]:
+        """``reading``'s cursor, and the tables it reads as datasets."""
         while True:
             with self._lock.shared() if self._lock else nullcontext():
                 if self._lock is None or not pending(self.root):
@@ -328,10 +331,18 @@ class Store:
         """
         try:
             with self._reading(mentions_kernel_views(query), runs) as (cursor, datasets):
-                local = self._location.is_local
-                if datasets and local and not _partition_filtered(cursor, query, params):
-                    with self._views:  # it scans whole tables: the native reader is faster
-                        self._point(cursor, runs, native=True)
+                if datasets and self._location.is_local:
+                    # The plan, hence the choice, is the same for every run of one text.
+                    key = (query, datasets)
+                    filtered = self._plan_checks.get(key)
+                    if filtered is None:
+                        filtered = _partition_filtered(cursor, query, params)
+                        if len(self._plan_checks) >= PLAN_CHECKS_KEPT:
+                            self._plan_checks.clear()
+                        self._plan_checks[key] = filtered
+                    if not filtered:
+                        with self._views:  # it scans whole tables: the native reader is faster
+                            self._point(cursor, runs, native=True)
                 result = cursor.sql(query, params=params)
                 return pa.table({}) if result is None else result.to_arrow_table()
         except duckdb.Error as exc:
