@@ -20,12 +20,34 @@ from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffe
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage import location as location_module
 from multicore_profiler.storage.runs import RunInfo
-from multicore_profiler.storage.store import open_store
+from multicore_profiler.storage.store import Store, open_store
 
 KERNEL = SimulatedMoeKernel(experts=2, tiles=2, aic_workers=4, aiv_workers=4)
 LAUNCHES = 2
 RUN_ID = "job"
 START = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
+
+
+def write_step(
+    store: Store,
+    run_id: str,
+    rng: np.random.Generator,
+    *,
+    rank: int = 0,
+    step: int = 0,
+    launches: int = LAUNCHES,
+) -> None:
+    """One step of ``launches`` launches of ``KERNEL`` (invocation ids from step x launches)."""
+    batch = KERNEL.launches(rng, launches, start_cycle=10**6 * (step + 1), period=10**5)
+    ingest_buffers(
+        store,
+        batch,
+        KERNEL.layout,
+        frequency_hz=KERNEL.frequency_hz,
+        run_id=run_id,
+        kernel=KernelInfo(kernel_name=KERNEL.kernel_name, stage_names=KERNEL.stage_names),
+        launches=Launches(rank=rank, step=step, first_invocation_id=step * launches),
+    )
 
 
 def main() -> None:
@@ -54,16 +76,7 @@ def main() -> None:
     store.write_run(run)
     rng = np.random.default_rng(args.rank)
     for step in range(args.steps):
-        batch = KERNEL.launches(rng, LAUNCHES, start_cycle=10**6 * (step + 1), period=10**5)
-        ingest_buffers(
-            store,
-            batch,
-            KERNEL.layout,
-            frequency_hz=KERNEL.frequency_hz,
-            run_id=RUN_ID,
-            kernel=KernelInfo(kernel_name=KERNEL.kernel_name, stage_names=KERNEL.stage_names),
-            launches=Launches(rank=args.rank, step=step, first_invocation_id=step * LAUNCHES),
-        )
+        write_step(store, RUN_ID, rng, rank=args.rank, step=step)
     store.write_run(run.finish())
     print("done", flush=True)
     sys.exit(0)

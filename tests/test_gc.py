@@ -9,16 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from remote_writer import write_step
 
 from multicore_profiler import cli
 from multicore_profiler.errors import StoreError
-from multicore_profiler.ingest.buffers import KernelInfo, ingest_buffers
-from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.retention import collect, plan_gc
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store
 
-KERNEL = SimulatedMoeKernel(experts=2, tiles=2, aic_workers=4, aiv_workers=4)
 NOW = datetime.now(timezone.utc)
 # (run id, label, started hours ago, finished)
 RUNS = [
@@ -35,15 +33,7 @@ def write_runs(store: Store) -> None:
     for run_id, label, hours, finished in RUNS:
         run = RunInfo(run_id, NOW - timedelta(hours=hours), label=label)
         store.write_run(run)
-        batch = KERNEL.launches(np.random.default_rng(0), 1, start_cycle=10**6, period=10**6)
-        ingest_buffers(
-            store,
-            batch,
-            KERNEL.layout,
-            frequency_hz=KERNEL.frequency_hz,
-            run_id=run_id,
-            kernel=KernelInfo(kernel_name=KERNEL.kernel_name),
-        )
+        write_step(store, run_id, np.random.default_rng(0), launches=1)
         if finished:
             store.write_run(run.finish())
 

@@ -101,7 +101,8 @@ def plan_gc(
         if remove:
             chosen.append(row)
     for row in chosen:
-        files = [f for spec in REMOVAL_ORDER for f in _run_files(store, spec.name, row["run_id"])]
+        run = f"run_id={row['run_id']}"
+        files = [f for spec in REMOVAL_ORDER for f in store.location.files(f"{spec.name}/{run}")]
         row["files"] = len(files)
         row["bytes"] = sum(f.size for f in files)
     return GcPlan(chosen, kept=len(rows) - len(chosen))
@@ -126,7 +127,3 @@ def collect(store: Store, plan: GcPlan) -> GcPlan:
                     else:
                         location.delete_dir(relative)
     return GcPlan(plan.runs, plan.kept, applied=True)
-
-
-def _run_files(store: Store, table: str, run_id: str) -> list[Any]:
-    return store.location.files(f"{table}/run_id={run_id}")

@@ -206,7 +206,8 @@ class Store:
             big = len(files) > NATIVE_MAX_FILES
             if not self._location.is_local:
                 source = self._dataset_scan(cursor, spec, files) if files else None
-                datasets.update([spec.name] if files else [])
+                if files:
+                    datasets.add(spec.name)
             elif scoped or (big and native):
                 source = self._native_scan(spec, files) if files else f"empty_{spec.name}"
             elif big:
