@@ -36,6 +36,7 @@ from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string
 from multicore_profiler.storage.store import Store, default_store_path, open_store
+from multicore_profiler.storage.vacuum import GRACE
 
 FORMATS = ("table", "csv", "json", "parquet")
 
@@ -346,7 +347,7 @@ def cmd_ingest_buffer(args: argparse.Namespace) -> None:
 
 
 def cmd_compact(args: argparse.Namespace) -> None:
-    report = _store(args).compact(args.run or None)
+    report = _store(args).compact(args.run or None, grace=timedelta(hours=args.grace))
     print(
         f"compacted {report.runs} run(s): {report.files_before} files in {report.partitions} "
         f"partition(s) merged into {report.files_after} ({report.rows} rows)"
@@ -355,6 +356,7 @@ def cmd_compact(args: argparse.Namespace) -> None:
             if report.uncommitted_files
             else ""
         )
+        + (f"; {report.files_deleted} dead file(s) deleted" if report.files_deleted else "")
     )
 
 
@@ -694,6 +696,14 @@ def _parser() -> argparse.ArgumentParser:
     compact = commands.add_parser("compact", parents=[common], help="merge the small files of runs")
     compact.add_argument(
         "--run", action="append", default=[], help="run to compact (repeatable; default: all)"
+    )
+    compact.add_argument(
+        "--grace",
+        type=float,
+        default=GRACE.total_seconds() / 3600,
+        metavar="HOURS",
+        help="keep files hidden for good this long for queries still reading them "
+        f"(default: {GRACE.total_seconds() / 3600:g})",
     )
     compact.set_defaults(func=cmd_compact)
 

@@ -5,8 +5,13 @@ tens of thousands of partition directories. In a local store a directory's listi
 kept with its modification time and reused while that time holds, so a query stats
 the directories instead of reading them; a directory changed within ``RACY_NS`` of
 being listed is listed again (a file system with coarse times could hide a change in
-the same tick). Object stores have no directory times: a remote store is listed in
-one pass (a request per thousand files).
+the same tick). Object stores have no directory times: a remote store is listed a
+table at a time (a request per thousand files).
+
+Tables are listed in ``LISTING_ORDER``: a table whose rows commit another's is listed
+before it. A file is written before the file that commits it, so a query that lists
+the commit also lists what it commits: no step is seen with its invocations but
+without its records, nor a compaction's supersessions without its merged files.
 
 A query scoped to some runs (``Store.sql(..., runs=...)``) lists only their directories:
 it costs what it would in a store of those runs alone.
@@ -21,10 +26,23 @@ from dataclasses import dataclass
 
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import PARQUET_SUFFIX, check_run_id
-from multicore_profiler.storage.schema import TABLES
+from multicore_profiler.storage.schema import (
+    CORES,
+    DISCARDS,
+    INVOCATIONS,
+    RECORDS,
+    RUNS,
+    TABLES,
+    TASKS,
+    TRACE_EVENTS,
+    TRACE_SOURCES,
+)
 
 RACY_NS = 2_000_000_000
 """How long after its last change a directory's listing is not trusted to stay valid."""
+LISTING_ORDER = (DISCARDS, INVOCATIONS, TRACE_SOURCES, RUNS, TASKS, CORES, RECORDS, TRACE_EVENTS)
+"""Committing tables before the tables they commit (see the module's docstring)."""
+assert set(LISTING_ORDER) == set(TABLES.values())
 REMOTE_SCOPED_LISTINGS = 16
 """Up to this many runs, a scoped query lists each run's prefixes rather than the store."""
 
@@ -52,7 +70,7 @@ class FileCatalog:
         if not self._location.is_local:
             return self._remote(wanted)
         found = {}
-        for spec in TABLES.values():
+        for spec in LISTING_ORDER:
             scoped = wanted if spec.partition_by[0] == "run_id" else None
             files = self._walk(self._location.join(spec.name), len(spec.partition_by), scoped)
             if files:
@@ -60,28 +78,27 @@ class FileCatalog:
         return found
 
     def _remote(self, wanted: set[str] | None) -> dict[str, tuple[str, ...]]:
-        listed: dict[str, list[str]] = {}
-        base = self._location.path.rstrip("/") + "/"
-        if wanted is None or len(wanted) > REMOTE_SCOPED_LISTINGS:
-            infos = self._location.files()
-        else:  # a listing per run and table: fewer requests than the whole store's
-            infos = [
-                info
-                for spec in TABLES.values()
-                for part in (sorted(wanted) if spec.partition_by[0] == "run_id" else [""])
-                for info in self._location.files(f"{spec.name}/{part}".rstrip("/"))
-            ]
-        for info in infos:
-            if not info.path.endswith(PARQUET_SUFFIX):
-                continue
-            table, first = info.path.removeprefix(base).split("/")[:2]
-            spec = TABLES.get(table)
-            if spec is None or (
-                wanted is not None and spec.partition_by[0] == "run_id" and first not in wanted
-            ):
-                continue
-            listed.setdefault(table, []).append(info.path)
-        return {table: tuple(sorted(files)) for table, files in listed.items()}
+        found = {}
+        for spec in LISTING_ORDER:
+            run_partitioned = spec.partition_by[0] == "run_id"
+            if wanted is None or not run_partitioned or len(wanted) > REMOTE_SCOPED_LISTINGS:
+                prefixes = [spec.name]
+            else:  # a listing per run: fewer requests than the whole table's
+                prefixes = [f"{spec.name}/{part}" for part in sorted(wanted)]
+            table = self._location.join(spec.name) + "/"
+            files = []
+            for prefix in prefixes:
+                for info in self._location.files(prefix):
+                    *partitions, name = info.path.removeprefix(table).split("/")
+                    if (
+                        name.endswith(PARQUET_SUFFIX)
+                        and [p.split("=")[0] for p in partitions] == list(spec.partition_by)
+                        and (wanted is None or not run_partitioned or partitions[0] in wanted)
+                    ):
+                        files.append(info.path)
+            if files:
+                found[spec.name] = tuple(sorted(files))
+        return found
 
     def _walk(self, directory: str, depth: int, wanted: set[str] | None = None) -> list[str]:
         """The files ``depth`` levels of partition directories below ``directory``; at the

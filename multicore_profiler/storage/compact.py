@@ -3,8 +3,11 @@
 Every step of every rank adds files; compaction rewrites each partition of a run as
 one sorted file without changing any query's answer. Only committed rows are merged
 (cores and records whose invocation is written); files of a step still being written
-are left alone. The merged file replaces its sources in one journaled swap, so a
-query running meanwhile sees each row exactly once.
+are left alone. In a local store the merged file replaces its sources in one journaled
+swap, so a query running meanwhile sees each row exactly once. A remote store has no
+rename and no lock: there the run's writes are rewritten and then superseded by one
+file (see ``supersede``). Either way a compaction first vacuums the run: it deletes
+the files no view can show again (see ``vacuum``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import fcntl
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,8 +24,10 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from multicore_profiler.errors import StoreError
+from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import (
     new_file_name,
+    read_file,
     run_partitions,
     tmp_path,
     write_parquet,
@@ -35,7 +41,9 @@ from multicore_profiler.storage.schema import (
     TASKS,
     TableSpec,
 )
+from multicore_profiler.storage.supersede import plan_rewrite
 from multicore_profiler.storage.swap import recover, swap
+from multicore_profiler.storage.vacuum import GRACE, run_files, vacuum
 
 if TYPE_CHECKING:
     from multicore_profiler.storage.store import Store
@@ -54,17 +62,10 @@ class CompactionReport:
     files_after: int
     rows: int
     uncommitted_files: int
-    """Files left alone because their invocations are not written (yet, or ever)."""
-
-
-def _read(path: Path, spec: TableSpec) -> pa.Table:
-    """A file's rows with the spec's columns; columns the file predates are null."""
-    table = pq.read_table(path, partitioning=None)
-    columns = [
-        table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
-        for f in spec.schema
-    ]
-    return pa.Table.from_arrays(columns, schema=spec.schema)
+    """Files left alone because their invocations are not written (yet, or ever); a
+    local store's count (a remote compaction leaves such files to the vacuum alone)."""
+    files_deleted: int = 0
+    """Files the vacuum deleted: hidden for good, or a dead writer's leftovers."""
 
 
 _KEY = ["rank", "invocation_id", "write_id"]
@@ -81,25 +82,33 @@ def _invocation_keys(path: Path) -> list[tuple[int, int, int]]:
     return _keys(pq.read_table(path, columns=_KEY, partitioning=None))
 
 
-def _merged(files: list[Path], spec: TableSpec) -> Iterator[pa.Table]:
+def _merged(location: StoreLocation, files: list[Path], spec: TableSpec) -> Iterator[pa.Table]:
     """The rows of ``files`` in the spec's order (files of cores and records come pre-ordered)."""
     if spec in _KEYED:
-        yield from (_read(path, spec) for path in files)
+        yield from (read_file(location, path, spec) for path in files)
         return
-    table = pa.concat_tables(_read(f, spec) for f in files)
+    table = pa.concat_tables(read_file(location, f, spec) for f in files)
     yield table.sort_by([(c, "ascending") for c in spec.sort_by])
 
 
-def compact(store: Store, run_ids: Sequence[str] | None = None) -> CompactionReport:
-    """Merge the small files of the given runs (default: every run in the store).
+def compact(
+    store: Store,
+    run_ids: Sequence[str] | None = None,
+    *,
+    grace: timedelta = GRACE,
+    now: datetime | None = None,
+) -> CompactionReport:
+    """Vacuum, then merge, the files of the given runs (default: every run in the store).
 
-    Raises ``StoreError`` if another compaction of the store is running.
+    ``grace`` is how long files hidden for good stay for the queries that listed them
+    before; ``now`` is the time the vacuum judges ages by. Raises ``StoreError`` if
+    another compaction of a local store is running.
     """
+    if grace < timedelta(0):
+        raise StoreError(f"the grace period must not be negative, got {grace}")
+    now = now or datetime.now(timezone.utc)
     if not store.location.is_local:
-        raise StoreError(
-            f"the store at {store.uri} is remote: compaction swaps files under readers with a "
-            "journal and a file lock, which object storage has not; compact a local store"
-        )
+        return _compact_remote(store, _known_runs(store, run_ids), now, grace)
     root = store.root
     with open(root / COMPACT_LOCK, "a") as guard:
         try:
@@ -107,14 +116,11 @@ def compact(store: Store, run_ids: Sequence[str] | None = None) -> CompactionRep
         except BlockingIOError:
             raise StoreError(f"another compaction of the store at {root} is running") from None
         recover(root, store.lock)
-        present = store.sql(
-            "SELECT run_id FROM raw_runs UNION SELECT run_id FROM raw_invocations ORDER BY run_id"
-        )["run_id"].to_pylist()
-        if run_ids is None:
-            run_ids = present
-        unknown = sorted(set(run_ids) - set(present))
-        if unknown:
-            raise StoreError(f"no run {', '.join(map(repr, unknown))} in the store at {root}")
+        run_ids = _known_runs(store, run_ids)
+        deleted = 0
+        for run_id in run_ids:
+            files = run_files(store.location, run_id)
+            deleted += files.count - vacuum(store, run_id, files, now=now, grace=grace).count
 
         work: list[tuple[TableSpec, Path, list[Path]]] = []
         uncommitted = 0
@@ -135,7 +141,7 @@ def compact(store: Store, run_ids: Sequence[str] | None = None) -> CompactionRep
         for spec, directory, files in tqdm(work, desc="compacting", unit="partition", disable=None):
             final = directory / new_file_name()
             staged = tmp_path(final)
-            rows += write_parquet(staged, _merged(files, spec), spec)
+            rows += write_parquet(staged, _merged(store.location, files, spec), spec)
             swap(root, store.lock, [(staged, final)], files)
     return CompactionReport(
         runs=len(run_ids),
@@ -144,4 +150,47 @@ def compact(store: Store, run_ids: Sequence[str] | None = None) -> CompactionRep
         files_after=len(work),
         rows=rows,
         uncommitted_files=uncommitted,
+        files_deleted=deleted,
+    )
+
+
+def _known_runs(store: Store, run_ids: Sequence[str] | None) -> list[str]:
+    """``run_ids`` (default: every run in the store), each checked to be there."""
+    present = store.sql(
+        "SELECT run_id FROM raw_runs UNION SELECT run_id FROM raw_invocations ORDER BY run_id"
+    )["run_id"].to_pylist()
+    if run_ids is None:
+        return present
+    unknown = sorted(set(run_ids) - set(present))
+    if unknown:
+        raise StoreError(f"no run {', '.join(map(repr, unknown))} in the store at {store.uri}")
+    return list(run_ids)
+
+
+def _compact_remote(
+    store: Store, run_ids: list[str], now: datetime, grace: timedelta
+) -> CompactionReport:
+    """Vacuum each run, then rewrite and supersede its writes (see ``supersede``)."""
+    deleted = partitions = before = after = rows = 0
+    for run_id in tqdm(run_ids, desc="compacting", unit="run", disable=None):
+        files = run_files(store.location, run_id)
+        left = vacuum(store, run_id, files, now=now, grace=grace)
+        deleted += files.count - left.count
+        rewrite = plan_rewrite(store, run_id, left)
+        if rewrite is None:
+            continue
+        rewrite.write(store)
+        rewrite.commit(store, datetime.now(timezone.utc))
+        partitions += len(rewrite.sources)
+        before += sum(len(paths) for paths in rewrite.sources.values())
+        after += rewrite.written
+        rows += rewrite.rows
+    return CompactionReport(
+        runs=len(run_ids),
+        partitions=partitions,
+        files_before=before,
+        files_after=after,
+        rows=rows,
+        uncommitted_files=0,
+        files_deleted=deleted,
     )

@@ -112,6 +112,16 @@ def write_parquet(path: Path, tables: Iterable[pa.Table], spec: TableSpec) -> in
     return rows
 
 
+def read_file(location: StoreLocation, path: str | Path, spec: TableSpec) -> pa.Table:
+    """One file's rows with the spec's columns; columns the file predates are null."""
+    table = pq.read_table(str(path), filesystem=location.filesystem, partitioning=None)
+    columns = [
+        table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
+        for f in spec.schema
+    ]
+    return pa.Table.from_arrays(columns, schema=spec.schema)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or unlink in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY)

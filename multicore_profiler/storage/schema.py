@@ -92,6 +92,7 @@ INVOCATIONS = TableSpec(
             ("stage_names", pa.map_(pa.uint32(), pa.string())),
             ("window_id", pa.int64()),
             ("config_id", pa.string()),
+            ("origin_write_id", pa.int64()),
         ]
     ),
     partition_by=("run_id",),
@@ -105,6 +106,9 @@ INVOCATIONS = TableSpec(
     ),
     sort_by=("rank", "invocation_id"),
 )
+"""One row per kernel launch. ``origin_write_id`` is null in a row as its writer wrote
+it; a compaction of a remote store rewrites the row under a fresh ``write_id`` and
+keeps the write it came from there (see ``DISCARDS``)."""
 
 CORES = TableSpec(
     name="cores",
@@ -187,15 +191,25 @@ DISCARDS = TableSpec(
             ("window_id", pa.int64()),
             ("discarded_at", _TIME),
             ("reason", pa.string()),
+            ("replaced_by", pa.int64()),
+            ("origin_write_id", pa.int64()),
+            ("generation", pa.int32()),
         ]
     ),
     partition_by=("run_id",),
     sort_by=("rank", "write_id"),
 )
-"""Writes withdrawn after they were committed (a capture window that ended in an
-exception): the views hide every invocation, core and record of a listed write. A
-tombstone rather than a deletion, so that a compaction merging the write's files
-meanwhile cannot bring its rows back."""
+"""Writes withdrawn after they were committed, by a tombstone rather than a deletion.
+
+A plain discard (``replaced_by`` null: a capture window that ended in an exception)
+hides every invocation, core and record of the write, and of any rewrite of it by a
+compaction. A supersession (``replaced_by`` set) is how a compaction of a remote store
+commits: the write's rows were copied under the fresh write id ``replaced_by``,
+``generation`` rewrites away from the write ``origin_write_id`` its writer made. Of
+the rewrites of one origin, the views show the one of the highest (generation,
+write id) that a supersession names, and the origin itself only while none does: one
+file of supersessions switches a run's rows from the old files to the merged ones at
+once, and two compactions racing each other still leave one copy in view."""
 
 TRACE_EVENTS = TableSpec(
     name="trace_events",

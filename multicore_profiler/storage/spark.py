@@ -23,12 +23,18 @@ SPARK_TABLES = (RUNS, INVOCATIONS, RECORDS, TASKS, DISCARDS)
 """The tables the Spark views read."""
 _EMPTY = {
     "raw_discards": "CAST(NULL AS STRING) AS run_id, CAST(NULL AS INT) AS rank, "
-    "CAST(NULL AS BIGINT) AS write_id",
+    "CAST(NULL AS BIGINT) AS write_id, CAST(NULL AS BIGINT) AS replaced_by, "
+    "CAST(NULL AS BIGINT) AS origin_write_id, CAST(NULL AS INT) AS generation",
     "raw_tasks": "CAST(NULL AS STRING) AS run_id, CAST(NULL AS INT) AS rank, "
     "CAST(NULL AS STRING) AS config_id, CAST(NULL AS BIGINT) AS task_id, "
     "CAST(NULL AS BIGINT) AS desc_id",
 }
 """Columns the views use of the tables a store may not have yet."""
+_ADDED_LATER = {
+    "raw_invocations": {"origin_write_id": "bigint"},
+    "raw_discards": {"replaced_by": "bigint", "origin_write_id": "bigint", "generation": "int"},
+}
+"""Columns the views use that files written before they existed lack (read as NULL)."""
 _SCHEMES = {"s3": "s3a"}
 
 
@@ -43,6 +49,8 @@ def spark_path(location: StoreLocation) -> str:
 def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
     """Register the store's views on ``spark`` (a ``pyspark.sql.SparkSession``); return
     their names."""
+    from pyspark.sql import functions  # the caller's pyspark, not a dependency
+
     location = where if isinstance(where, StoreLocation) else StoreLocation.parse(where)
     base = spark_path(location)
     # Partition values stay text (a run id of digits is no number); step is cast below.
@@ -66,6 +74,9 @@ def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
         )
         if "step" in spec.partition_by:
             frame = frame.withColumn("step", frame["step"].cast("bigint"))
+        for column, kind in _ADDED_LATER.get(view, {}).items():
+            if column not in frame.columns:
+                frame = frame.withColumn(column, functions.lit(None).cast(kind))
         frame.createOrReplaceTempView(view)
         names.append(view)
     text = resources.files(__package__).joinpath("spark_views.sql").read_text()

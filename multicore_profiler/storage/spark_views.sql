@@ -1,11 +1,25 @@
 -- The store's committed rows and per-stage statistics in Spark SQL, over the raw_<table>
 -- temporary views that storage.spark registers. The same rules as views.sql: a step's
 -- cores and records count once its invocations are written; a discarded write hides
--- them; a wait or trigger record takes its task's stage.
+-- them; a compaction's rewrite replaces its origin; a wait or trigger record takes its
+-- task's stage.
+
+CREATE OR REPLACE TEMPORARY VIEW current_rewrite AS
+SELECT run_id, rank, origin_write_id,
+    max_by(replaced_by, struct(generation, replaced_by)) AS write_id
+FROM raw_discards
+WHERE replaced_by IS NOT NULL
+GROUP BY run_id, rank, origin_write_id;
 
 CREATE OR REPLACE TEMPORARY VIEW invocations AS
 SELECT i.* FROM raw_invocations i
-LEFT ANTI JOIN raw_discards d ON i.run_id = d.run_id AND i.rank = d.rank AND i.write_id = d.write_id;
+LEFT JOIN current_rewrite w
+    ON i.run_id = w.run_id AND i.rank = w.rank
+    AND coalesce(i.origin_write_id, i.write_id) = w.origin_write_id
+LEFT ANTI JOIN raw_discards d
+    ON i.run_id = d.run_id AND i.rank = d.rank AND d.replaced_by IS NULL
+    AND coalesce(i.origin_write_id, i.write_id) = d.write_id
+WHERE i.write_id = coalesce(w.write_id, i.origin_write_id, i.write_id);
 
 CREATE OR REPLACE TEMPORARY VIEW records AS
 SELECT r.* FROM raw_records r

@@ -54,6 +54,7 @@ from multicore_profiler.storage.schema import (
 from multicore_profiler.storage.selectors import RunSelector
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string, sql_strings
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
+from multicore_profiler.storage.vacuum import GRACE
 
 STORE_ENV = "MCPROF_STORE"
 DEFAULT_STORE = "mcprof-store"
@@ -180,9 +181,16 @@ class Store:
         plan = plan_gc(self, keep_last=keep_last, older_than=older_than, labels=labels)
         return collect(self, plan) if apply else plan
 
-    def compact(self, run_ids: Sequence[str] | None = None) -> CompactionReport:
-        """Merge each partition's small files into one (default: every run); see ``compact``."""
-        return compact(self, run_ids)
+    def compact(
+        self,
+        run_ids: Sequence[str] | None = None,
+        *,
+        grace: timedelta = GRACE,
+        now: datetime | None = None,
+    ) -> CompactionReport:
+        """Delete the files no view shows again, then merge each partition's small files
+        into one (default: every run); see ``compact``."""
+        return compact(self, run_ids, grace=grace, now=now)
 
     def _point(
         self, cursor: duckdb.DuckDBPyConnection, runs: Sequence[str] | None, native: bool = False
@@ -410,6 +418,12 @@ class Store:
                     raise StoreError(f"{name} rows name a {key} that no invocation of the step has")
         write_id = pa.scalar(secrets.randbits(63), pa.int64())
         partition = {"run_id": run_id, "step": step}
+        # A writer's rows are their own origin (only a compaction rewrites them).
+        if "origin_write_id" in invocations.column_names:
+            invocations = invocations.drop_columns(["origin_write_id"])
+        invocations = invocations.append_column(
+            "origin_write_id", pa.nulls(invocations.num_rows, pa.int64())
+        )
         for spec, table in ((RECORDS, records), (CORES, cores), (INVOCATIONS, invocations)):
             if table.num_rows or spec is INVOCATIONS:
                 stamped = table.append_column("write_id", pa.repeat(write_id, table.num_rows))
@@ -447,6 +461,9 @@ class Store:
                 "window_id": pa.repeat(pa.scalar(window_id, pa.int64()), count),
                 "discarded_at": pa.repeat(pa.scalar(datetime.now(timezone.utc)), count),
                 "reason": pa.repeat(pa.scalar(reason, pa.string()), count),
+                "replaced_by": pa.nulls(count, pa.int64()),
+                "origin_write_id": pa.nulls(count, pa.int64()),
+                "generation": pa.nulls(count, pa.int32()),
             }
         )
         write_partition(self._location, DISCARDS, {"run_id": run_id}, rows)

@@ -73,10 +73,26 @@ FROM latest
 GROUP BY run_id;
 
 -- One row per kernel launch. An invocation's row is written after its cores and
--- records, so it is what makes them visible; a discarded write hides it again.
+-- records, so it is what makes them visible; a discarded write hides it again, with
+-- any rewrite of it. A compaction of a remote store rewrites writes under fresh ids
+-- (origin_write_id keeps the first): of one origin's rows, those of the rewrite a
+-- supersession names with the highest (generation, write id) show, else the origin's.
 CREATE OR REPLACE VIEW invocations AS
+WITH current_rewrite AS (
+    SELECT run_id, rank, origin_write_id,
+        arg_max(replaced_by, {'generation': generation, 'write_id': replaced_by}) AS write_id
+    FROM raw_discards
+    WHERE replaced_by IS NOT NULL
+    GROUP BY ALL
+)
 SELECT i.* FROM raw_invocations i
-ANTI JOIN raw_discards d ON i.run_id = d.run_id AND i.rank = d.rank AND i.write_id = d.write_id;
+LEFT JOIN current_rewrite w
+    ON i.run_id = w.run_id AND i.rank = w.rank
+    AND coalesce(i.origin_write_id, i.write_id) = w.origin_write_id
+ANTI JOIN raw_discards d
+    ON i.run_id = d.run_id AND i.rank = d.rank AND d.replaced_by IS NULL
+    AND coalesce(i.origin_write_id, i.write_id) = d.write_id
+WHERE i.write_id = coalesce(w.write_id, i.origin_write_id, i.write_id);
 
 -- One row per slot that was not idle, of committed invocations only. (An inner join, not
 -- a semi join: a committed invocation is one row, and a filter on the run or step then

@@ -1,0 +1,181 @@
+"""Vacuum: delete a run's files that no view can show again.
+
+Nothing else ever deletes a file but a whole run's removal. Three kinds are left behind:
+files a compaction of a remote store superseded, files of writes withdrawn by a plain
+discard, and leftovers of writers (or compactions) that died before their commit. The
+first two are hidden for good from the moment their tombstone is written, but a query
+that listed them just before may still be reading them: they go once that tombstone is
+``grace`` old. Leftovers of a death look exactly like a write still under way, so they
+go only once the file is ``ORPHAN_AGE`` old, far longer than any write takes.
+
+In a local store the deletions are made under the store's exclusive lock, so no query
+is reading meanwhile; in a remote one the grace period is what protects readers.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.partitions import PARQUET_SUFFIX
+from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, TableSpec
+
+if TYPE_CHECKING:
+    from multicore_profiler.storage.store import Store
+
+GRACE = timedelta(hours=1)
+"""How long files hidden by a tombstone stay for queries that listed them before it."""
+ORPHAN_AGE = timedelta(days=1)
+"""How old an uncommitted file must be to count as a dead writer's leftover."""
+WRITTEN_TABLES = (RECORDS, CORES, INVOCATIONS)
+"""The tables whose rows belong to a write, in the order a vacuum deletes their files:
+invocations last, so that a vacuum cut short still knows the other files' writes."""
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The files of one run's written tables, as listed once."""
+
+    infos: dict[str, list[pafs.FileInfo]]
+    """Each table's files (name, size, modification time)."""
+    writes: pa.Table
+    """``path``, ``rank``, ``write_id``, ``directory``, ``table_name``: the writes each
+    file holds rows of."""
+
+    def paths(self, spec: TableSpec) -> list[str]:
+        """The table's file paths, sorted."""
+        return sorted(info.path for info in self.infos[spec.name])
+
+    @property
+    def count(self) -> int:
+        """How many files there are."""
+        return sum(len(infos) for infos in self.infos.values())
+
+    def without(self, paths: set[str]) -> RunFiles:
+        """These files but ``paths``."""
+        kept = pc.invert(pc.is_in(self.writes["path"], pa.array(sorted(paths), pa.string())))
+        return RunFiles(
+            {name: [i for i in infos if i.path not in paths] for name, infos in self.infos.items()},
+            self.writes.filter(kept),
+        )
+
+
+def run_files(location: StoreLocation, run_id: str) -> RunFiles:
+    """List a run's invocations, cores and records files and read which writes each holds
+    (two small columns of every file)."""
+    infos = {
+        spec.name: [
+            info
+            for info in location.files(f"{spec.name}/run_id={run_id}")
+            if info.path.endswith(PARQUET_SUFFIX)
+        ]
+        for spec in WRITTEN_TABLES
+    }
+    tables = []
+    for spec in WRITTEN_TABLES:
+        paths = sorted(info.path for info in infos[spec.name])
+        if not paths:
+            continue
+        dataset = ds.dataset(paths, format="parquet", filesystem=location.filesystem)
+        keys = dataset.to_table(columns=["rank", "write_id", "__filename"])
+        found = (
+            keys.group_by(["__filename", "rank", "write_id"])
+            .aggregate([])
+            .rename_columns(["path", "rank", "write_id"])
+        )
+        directory = pc.replace_substring_regex(found["path"], r"/[^/]*$", "")
+        tables.append(
+            found.append_column("directory", directory).append_column(
+                "table_name", pa.repeat(pa.scalar(spec.name), found.num_rows)
+            )
+        )
+    schema = pa.schema(
+        [
+            ("path", pa.string()),
+            ("rank", pa.int32()),
+            ("write_id", pa.int64()),
+            ("directory", pa.string()),
+            ("table_name", pa.string()),
+        ]
+    )
+    writes = pa.concat_tables(t.cast(schema) for t in tables) if tables else schema.empty_table()
+    return RunFiles(infos, writes)
+
+
+_DEAD = """
+WITH visible AS (SELECT DISTINCT rank, write_id FROM invocations),
+written AS (
+    SELECT rank, write_id, any_value(coalesce(origin_write_id, write_id)) AS origin,
+        bool_and(origin_write_id IS NULL) AS original
+    FROM raw_invocations GROUP BY ALL
+),
+activated AS (
+    SELECT DISTINCT rank, replaced_by AS write_id FROM raw_discards WHERE replaced_by IS NOT NULL
+),
+changed AS (
+    SELECT rank, coalesce(origin_write_id, write_id) AS origin, max(discarded_at) AS at
+    FROM raw_discards GROUP BY ALL
+),
+status AS (
+    SELECT f.path, m.mtime, v.write_id IS NOT NULL AS visible,
+        w.write_id IS NOT NULL AND (w.original OR a.write_id IS NOT NULL) AS committed,
+        c.at AS changed_at
+    FROM file_writes f
+    JOIN file_times m USING (path)
+    LEFT JOIN visible v USING (rank, write_id)
+    LEFT JOIN written w USING (rank, write_id)
+    LEFT JOIN activated a USING (rank, write_id)
+    LEFT JOIN changed c ON c.rank = f.rank AND c.origin = w.origin
+)
+SELECT path FROM status GROUP BY path
+HAVING bool_and(
+    NOT visible
+    AND CASE WHEN committed THEN changed_at < $hidden_before ELSE mtime < $written_before END
+)
+"""
+"""Files none of whose writes a view shows or can show again: each write was shown once
+(committed) and its origin's tombstones last changed before ``hidden_before``, or it
+never was and the file is older than ``written_before``."""
+
+
+def dead_files(
+    store: Store, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
+) -> set[str]:
+    """The run's files a vacuum at ``now`` deletes."""
+    listed = [i for infos in files.infos.values() for i in infos]
+    times = pa.table(
+        {
+            "path": pa.array([i.path for i in listed], pa.string()),
+            # A filesystem that keeps no times never makes an orphan of a file.
+            "mtime": pa.array([i.mtime or now for i in listed], pa.timestamp("us", tz="UTC")),
+        }
+    )
+    with store.reading(runs=[run_id]) as cursor:
+        cursor.register("file_writes", files.writes)
+        cursor.register("file_times", times)
+        found = cursor.sql(
+            _DEAD, params={"hidden_before": now - grace, "written_before": now - ORPHAN_AGE}
+        ).fetchall()
+    return {path for (path,) in found}
+
+
+def vacuum(
+    store: Store, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
+) -> RunFiles:
+    """Delete the run's dead files (see ``dead_files``); return the files left."""
+    dead = dead_files(store, run_id, files, now=now, grace=grace)
+    location = store.location
+    with store.lock.exclusive() if location.is_local else nullcontext():
+        for spec in WRITTEN_TABLES:
+            for path in files.paths(spec):
+                if path in dead:
+                    location.filesystem.delete_file(path)
+    return files.without(dead)
