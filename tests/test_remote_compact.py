@@ -117,6 +117,21 @@ def test_every_moment_of_two_racing_compactions_shows_each_row_once(remote: Stor
     assert files_of(remote, "records") == STEPS + RANKS * STEPS  # run0 merged, run1 not
 
 
+def test_a_compaction_that_dies_before_its_commit_leaves_nothing_in_view(remote: Store) -> None:
+    fill(remote)
+    before = answers(remote)
+    dead = plan_rewrite(remote, "run0", run_files(remote.location, "run0"))
+    assert dead is not None
+    dead.write(remote)  # 7 merged files (invocations, 3 x cores, 3 x records), no commit
+    assert answers(remote) == before
+    report = remote.compact(now=later(2))  # they look like a compaction still at work
+    assert (report.files_deleted, report.files_before) == (0, 36)
+    assert answers(remote) == before
+    report = remote.compact(now=later(ORPHAN_AGE.total_seconds() / 3600 + 1))
+    assert (report.files_deleted, report.files_before) == (36 + 7, 0)
+    assert answers(remote) == before
+
+
 def test_steps_written_after_a_compaction_are_merged_by_the_next(remote: Store) -> None:
     fill(remote)
     remote.compact(now=later(0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import shutil
 from collections.abc import Iterator
+from datetime import datetime, timezone
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from multicore_profiler.errors import StoreError
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.spark import register_spark_views, spark_path
+from multicore_profiler.storage.supersede import plan_rewrite
+from multicore_profiler.storage.vacuum import run_files
 
 COLUMNS = (
     "run_id, kernel_name, direction, stage_desc_id, stage, records, tasks, compute_total_us, "
@@ -54,12 +57,48 @@ def capture_reference_run(store: Store, monkeypatch: pytest.MonkeyPatch) -> None
             prof.step()
 
 
+def rewrite_racing(store: Store, run_id: str) -> None:
+    """Two compactions of a run racing each other, both committed, as on object storage."""
+    rewrites = [plan_rewrite(store, run_id, run_files(store.location, run_id)) for _ in range(2)]
+    for rewrite in rewrites:
+        assert rewrite is not None
+        rewrite.write(store)
+    for rewrite in rewrites:
+        assert rewrite is not None
+        rewrite.commit(store, datetime.now(timezone.utc))
+
+
 def test_spark_stage_totals_equal_duckdb_stage_stats(
     spark: object, runs: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     capture_reference_run(runs, monkeypatch)
+    (first,) = runs.sql(
+        "SELECT run_id FROM runs WHERE run_id <> 'reference' ORDER BY run_id LIMIT 1"
+    )["run_id"].to_pylist()
+    records = runs.sql("SELECT count(*) AS n FROM records")["n"][0].as_py()
+    window = runs.sql(
+        "SELECT DISTINCT rank, write_id FROM invocations WHERE run_id = 'reference' "
+        "ORDER BY write_id LIMIT 1"
+    ).to_pylist()[0]
+    # Supersessions, and a discard of one of the reference run's two original writes
+    # made after their rewrite: Spark's views must pick the same rows as DuckDB's
+    for run_id in ("reference", first):
+        rewrite_racing(runs, run_id)
+    runs.discard_writes("reference", window["rank"], [window["write_id"]])
+    hidden = runs.sql(
+        "SELECT sum(record_count) AS n FROM raw_invocations WHERE write_id = $1",
+        [window["write_id"]],
+    )["n"][0].as_py()
+    assert runs.sql("SELECT count(*) AS n FROM records")["n"][0].as_py() == records - hidden
     names = register_spark_views(spark, runs.uri)
-    assert names[-5:] == ["invocations", "records", "tasks", "records_ns", "stage_totals"]
+    assert names[-6:] == [
+        "current_rewrite",
+        "invocations",
+        "records",
+        "tasks",
+        "records_ns",
+        "stage_totals",
+    ]
     duck = runs.sql(f"SELECT {COLUMNS} FROM stage_stats WHERE records > 0 ORDER BY ALL")
     rows = spark.sql(f"SELECT {COLUMNS} FROM stage_totals ORDER BY {COLUMNS}").collect()  # type: ignore[attr-defined]
     from_spark = [row.asDict() for row in rows]
