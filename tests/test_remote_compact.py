@@ -13,6 +13,7 @@ from remote_writer import KERNEL, LAUNCHES, write_step
 
 from multicore_profiler import cli
 from multicore_profiler.errors import StoreError
+from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import write_partition
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import RECORDS
@@ -201,3 +202,30 @@ def test_the_cli_compacts_a_remote_store(remote: Store, capsys: pytest.CaptureFi
     )
     with pytest.raises(StoreError, match="grace period must not be negative"):
         remote.compact(grace=timedelta(hours=-1))
+
+
+def test_a_query_lists_each_commit_before_what_it_commits(
+    remote: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill(remote)
+    listed = []
+    files = StoreLocation.files
+
+    def spy(self: StoreLocation, relative: str = "") -> list:
+        listed.append(relative.split("/")[0])
+        return files(self, relative)
+
+    monkeypatch.setattr(StoreLocation, "files", spy)
+    remote.sql("SELECT count(*) AS n FROM records")
+    # supersessions and discards, then invocations (which commit cores and records) and
+    # trace sources (which commit trace events): a commit listed means its files listed
+    assert listed == [
+        "discards",
+        "invocations",
+        "trace_sources",
+        "runs",
+        "tasks",
+        "cores",
+        "records",
+        "trace_events",
+    ]

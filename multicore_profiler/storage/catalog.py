@@ -32,7 +32,6 @@ from multicore_profiler.storage.schema import (
     INVOCATIONS,
     RECORDS,
     RUNS,
-    TABLES,
     TASKS,
     TRACE_EVENTS,
     TRACE_SOURCES,
@@ -42,7 +41,6 @@ RACY_NS = 2_000_000_000
 """How long after its last change a directory's listing is not trusted to stay valid."""
 LISTING_ORDER = (DISCARDS, INVOCATIONS, TRACE_SOURCES, RUNS, TASKS, CORES, RECORDS, TRACE_EVENTS)
 """Committing tables before the tables they commit (see the module's docstring)."""
-assert set(LISTING_ORDER) == set(TABLES.values())
 REMOTE_SCOPED_LISTINGS = 16
 """Up to this many runs, a scoped query lists each run's prefixes rather than the store."""
 

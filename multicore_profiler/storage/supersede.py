@@ -91,9 +91,7 @@ class Rewrite:
             )
             if "step" in values:
                 values["step"] = int(values["step"])
-            rows = list(self._rows(location, spec, files))
-            write_partition(location, spec, values, rows)
-            self.rows += sum(t.num_rows for t in rows)
+            write_partition(location, spec, values, self._rows(location, spec, files))
             self.written += 1
 
     def commit(self, store: Store, now: datetime) -> None:
@@ -122,11 +120,13 @@ class Rewrite:
             con.register("keys", self.writes)
             for path in files:
                 con.register("file", read_file(location, path, spec))
-                yield con.sql(
+                rows = con.sql(
                     f"""SELECT f.* REPLACE (k.replaced_by AS write_id{origin})
                         FROM file f JOIN keys k USING (rank, write_id)
                         ORDER BY f.rank, f.invocation_id"""
                 ).to_arrow_table()
+                self.rows += rows.num_rows
+                yield rows
 
 
 def plan_rewrite(store: Store, run_id: str, files: RunFiles) -> Rewrite | None:
