@@ -5,12 +5,12 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from polling_reader import QUERY, poll_during
 
 from multicore_profiler.errors import StoreError
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
@@ -106,55 +106,14 @@ def test_a_second_compaction_at_once_is_refused(store: Store) -> None:
             store.compact()
 
 
-READER = """
-import sys, time
-from pathlib import Path
-from multicore_profiler.storage.store import open_store
-store = open_store(sys.argv[1], create=False)
-done = Path(sys.argv[2])
-seen = []
-while not done.exists() or not seen:
-    began = time.time()
-    row = store.sql(
-        "SELECT count(*) AS n, sum(start_cycle)::VARCHAR AS s, "
-        "count(DISTINCT (run_id, rank, invocation_id, core_type, block_id, record_index)) AS u "
-        "FROM records"
-    ).to_pylist()[0]
-    seen.append(f"{began} {time.time()} {row['n']} {row['s']} {row['u']}")
-    Path(sys.argv[2] + ".ready").touch()
-print("\\n".join(seen))
-"""
-
-
 def test_a_query_during_compaction_sees_every_row_once(tmp_path: Path) -> None:
     store = open_store(tmp_path / "store")
     total = fill(store, runs=3, ranks=2, steps=4)
-    expected = store.sql(
-        "SELECT count(*) AS n, sum(start_cycle)::VARCHAR AS s FROM records"
-    ).to_pylist()[0]
-    done = tmp_path / "done"
-    reader = subprocess.Popen(
-        [sys.executable, "-c", READER, str(store.root), str(done)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    ready = Path(f"{done}.ready")
-    deadline = time.monotonic() + 120
-    while not ready.exists():  # the reader is in its query loop
-        assert reader.poll() is None
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    began = time.time()
-    report = store.compact()
-    ended = time.time()
-    done.touch()
-    out, _ = reader.communicate(timeout=120)
-    assert reader.returncode == 0
+    expected = store.sql(QUERY).to_pylist()[0]
+    report, answers, during = poll_during(str(store.root), tmp_path, store.compact)
     assert report.partitions == 3 * (1 + 1 + 4 + 4)
-    queries = [line.split(" ", 2) for line in out.strip().split("\n")]
-    during = [q for q in queries if float(q[1]) > began and float(q[0]) < ended]
     assert during, "no query ran while the compaction did"
-    assert {q[2] for q in queries} == {f"{total} {expected['s']} {total}"}
+    assert answers == {f"{total} {expected['s']} {total}"}
 
 
 CRASHING_COMPACTION = """

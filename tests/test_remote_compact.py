@@ -5,10 +5,12 @@ with two compactions racing; a vacuum deletes what no view can show again."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from polling_reader import QUERY, poll_during
 from remote_writer import KERNEL, LAUNCHES, write_step
 
 from multicore_profiler import cli
@@ -30,9 +32,6 @@ ANSWERS = {
     "stage_stats": "SELECT * FROM stage_stats ORDER BY ALL",
     "records_ns": "SELECT * FROM records_ns ORDER BY ALL",
 }
-ONCE = """SELECT count(*) AS n,
-    count(DISTINCT (run_id, rank, invocation_id, core_type, block_id, record_index)) AS distinct_n
-FROM records"""
 
 
 def fill(store: Store, steps: range = range(STEPS)) -> None:
@@ -89,8 +88,8 @@ def test_compaction_then_vacuum_change_no_answer(remote: Store) -> None:
     assert (again.files_deleted, again.files_before, again.files_after) == (36, 0, 0)
     assert answers(remote) == before
     assert (files_of(remote, "invocations"), files_of(remote, "records")) == (RUNS, RUNS * STEPS)
-    counts = remote.sql(ONCE).to_pylist()[0]
-    assert counts["n"] == counts["distinct_n"] == len(before["records"])
+    counts = remote.sql(QUERY).to_pylist()[0]
+    assert counts["n"] == counts["u"] == len(before["records"])
 
 
 def test_every_moment_of_two_racing_compactions_shows_each_row_once(remote: Store) -> None:
@@ -116,6 +115,18 @@ def test_every_moment_of_two_racing_compactions_shows_each_row_once(remote: Stor
     assert (report.files_before, report.files_deleted) == (0, 18 + 7)
     assert answers(remote) == before
     assert files_of(remote, "records") == STEPS + RANKS * STEPS  # run0 merged, run1 not
+
+
+def test_a_query_during_a_remote_compaction_sees_every_row_once(
+    remote: Store, tmp_path: Path
+) -> None:
+    fill(remote)
+    expected = remote.sql(QUERY).to_pylist()[0]
+    report, seen, during = poll_during(remote.uri, tmp_path, remote.compact)
+    assert report.files_before == 36
+    assert during, "no query ran while the compaction did"
+    assert seen == {f"{expected['n']} {expected['s']} {expected['u']}"}
+    assert expected["n"] == expected["u"] == RUNS * RANKS * STEPS * PER_STEP
 
 
 def test_a_compaction_that_dies_before_its_commit_leaves_nothing_in_view(remote: Store) -> None:
