@@ -10,9 +10,13 @@ cores are written), so that a test can kill it there.
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 
@@ -48,6 +52,37 @@ def write_step(
         kernel=KernelInfo(kernel_name=KERNEL.kernel_name, stage_names=KERNEL.stage_names),
         launches=Launches(rank=rank, step=step, first_invocation_id=step * launches),
     )
+
+
+def run_writers(
+    uri: str,
+    env: dict[str, str],
+    ranks: int,
+    steps: int,
+    meanwhile: Callable[[], object] | None = None,
+) -> int:
+    """Run a writer process per rank, each writing ``steps`` steps of run ``RUN_ID``;
+    call ``meanwhile`` again and again until they have all finished. Return how many
+    times it was called."""
+    environment = {**os.environ, **env, "PYTHONPATH": str(Path(__file__).parent)}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, __file__, uri, str(rank), str(steps)],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(ranks)
+    ]
+    calls = 0
+    while meanwhile is not None and any(w.poll() is None for w in writers):
+        meanwhile()
+        calls += 1
+    for writer in writers:
+        out, err = writer.communicate(timeout=300)
+        assert (writer.returncode, out.strip()) == (0, "done"), err
+    return calls
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from polling_reader import QUERY, poll_during
-from remote_writer import KERNEL, LAUNCHES, write_step
+from remote_writer import KERNEL, LAUNCHES, run_writers, write_step
 
 from multicore_profiler import cli
 from multicore_profiler.errors import StoreError
@@ -127,6 +127,30 @@ def test_a_query_during_a_remote_compaction_sees_every_row_once(
     assert during, "no query ran while the compaction did"
     assert seen == {f"{expected['n']} {expected['s']} {expected['u']}"}
     assert expected["n"] == expected["u"] == RUNS * RANKS * STEPS * PER_STEP
+
+
+def test_compacting_a_run_while_its_ranks_write_it(s3_uri: str, s3_env: dict[str, str]) -> None:
+    ranks, steps = 2, 6
+    remote = open_store(s3_uri)
+    reports = []
+    compactions = run_writers(
+        s3_uri, s3_env, ranks, steps, lambda: reports.append(remote.compact())
+    )
+    reports.append(remote.compact())  # whatever the last one during the writes missed
+    assert compactions >= 1
+    # Every write was rewritten, some again with writes of their step committed later
+    rewritten = sum(r.files_before for r in reports)
+    assert rewritten >= 3 * ranks * steps
+    final = remote.compact(now=later(2))
+    # Every source went but invocations files that still hold writes not rewritten again
+    assert final.files_before == 0
+    assert rewritten - len(reports) < final.files_deleted <= rewritten
+    assert remote.compact(now=later(3)).files_deleted == 0
+    counts = remote.sql(QUERY).to_pylist()[0]
+    assert counts["n"] == counts["u"] == ranks * steps * PER_STEP
+    # A step rewritten twice was rewritten whole: one file is left of each
+    assert (files_of(remote, "cores"), files_of(remote, "records")) == (steps, steps)
+    assert remote.sql("SELECT status FROM runs").to_pylist() == [{"status": "complete"}]
 
 
 def test_a_compaction_that_dies_before_its_commit_leaves_nothing_in_view(remote: Store) -> None:

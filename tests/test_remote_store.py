@@ -12,7 +12,7 @@ from pathlib import Path
 import boto3
 import pyarrow.fs as pafs
 import pytest
-from remote_writer import KERNEL, LAUNCHES
+from remote_writer import KERNEL, LAUNCHES, run_writers
 from simulated_runs import write_run
 
 from multicore_profiler import cli
@@ -94,23 +94,6 @@ def test_a_store_on_a_given_pyarrow_filesystem(tmp_path: Path, s3_env: dict[str,
         write_run(remote, SimulatedMoeKernel(), seed=1, commit="aaaa0001")
         assert remote.sql("SELECT count(*) AS n FROM invocations").to_pylist() == [{"n": 8}]
     assert (base / "stores" / "a" / "mcprof-store.json").is_file()
-
-
-def run_writers(uri: str, env: dict[str, str], ranks: int, steps: int) -> None:
-    environment = {**os.environ, **env, "PYTHONPATH": str(WRITER.parent)}
-    writers = [
-        subprocess.Popen(
-            [sys.executable, str(WRITER), uri, str(rank), str(steps)],
-            env=environment,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(ranks)
-    ]
-    for writer in writers:
-        out, err = writer.communicate(timeout=300)
-        assert (writer.returncode, out.strip()) == (0, "done"), err
 
 
 def test_sixteen_writer_processes_lose_and_duplicate_nothing(

@@ -193,10 +193,15 @@ class Store:
         return compact(self, run_ids, grace=grace, now=now)
 
     def _point(
-        self, cursor: duckdb.DuckDBPyConnection, runs: Sequence[str] | None, native: bool = False
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        runs: Sequence[str] | None,
+        native: bool = False,
+        given: Mapping[str, Sequence[str]] | None = None,
     ) -> frozenset[str]:
         """Point each ``raw_<table>`` at the files listed now (of ``runs`` only, when
-        given); return the tables read as datasets.
+        given), or only the tables ``given`` at the files given; return the tables read
+        as datasets.
 
         A local table is read by DuckDB's own Parquet reader, the fastest scan, when the
         query is scoped to runs, has at most ``NATIVE_MAX_FILES`` files, or ``native`` is
@@ -206,17 +211,22 @@ class Store:
         parse every file's path. A file written before a column was added reads that
         column as NULL either way. The views every query shares live on the store's
         connection and change only with the files; the others are ``cursor``'s own."""
-        listed = self._catalog.files(runs)
+        if given is None:
+            listed = self._catalog.files(runs)
+        else:
+            listed = {table: tuple(sorted(paths)) for table, paths in given.items()}
         datasets = set()
         for spec in TABLES.values():
             files = listed.get(spec.name, ())
             scoped = runs is not None and spec.partition_by[0] == "run_id"
             big = len(files) > NATIVE_MAX_FILES
-            if not self._location.is_local:
+            if given is not None and spec.name not in given:
+                source = f"empty_{spec.name}"
+            elif not self._location.is_local:
                 source = self._dataset_scan(cursor, spec, files) if files else None
                 if files:
                     datasets.add(spec.name)
-            elif scoped or (big and native):
+            elif scoped or given is not None or (big and native):
                 source = self._native_scan(spec, files) if files else f"empty_{spec.name}"
             elif big:
                 source = self._dataset_scan(cursor, spec, files)
@@ -292,19 +302,31 @@ class Store:
 
     @contextmanager
     def reading(
-        self, *, kernel_views: bool = False, runs: Sequence[str] | None = None
+        self,
+        *,
+        kernel_views: bool = False,
+        runs: Sequence[str] | None = None,
+        files: Mapping[str, Sequence[str]] | None = None,
     ) -> Iterator[duckdb.DuckDBPyConnection]:
         """A DuckDB cursor over the store's current views, for work of several statements
         (temporary tables included): the files it reads stay in place until it closes.
         With ``kernel_views``, the kernel-level tables hold the traces committed now. With
         ``runs``, the views hold those runs only, and listing and reading cost what they
-        would in a store of those runs alone."""
-        with self._reading(kernel_views, runs) as (cursor, _):
+        would in a store of those runs alone. With ``files`` too (paths by table, listed
+        before in commit order, committing tables first), the tables named there read
+        exactly those files and the others no rows: work in several steps, such as a
+        compaction, then sees one snapshot of those runs."""
+        if files is not None and runs is None:
+            raise StoreError("reading given files needs the runs they belong to (runs=...)")
+        with self._reading(kernel_views, runs, files) as (cursor, _):
             yield cursor
 
     @contextmanager
     def _reading(
-        self, kernel_views: bool, runs: Sequence[str] | None
+        self,
+        kernel_views: bool,
+        runs: Sequence[str] | None,
+        files: Mapping[str, Sequence[str]] | None = None,
     ) -> Iterator[tuple[duckdb.DuckDBPyConnection, frozenset[str]]]:
         """``reading``'s cursor, and the tables it reads as datasets."""
         while True:
@@ -314,7 +336,7 @@ class Store:
                     try:
                         with self._views:
                             try:
-                                datasets = self._point(cursor, runs)
+                                datasets = self._point(cursor, runs, given=files)
                             except (pa.ArrowException, OSError) as exc:
                                 raise QueryError(f"cannot read the store's files: {exc}") from exc
                             if kernel_views:

@@ -131,7 +131,7 @@ class Rewrite:
 
 def plan_rewrite(store: Store, run_id: str, files: RunFiles) -> Rewrite | None:
     """The rewrite of the run's writes not yet rewritten, or None when there are none."""
-    with store.reading(runs=[run_id]) as cursor:
+    with store.reading(runs=[run_id], files=files.listed) as cursor:
         cursor.register("file_writes", files.writes)
         held = cursor.sql(_PLAN).fetchall()
         writes = cursor.sql("SELECT * FROM superseded ORDER BY rank, write_id").to_arrow_table()

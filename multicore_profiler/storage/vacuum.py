@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import PARQUET_SUFFIX
-from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, TableSpec
+from multicore_profiler.storage.schema import CORES, DISCARDS, INVOCATIONS, RECORDS, TableSpec
 
 if TYPE_CHECKING:
     from multicore_profiler.storage.store import Store
@@ -35,6 +35,8 @@ GRACE = timedelta(hours=1)
 """How long files hidden by a tombstone stay for queries that listed them before it."""
 ORPHAN_AGE = timedelta(days=1)
 """How old an uncommitted file must be to count as a dead writer's leftover."""
+SNAPSHOT_TABLES = (DISCARDS, INVOCATIONS, CORES, RECORDS)
+"""The tables a compaction lists, committing tables first (see ``catalog``)."""
 WRITTEN_TABLES = (RECORDS, CORES, INVOCATIONS)
 """The tables whose rows belong to a write, in the order a vacuum deletes their files:
 invocations last, so that a vacuum cut short still knows the other files' writes."""
@@ -42,10 +44,13 @@ invocations last, so that a vacuum cut short still knows the other files' writes
 
 @dataclass(frozen=True)
 class RunFiles:
-    """The files of one run's written tables, as listed once."""
+    """One listing of a run's files: its discards, and the tables whose rows belong to
+    a write. A compaction plans and vacuums from this one snapshot, read through
+    ``Store.reading(files=...)``: a write it sees committed has all its files here."""
 
     infos: dict[str, list[pafs.FileInfo]]
-    """Each table's files (name, size, modification time)."""
+    """Each table's files (name, size, modification time), listed in ``SNAPSHOT_TABLES``
+    order."""
     writes: pa.Table
     """``path``, ``rank``, ``write_id``, ``directory``, ``table_name``: the writes each
     file holds rows of."""
@@ -55,9 +60,14 @@ class RunFiles:
         return sorted(info.path for info in self.infos[spec.name])
 
     @property
+    def listed(self) -> dict[str, list[str]]:
+        """Each table's paths, for ``Store.reading(files=...)``."""
+        return {name: [info.path for info in infos] for name, infos in self.infos.items()}
+
+    @property
     def count(self) -> int:
-        """How many files there are."""
-        return sum(len(infos) for infos in self.infos.values())
+        """How many files of written tables there are."""
+        return sum(len(self.infos[spec.name]) for spec in WRITTEN_TABLES)
 
     def without(self, paths: set[str]) -> RunFiles:
         """These files but ``paths``."""
@@ -69,15 +79,15 @@ class RunFiles:
 
 
 def run_files(location: StoreLocation, run_id: str) -> RunFiles:
-    """List a run's invocations, cores and records files and read which writes each holds
-    (two small columns of every file)."""
+    """List a run's files, committing tables first, and read which writes each file of
+    invocations, cores and records holds (two small columns of every file)."""
     infos = {
         spec.name: [
             info
             for info in location.files(f"{spec.name}/run_id={run_id}")
             if info.path.endswith(PARQUET_SUFFIX)
         ]
-        for spec in WRITTEN_TABLES
+        for spec in SNAPSHOT_TABLES
     }
     tables = []
     for spec in WRITTEN_TABLES:
@@ -150,7 +160,7 @@ def dead_files(
     store: Store, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
 ) -> set[str]:
     """The run's files a vacuum at ``now`` deletes."""
-    listed = [i for infos in files.infos.values() for i in infos]
+    listed = [i for spec in WRITTEN_TABLES for i in files.infos[spec.name]]
     times = pa.table(
         {
             "path": pa.array([i.path for i in listed], pa.string()),
@@ -158,7 +168,7 @@ def dead_files(
             "mtime": pa.array([i.mtime or now for i in listed], pa.timestamp("us", tz="UTC")),
         }
     )
-    with store.reading(runs=[run_id]) as cursor:
+    with store.reading(runs=[run_id], files=files.listed) as cursor:
         cursor.register("file_writes", files.writes)
         cursor.register("file_times", times)
         found = cursor.sql(
