@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/kineto.py
 	$(BIN)/python bench/kineto.py --scale 10 --repeat 1
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/compact.py
 
 clean:
 	rm -rf $(VENV) mcprof-store mcprof-store-torch

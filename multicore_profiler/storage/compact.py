@@ -182,7 +182,7 @@ def _compact_remote(
         rewrite.write(store)
         rewrite.commit(store, datetime.now(timezone.utc))
         partitions += len(rewrite.sources)
-        before += sum(len(paths) for paths in rewrite.sources.values())
+        before += sum(len(files) for files in rewrite.sources.values())
         after += rewrite.written
         rows += rewrite.rows
     return CompactionReport(

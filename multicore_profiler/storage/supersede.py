@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import read_file, write_partition
@@ -58,13 +59,17 @@ UNION
 SELECT rank, write_id, origin, generation FROM stepped
 WHERE directory IN (SELECT directory FROM stepped WHERE original);
 
-SELECT DISTINCT f.table_name, f.directory, f.path
-FROM file_writes f SEMI JOIN superseded s USING (rank, write_id)
-ORDER BY ALL;
+SELECT f.table_name, f.directory, f.path,
+    count(*) = 1 AND bool_and(s.write_id IS NOT NULL) AS whole
+FROM file_writes f LEFT JOIN superseded s USING (rank, write_id)
+GROUP BY ALL
+HAVING bool_or(s.write_id IS NOT NULL)
+ORDER BY f.table_name, f.directory, min(f.rank), f.path;
 """
 """The writes to rewrite: the run's visible writes as their writers made them, and any
 rewritten one sharing a step's partition with one of those; each takes the generation
-one above any rewrite of its origin yet. Then the files holding their rows."""
+one above any rewrite of its origin yet. Then the files holding their rows, by rank,
+and whether a file is one superseded write whole (as a writer wrote it)."""
 
 
 @dataclass
@@ -74,8 +79,9 @@ class Rewrite:
     run_id: str
     writes: pa.Table
     """``rank``, ``write_id``, ``origin``, ``generation`` and the fresh ``replaced_by``."""
-    sources: dict[tuple[str, str], list[str]]
-    """(table, partition directory) to the files whose rows of ``writes`` it merges."""
+    sources: dict[tuple[str, str], list[tuple[str, bool]]]
+    """(table, partition directory) to the files whose rows of ``writes`` it merges, each
+    with whether it holds one of them whole and nothing else."""
     rows: int = 0
     written: int = 0
     """Rows and files the rewrite has written so far."""
@@ -91,7 +97,12 @@ class Rewrite:
             )
             if "step" in values:
                 values["step"] = int(values["step"])
-            write_partition(location, spec, values, self._rows(location, spec, files))
+            rows = self._rows(location, spec, files)
+            if spec is INVOCATIONS:  # a few rows a step: sorted whole, as a local compaction does
+                rows = iter(
+                    [pa.concat_tables(rows).sort_by([(c, "ascending") for c in spec.sort_by])]
+                )
+            write_partition(location, spec, values, rows)
             self.written += 1
 
     def commit(self, store: Store, now: datetime) -> None:
@@ -112,21 +123,44 @@ class Rewrite:
         write_partition(store.location, DISCARDS, {"run_id": self.run_id}, rows)
 
     def _rows(
-        self, location: StoreLocation, spec: TableSpec, files: list[str]
+        self, location: StoreLocation, spec: TableSpec, files: list[tuple[str, bool]]
     ) -> Iterator[pa.Table]:
-        """The rows of ``files`` that belong to the superseded writes, rewritten."""
+        """The rows of ``files`` that belong to the superseded writes, rewritten: a file
+        of one write takes its new id as is, in its writer's order; others are joined."""
+        keys = zip(
+            self.writes["rank"].to_pylist(), self.writes["write_id"].to_pylist(), strict=True
+        )
+        renamed = dict(zip(keys, self.writes["replaced_by"].to_pylist(), strict=True))
         origin = ", k.origin AS origin_write_id" if spec is INVOCATIONS else ""
         with duckdb.connect() as con:
             con.register("keys", self.writes)
-            for path in files:
-                con.register("file", read_file(location, path, spec))
-                rows = con.sql(
-                    f"""SELECT f.* REPLACE (k.replaced_by AS write_id{origin})
-                        FROM file f JOIN keys k USING (rank, write_id)
-                        ORDER BY f.rank, f.invocation_id"""
-                ).to_arrow_table()
-                self.rows += rows.num_rows
-                yield rows
+            for path, whole in files:
+                table = read_file(location, path, spec)
+                if whole:
+                    old = table["write_id"][0]
+                    table = table.set_column(
+                        table.schema.get_field_index("write_id"),
+                        "write_id",
+                        pa.repeat(
+                            pa.scalar(renamed[table["rank"][0].as_py(), old.as_py()], pa.int64()),
+                            table.num_rows,
+                        ),
+                    )
+                    if spec is INVOCATIONS:
+                        table = table.set_column(
+                            table.schema.get_field_index("origin_write_id"),
+                            "origin_write_id",
+                            pc.coalesce(table["origin_write_id"], old),
+                        )
+                else:
+                    con.register("file", table)
+                    table = con.sql(
+                        f"""SELECT f.* REPLACE (k.replaced_by AS write_id{origin})
+                            FROM file f JOIN keys k USING (rank, write_id)
+                            ORDER BY f.rank, f.invocation_id"""
+                    ).to_arrow_table()
+                self.rows += table.num_rows
+                yield table
 
 
 def plan_rewrite(store: Store, run_id: str, files: RunFiles) -> Rewrite | None:
@@ -141,7 +175,7 @@ def plan_rewrite(store: Store, run_id: str, files: RunFiles) -> Rewrite | None:
     # compare the same way for every origin, and one of them wins whole.
     rewrite = secrets.randbits(31) << 32
     fresh = pa.array([rewrite | n for n in range(writes.num_rows)], pa.int64())
-    sources: dict[tuple[str, str], list[str]] = {}
-    for table, directory, path in held:
-        sources.setdefault((table, directory), []).append(path)
+    sources: dict[tuple[str, str], list[tuple[str, bool]]] = {}
+    for table, directory, path, whole in held:
+        sources.setdefault((table, directory), []).append((path, whole))
     return Rewrite(run_id, writes.append_column("replaced_by", fresh), sources)
