@@ -13,13 +13,18 @@ GROUP BY run_id, rank, origin_write_id;
 
 CREATE OR REPLACE TEMPORARY VIEW invocations AS
 SELECT i.* FROM raw_invocations i
-LEFT JOIN current_rewrite w
-    ON i.run_id = w.run_id AND i.rank = w.rank
-    AND coalesce(i.origin_write_id, i.write_id) = w.origin_write_id
+LEFT ANTI JOIN raw_discards d
+    ON i.run_id = d.run_id AND i.rank = d.rank
+    AND i.write_id = coalesce(d.origin_write_id, d.write_id)
+WHERE i.origin_write_id IS NULL
+UNION ALL
+SELECT i.* FROM raw_invocations i
+LEFT SEMI JOIN current_rewrite w
+    ON i.run_id = w.run_id AND i.rank = w.rank AND i.write_id = w.write_id
 LEFT ANTI JOIN raw_discards d
     ON i.run_id = d.run_id AND i.rank = d.rank AND d.replaced_by IS NULL
-    AND coalesce(i.origin_write_id, i.write_id) = d.write_id
-WHERE i.write_id = coalesce(w.write_id, i.origin_write_id, i.write_id);
+    AND i.origin_write_id = d.write_id
+WHERE i.origin_write_id IS NOT NULL;
 
 CREATE OR REPLACE TEMPORARY VIEW records AS
 SELECT r.* FROM raw_records r

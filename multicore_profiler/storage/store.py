@@ -116,6 +116,7 @@ class Store:
         self._db.execute("SET enable_progress_bar = false; SET TimeZone = 'UTC'")
         self._catalog = FileCatalog(location)
         self._datasets: dict[str, tuple[tuple[str, ...], ds.Dataset]] = {}
+        self._tables: dict[tuple[str, ...], pa.Table] = {}
         self._complete_files: dict[str, bool] = {}
         self._shared_files: dict[str, tuple[str, ...]] = {}
         self._plan_checks: dict[tuple[str, frozenset[str]], bool] = {}
@@ -267,8 +268,18 @@ class Store:
     def _dataset_scan(
         self, cursor: duckdb.DuckDBPyConnection, spec: TableSpec, files: tuple[str, ...]
     ) -> str:
-        """Register the table's dataset on ``cursor``; return its name there."""
-        cursor.register(f"files_{spec.name}", self._dataset(spec, files))
+        """Register the table's dataset on ``cursor``; return its name there. The
+        ``discards`` table, a few rows that every query joins several times, is read
+        whole once per set of files and scanned from memory."""
+        dataset = self._dataset(spec, files)
+        if spec is DISCARDS:
+            cached = self._tables.get(files)
+            if cached is None:
+                self._tables.clear()
+                cached = self._tables[files] = dataset.to_table()
+            cursor.register(f"files_{spec.name}", cached)
+        else:
+            cursor.register(f"files_{spec.name}", dataset)
         return f"files_{spec.name}"
 
     def _dataset(self, spec: TableSpec, files: tuple[str, ...]) -> ds.Dataset:
