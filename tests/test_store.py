@@ -426,3 +426,11 @@ def test_a_whole_table_scan_of_a_big_store_uses_the_native_reader(
     # Both readers, chosen per query, give the same rows.
     assert store.sql("SELECT count(*) AS n FROM records_ns").to_pylist() == [{"n": 8}]
     assert store.sql(pruned.replace("count(*)", "count(*) AS n")).to_pylist() == [{"n": 4}]
+
+
+def test_reading_given_files_needs_their_runs(store: Store) -> None:
+    with (
+        pytest.raises(StoreError, match=r"reading given files needs the runs"),
+        store.reading(files={"invocations": []}),
+    ):
+        pass

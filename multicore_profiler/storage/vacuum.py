@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from multicore_profiler.storage.catalog import LISTING_ORDER
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import PARQUET_SUFFIX
 from multicore_profiler.storage.schema import CORES, DISCARDS, INVOCATIONS, RECORDS, TableSpec
@@ -35,11 +36,11 @@ GRACE = timedelta(hours=1)
 """How long files hidden by a tombstone stay for queries that listed them before it."""
 ORPHAN_AGE = timedelta(days=1)
 """How old an uncommitted file must be to count as a dead writer's leftover."""
-SNAPSHOT_TABLES = (DISCARDS, INVOCATIONS, CORES, RECORDS)
-"""The tables a compaction lists, committing tables first (see ``catalog``)."""
 WRITTEN_TABLES = (RECORDS, CORES, INVOCATIONS)
 """The tables whose rows belong to a write, in the order a vacuum deletes their files:
 invocations last, so that a vacuum cut short still knows the other files' writes."""
+SNAPSHOT_TABLES = tuple(s for s in LISTING_ORDER if s in (DISCARDS, *WRITTEN_TABLES))
+"""The tables a compaction lists, committing tables first (as every query does)."""
 
 
 @dataclass(frozen=True)
