@@ -22,14 +22,16 @@ from multicore_profiler.storage.schema import DISCARDS, INVOCATIONS, RECORDS, RU
 SPARK_TABLES = (RUNS, INVOCATIONS, RECORDS, TASKS, DISCARDS)
 """The tables the Spark views read."""
 _EMPTY = {
-    "raw_discards": "CAST(NULL AS STRING) AS run_id, CAST(NULL AS INT) AS rank, "
-    "CAST(NULL AS BIGINT) AS write_id, CAST(NULL AS BIGINT) AS replaced_by, "
-    "CAST(NULL AS BIGINT) AS origin_write_id, CAST(NULL AS INT) AS generation",
-    "raw_tasks": "CAST(NULL AS STRING) AS run_id, CAST(NULL AS INT) AS rank, "
-    "CAST(NULL AS STRING) AS config_id, CAST(NULL AS BIGINT) AS task_id, "
-    "CAST(NULL AS BIGINT) AS desc_id",
+    "raw_discards": {"run_id": "string", "rank": "int", "write_id": "bigint"},
+    "raw_tasks": {
+        "run_id": "string",
+        "rank": "int",
+        "config_id": "string",
+        "task_id": "bigint",
+        "desc_id": "bigint",
+    },
 }
-"""Columns the views use of the tables a store may not have yet."""
+"""Columns the views use of the tables a store may not have yet (with those below)."""
 _ADDED_LATER = {
     "raw_invocations": {"origin_write_id": "bigint"},
     "raw_discards": {"replaced_by": "bigint", "origin_write_id": "bigint", "generation": "int"},
@@ -61,9 +63,9 @@ def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
         if not location.files(spec.name):
             if view not in _EMPTY:
                 raise StoreError(f"the store at {location} has no {spec.name} yet")
-            spark.sql(
-                f"CREATE OR REPLACE TEMPORARY VIEW {view} AS SELECT {_EMPTY[view]} WHERE false"
-            )
+            columns = {**_EMPTY[view], **_ADDED_LATER.get(view, {})}
+            nulls = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in columns.items())
+            spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS SELECT {nulls} WHERE false")
             names.append(view)
             continue
         table = f"{base}/{spec.name}"
