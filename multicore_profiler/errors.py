@@ -7,6 +7,11 @@ class ProfileError(Exception):
     """Base of every error multicore_profiler raises on bad input or state."""
 
 
+class ArgumentError(ProfileError, ValueError):
+    """An argument outside the range it can take (a rank past 32 bits, a NaN age, a frequency
+    of 1e-320 MHz): the message names the argument, its value and the range."""
+
+
 class LayoutError(ProfileError):
     """A buffer layout or capacity plan that the ABI does not allow."""
 
@@ -56,8 +61,19 @@ class StoreError(ProfileError):
     """A store that cannot be opened, written or compacted as asked."""
 
 
+class IntegrityError(StoreError):
+    """A store file that fails a check: a page checksum, its schema, or counts that disagree
+    with the rows it holds. The message names the file."""
+
+
 class QueryError(StoreError):
     """SQL that the store cannot run; the message carries DuckDB's reason."""
+
+
+class StatementError(QueryError, ValueError):
+    """SQL that the read-only policy refuses before it runs: more than one statement, a
+    statement that writes or changes settings (named by its type), or a condition that is
+    not one expression."""
 
 
 class ExportError(ProfileError):
