@@ -54,11 +54,6 @@ SLOT_CASES = {
         3,
         "slot 3 (AIV block 1): record_count is 17, above the capacity 16",
     ),
-    "dropped_count": (
-        Slot(AIV, 1, 5, [(6, 7, 3, 0, 0, 0)], dropped=2),
-        3,
-        "slot 3 (AIV block 1): dropped_count is 2, but the slot is not full",
-    ),
 }
 
 

@@ -15,13 +15,17 @@ from multicore_profiler.ingest.buffers import Launches, ingest_buffers
 from multicore_profiler.storage.store import open_store
 
 U32 = st.integers(0, 2**32 - 1)
-U64 = st.integers(0, 2**64 - 1)
+
+
+SPAN = 2**63 - 1
+"""Cycles of one buffer lie within this of each other: the decoder refuses a cycle 2^63 or
+more from its buffer's anchor."""
 
 
 @st.composite
-def record(draw: st.DrawFn) -> tuple[int, int, int, int, int, int]:
-    start = draw(U64)
-    end = draw(st.integers(start, min(start + 2**40, 2**64 - 1)))
+def record(draw: st.DrawFn, base: int) -> tuple[int, int, int, int, int, int]:
+    start = draw(st.integers(base, base + SPAN))
+    end = draw(st.integers(start, min(start + 2**40, base + SPAN)))
     return (start, end, draw(U32), draw(U32), draw(U32), draw(U32))
 
 
@@ -35,6 +39,7 @@ def buffers(draw: st.DrawFn) -> tuple[BufferLayout, list[Slot]]:
         aic_capacity=draw(st.sampled_from([0, 16, 32])),
         aiv_capacity=draw(st.sampled_from([0, 16, 32])),
     )
+    base = draw(st.integers(1, 2**64 - 1 - SPAN))
     slots = []
     for core, count, capacity in (
         (AIC, aic_slots, layout.aic_capacity),
@@ -43,9 +48,10 @@ def buffers(draw: st.DrawFn) -> tuple[BufferLayout, list[Slot]]:
         for block in range(count):
             if draw(st.booleans()):
                 continue  # an idle core: its slot stays all zero
-            records = draw(st.lists(record(), max_size=capacity))
+            records = draw(st.lists(record(base), max_size=capacity))
             dropped = draw(st.integers(0, 5)) if len(records) == capacity else 0
-            slots.append(Slot(core, block, draw(st.integers(1, 2**64 - 1)), records, dropped))
+            entry = draw(st.integers(base, base + SPAN))
+            slots.append(Slot(core, block, entry, records, dropped))
     assume(any(s.records for s in slots))
     return layout, slots
 

@@ -1,26 +1,33 @@
 """Decode and validate device profile buffers into Arrow tables of cores and records.
 
 Every buffer is checked against the layout the host planned: a header that
-contradicts its slot, a record that cannot be a measurement or a buffer with no
-record at all raises a ``DecodeError`` naming the buffer, slot and field; nothing
-partial is ever returned. The work is vectorized: the headers of all buffers are
-checked at once, and records are taken a cache-sized batch of buffers at a time by
-one boolean gather of the valid 32-byte records and one copy per field.
+contradicts its slot, a record that cannot be a measurement (one that ends before it
+starts, or lies 2^63 cycles or more from its buffer's anchor) or a buffer with no
+record at all raises a ``DecodeError`` naming the buffer, slot, record and field;
+nothing partial is ever returned. Dropped records are no error: the decoder warns and
+keeps every record, also where a slot that is not full counts drops. The work is
+vectorized: the headers of all buffers are checked at once, and records are taken a
+cache-sized batch of buffers at a time by one boolean gather of the valid 32-byte
+records and one copy per field.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
+import stat
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.errors import (
+    ArgumentError,
     BufferSizeError,
     DecodeError,
     DroppedRecordsWarning,
@@ -41,6 +48,7 @@ from multicore_profiler.ingest.abi import (
     BufferLayout,
     CoreType,
 )
+from multicore_profiler.limits import FREQUENCY_HZ, FREQUENCY_MHZ
 
 BufferLike = Any
 """bytes, bytearray, memoryview, a contiguous numpy array or a contiguous CPU torch tensor."""
@@ -70,17 +78,84 @@ def as_byte_array(buffer: BufferLike) -> np.ndarray:
         raise DecodeError(f"cannot read a {type(buffer).__name__} as a byte buffer: {exc}") from exc
 
 
-def check_frequency(frequency_hz: float) -> float:
-    """Return the cycle frequency as a float, or raise ``FrequencyError``."""
+_FREQUENCY_RANGES = {"Hz": (FREQUENCY_HZ, 1.0), "MHz": (FREQUENCY_MHZ, 1e6)}
+
+
+def check_frequency(frequency: float, *, unit: Literal["Hz", "MHz"] = "Hz") -> float:
+    """Return a cycle frequency given in ``unit`` as a float in Hz, or raise
+    ``FrequencyError``: it must be a positive finite number within ``limits.FREQUENCY_HZ``
+    (1 kHz to 100 GHz), since a value outside (MHz given as Hz, 1e-320) makes every later
+    time wrong or infinite. The message names the value and the range in ``unit``."""
     try:
-        value = float(frequency_hz)
+        value = float(frequency)
     except (TypeError, ValueError):
-        raise FrequencyError(f"cycle frequency must be a number, got {frequency_hz!r}") from None
+        raise FrequencyError(f"cycle frequency must be a number, got {frequency!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise FrequencyError(
-            f"cycle frequency must be positive and finite, got {frequency_hz!r} Hz"
+            f"cycle frequency must be positive and finite, got {frequency!r} {unit}"
         )
-    return value
+    bounds, scale = _FREQUENCY_RANGES[unit]
+    try:
+        return float(bounds.check(value, "cycle frequency")) * scale
+    except ArgumentError as exc:
+        raise FrequencyError(str(exc)) from None
+
+
+def read_buffer_file(
+    path: str | os.PathLike[str], layout: BufferLayout | None = None
+) -> np.ndarray:
+    """The bytes of one buffer file, as a uint8 array, read in bounded time.
+
+    Anything but a regular file (a directory, a FIFO a read would wait on forever, a
+    device, a socket), a missing or unreadable file, and with ``layout`` a file whose
+    size is not the layout's, raise a ``DecodeError`` naming the path and what it is.
+    The file is opened without blocking, checked again once open, and read to at most
+    its expected size + 1 bytes, so one that changes size meanwhile is refused too.
+    """
+    path = Path(path)
+    try:
+        kind = _file_kind(os.stat(path).st_mode)
+        if kind is not None:
+            raise DecodeError(f"buffer file {path} is {kind}, not a regular file")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise DecodeError(f"cannot read buffer file {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        info = os.fstat(fd)
+        kind = _file_kind(info.st_mode)
+        if kind is not None:
+            raise DecodeError(f"buffer file {path} became {kind} while it was opened")
+        if layout is not None:
+            _check_size(info.st_size, layout, suffix=f" (buffer file {path})")
+        data = np.empty(info.st_size + 1, np.uint8)
+        view, size = memoryview(data), 0
+        try:
+            while size < len(data) and (got := file.readinto(view[size:])):
+                size += got
+        except OSError as exc:
+            raise DecodeError(f"cannot read buffer file {path}: {exc.strerror or exc}") from None
+    if size != info.st_size:
+        raise DecodeError(
+            f"buffer file {path} changed while it was read: {info.st_size} bytes when opened, "
+            f"{'more' if size > info.st_size else size} when read"
+        )
+    return data[:size]
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _file_kind(mode: int) -> str | None:
+    """What a file that is not a regular file is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _FILE_KINDS if test(mode)), "a special file")
 
 
 @dataclass(frozen=True)
@@ -107,7 +182,11 @@ class DecodedBuffers:
         return len(self.anchor_cycles)
 
     def timed_records(self) -> pa.Table:
-        """``records`` with ``ts_us`` and ``dur_us``: (cycle - anchor) / frequency, in us."""
+        """``records`` with ``ts_us`` and ``dur_us``: (cycle - anchor) / frequency, in us.
+
+        The decoder refuses a record 2^63 cycles or more from its anchor, so the cycle
+        difference is an exact signed 64-bit count, with its sign, before it is divided.
+        """
         start = self.records.column("start_cycle").to_numpy()
         end = self.records.column("end_cycle").to_numpy()
         anchor = self.anchor_cycles[self.records.column("buffer").to_numpy()]
@@ -117,6 +196,29 @@ class DecodedBuffers:
         return self.records.append_column("ts_us", pa.array(ts)).append_column(
             "dur_us", pa.array(dur)
         )
+
+    @property
+    def partial_slots(self) -> pa.ListArray:
+        """Per buffer, the slots (indices in the buffer, as in ``cores.slot``) that count
+        dropped records although they are not full; an empty list where none does.
+
+        A recorder that reserves a task's records together drops them all when they do
+        not all fit, so such a slot is valid; its records are kept as written.
+        """
+        partial = _partial(self.cores)
+        buffers = self.cores["buffer"].to_numpy()[partial]
+        offsets = np.zeros(self.buffers + 1, np.int32)
+        np.cumsum(np.bincount(buffers, minlength=self.buffers), out=offsets[1:])
+        slots = pa.array(self.cores["slot"].to_numpy()[partial], pa.uint32())
+        return pa.ListArray.from_arrays(pa.array(offsets), slots)
+
+
+def _partial(slots: pa.Table | np.ndarray) -> np.ndarray:
+    """Which slots (cores rows or header entries) count drops without being full."""
+    dropped, count, capacity = (
+        np.asarray(slots[name]) for name in ("dropped_count", "record_count", "record_capacity")
+    )
+    return (dropped > 0) & (count < capacity)
 
 
 @dataclass(frozen=True)
@@ -183,11 +285,14 @@ _HEADER_CHECKS = (
     ),
     ("reserved", lambda h, s: h["reserved"] != 0, "expected 0"),
     ("record_count", lambda h, s: h["record_count"] > s.capacity, "above the capacity {capacity}"),
-    (
-        "dropped_count",
-        lambda h, s: (h["dropped_count"] > 0) & (h["record_count"] < s.capacity),
-        "but the slot is not full (records are only dropped from a full slot)",
-    ),
+)
+
+_FAR = np.uint64(1 << 63)
+"""Cycles from a buffer's anchor at which a record is refused: a signed 64-bit count
+cannot hold the difference, and no counter runs that long in one launch."""
+_WHY_FAR = (
+    "a signed 64-bit cycle count holds at most 2^63 - 1, and no cycle counter runs that long "
+    "in one launch (2^63 cycles are over 2.9 years even at 100 GHz)"
 )
 
 
@@ -201,20 +306,20 @@ def _as_groups(
         if rows.ndim > 2:
             raise DecodeError(f"a batch of buffers must be 2-D (buffer x byte), got {rows.ndim}-D")
         rows = rows.reshape(-1, rows.shape[-1])
-        _check_size(rows.shape[1], 0, layout, batch=False)
+        _check_size(rows.shape[1], layout)
         return [rows]
     arrays = [as_byte_array(b).reshape(-1) for b in buffers]
     for index, data in enumerate(arrays):
-        _check_size(data.nbytes, index, layout, batch=len(arrays) > 1)
+        _check_size(data.nbytes, layout, prefix=f"buffer {index}: " if len(arrays) > 1 else "")
     return [data.reshape(1, -1) for data in arrays]
 
 
-def _check_size(nbytes: int, index: int, layout: BufferLayout, *, batch: bool) -> None:
+def _check_size(nbytes: int, layout: BufferLayout, *, prefix: str = "", suffix: str = "") -> None:
+    """Raise ``BufferSizeError`` unless a buffer of ``nbytes`` has the layout's size."""
     if nbytes != layout.total_bytes:
-        prefix = f"buffer {index}: " if batch else ""
         raise BufferSizeError(
             f"{prefix}the buffer holds {nbytes} bytes but its layout {layout} "
-            f"needs {layout.total_bytes}"
+            f"needs {layout.total_bytes}{suffix}"
         )
 
 
@@ -229,8 +334,9 @@ def decode_buffers(
 
     ``buffers`` is a sequence of buffers or a 2-D array (buffer x byte). Raises a
     ``DecodeError`` subclass for the first problem found; warns with
-    ``DroppedRecordsWarning`` when the device dropped records, unless ``warn_dropped``
-    is false (a caller that reports drops itself, from another thread).
+    ``DroppedRecordsWarning`` when the device dropped records (from full slots, or from
+    slots that are not full: see ``DecodedBuffers.partial_slots``), unless
+    ``warn_dropped`` is false (a caller that reports drops itself, from another thread).
     """
     frequency = check_frequency(frequency_hz)
     groups = _as_groups(buffers, layout)
@@ -272,9 +378,14 @@ def decode_buffers(
     records = _gather(groups, layout, counts, ~active, where, headers)
     entry = headers["entry_cycle"]
     anchors = np.where(counts > 0, entry, np.iinfo(np.uint64).max).min(axis=1)
+    _check_distances(where, layout, headers, active, anchors, records)
     dropped = headers["dropped_count"].astype(np.int64) * active
     if warn_dropped and dropped.any():
-        _warn_dropped(where, dropped)
+        partial = _partial(headers) & active
+        if (dropped * ~partial).any():
+            _warn_dropped(where, dropped * ~partial)
+        if partial.any():
+            _warn_partial(where, headers, partial)
 
     live = np.flatnonzero(active.reshape(-1))
     core_header = headers.reshape(-1)[live]
@@ -391,7 +502,16 @@ def _gather(
         row += len(group)
     late = out["end_cycle"] < out["start_cycle"]
     if late.any():
-        raise _late_record(where, layout, out, int(np.flatnonzero(late)[0]), late)
+        i = int(np.flatnonzero(late)[0])
+        raise _record_error(
+            where,
+            layout,
+            out,
+            i,
+            "end_cycle",
+            f"end_cycle {out['end_cycle'][i]} is before start_cycle {out['start_cycle'][i]} "
+            f"({int(late.sum())} such record(s) in all)",
+        )
     desc = out["desc_id"]
     phase = (desc == DESC_WAIT_DEPENDENCY).view(np.int8)
     phase += 2 * (desc == DESC_TRIGGER_EVENT).view(np.int8)
@@ -422,22 +542,82 @@ def _check_idle(
         )
 
 
-def _late_record(
-    where: _Locator, layout: BufferLayout, out: dict[str, np.ndarray], i: int, late: np.ndarray
+def _record_error(
+    where: _Locator,
+    layout: BufferLayout,
+    out: dict[str, np.ndarray],
+    i: int,
+    field: str,
+    text: str,
 ) -> RecordError:
+    """The error for record ``i`` of the gathered columns: its buffer, slot and index."""
     buffer, index = int(out["buffer"][i]), int(out["record_index"][i])
     slot = layout.slot_index(CoreType(int(out["core_type"][i])), int(out["block_id"][i]))
     return RecordError(
-        f"{where(buffer, slot)}, record {index}: end_cycle {out['end_cycle'][i]} is before "
-        f"start_cycle {out['start_cycle'][i]} ({int(late.sum())} such record(s) in all)",
+        f"{where(buffer, slot)}, record {index}: {text}",
         slot=slot,
-        field="end_cycle",
+        field=field,
         record=index,
         buffer=buffer,
     )
 
 
+def _distance(cycles: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+    """|cycles - anchor| of unsigned 64-bit cycles, exactly (as uint64)."""
+    return np.maximum(cycles, anchor) - np.minimum(cycles, anchor)
+
+
+def _check_distances(
+    where: _Locator,
+    layout: BufferLayout,
+    headers: np.ndarray,
+    active: np.ndarray,
+    anchors: np.ndarray,
+    records: pa.Table,
+) -> None:
+    """Raise if a slot's entry cycle or a record's start or end lies 2^63 cycles or more
+    from its buffer's anchor (see ``_FAR``).
+
+    The common case costs a min and a max over the cycle columns: when all of a batch's
+    cycles lie within 2^63 of each other, none can be that far from an anchor.
+    """
+    entry = headers["entry_cycle"]
+    start, end = (records[name].to_numpy() for name in ("start_cycle", "end_cycle"))
+    live = entry[active]  # every buffer has a record, so neither this nor start is empty
+    if max(live.max(), end.max()) - min(live.min(), start.min()) < _FAR:
+        return
+    far = active & (_distance(entry, anchors[:, None]) >= _FAR)
+    if far.any():
+        buffer = int(np.argwhere(far)[0][0])
+        raise where.slot_error(
+            far,
+            headers,
+            "entry_cycle",
+            f"2^63 cycles or more from the buffer's anchor cycle {anchors[buffer]} (the "
+            f"smallest entry cycle of a slot with records): {_WHY_FAR}",
+        )
+    located = {
+        k: records[k].to_numpy() for k in ("buffer", "record_index", "core_type", "block_id")
+    }
+    anchor = anchors[located["buffer"]]
+    for field, cycles in (("start_cycle", start), ("end_cycle", end)):
+        far = _distance(cycles, anchor) >= _FAR
+        if far.any():
+            i = int(np.flatnonzero(far)[0])
+            raise _record_error(
+                where,
+                layout,
+                located,
+                i,
+                field,
+                f"{field} {cycles[i]} is {_distance(cycles[i], anchor[i])} cycles from the "
+                f"buffer's anchor cycle {anchor[i]} (the smallest entry cycle of a slot with "
+                f"records): {_WHY_FAR} ({int(far.sum())} such record(s) in all)",
+            )
+
+
 def _warn_dropped(where: _Locator, dropped: np.ndarray) -> None:
+    """Warn that full slots dropped records, naming up to 8 cores."""
     lossy = np.argwhere(dropped)
     names = [f"{where.core(int(b), int(s))} ({dropped[b, s]})" for b, s in lossy[:8]]
     more = f" and {len(lossy) - 8} more" if len(lossy) > 8 else ""
@@ -445,6 +625,25 @@ def _warn_dropped(where: _Locator, dropped: np.ndarray) -> None:
         DroppedRecordsWarning(
             f"device dropped {int(dropped.sum())} records on {len(lossy)} core(s): "
             f"{', '.join(names)}{more}; their slots were full (plan a larger capacity)"
+        ),
+        stacklevel=3,
+    )
+
+
+def _warn_partial(where: _Locator, headers: np.ndarray, partial: np.ndarray) -> None:
+    """Warn that slots that are not full count dropped records, naming up to 8 of them."""
+    lossy = np.argwhere(partial)
+    names = [
+        f"{where(int(b), int(s))}: {headers['dropped_count'][b, s]} dropped, "
+        f"{headers['record_count'][b, s]} of {headers['record_capacity'][b, s]} records"
+        for b, s in lossy[:8]
+    ]
+    more = f" and {len(lossy) - 8} more" if len(lossy) > 8 else ""
+    warnings.warn(
+        DroppedRecordsWarning(
+            f"device dropped {int(headers['dropped_count'][partial].sum())} records on "
+            f"{len(lossy)} slot(s) that are not full ({'; '.join(names)}{more}); every record "
+            "written is kept, and the invocation lists the slots in partial_slots"
         ),
         stacklevel=3,
     )

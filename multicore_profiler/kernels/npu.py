@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -70,12 +70,12 @@ def soc_frequency(soc: str) -> CycleFrequency | None:
     return None
 
 
-def _checked(value: Any, where: str, *, scale: float = 1.0) -> float:
-    """A frequency in Hz from ``value`` x ``scale``, or ``FrequencyError`` naming where."""
+def _checked(value: Any, where: str, *, unit: Literal["Hz", "MHz"] = "Hz") -> float:
+    """A frequency in Hz from ``value`` in ``unit``, or ``FrequencyError`` naming where."""
     if isinstance(value, bool | str):
         raise FrequencyError(f"{where}: the cycle frequency must be a number, got {value!r}")
     try:
-        return check_frequency(value) * scale
+        return check_frequency(value, unit=unit)
     except FrequencyError as exc:
         raise FrequencyError(f"{where}: {exc}") from None
 
@@ -128,7 +128,7 @@ def profiler_info_frequency(path: str | Path, rank: int | None = None) -> CycleF
         return None
     for key in ("freq", "syscnt freq", "syscnt_freq"):
         if key in start:
-            hz = _checked(start[key], f"{file} start_info.{key} (MHz)", scale=1e6)
+            hz = _checked(start[key], f"{file} start_info.{key} (MHz)", unit="MHz")
             return CycleFrequency(hz, "profiler_info", str(file))
     raise FrequencyError(f"profiler info {file}: start_info has no freq")
 
@@ -179,7 +179,7 @@ def reported_frequency(torch_npu: ModuleType) -> float | None:
     read = getattr(profiler, "_get_freq", None)
     if enabled is None or read is None or not enabled():
         return None
-    return _checked(read(), "torch_npu system counter (MHz)", scale=1e6)
+    return _checked(read(), "torch_npu system counter (MHz)", unit="MHz")
 
 
 def _distributed_rank() -> int | None:

@@ -93,6 +93,7 @@ INVOCATIONS = TableSpec(
             ("window_id", pa.int64()),
             ("config_id", pa.string()),
             ("origin_write_id", pa.int64()),
+            ("partial_slots", pa.list_(pa.uint32())),
         ]
     ),
     partition_by=("run_id",),
@@ -108,7 +109,11 @@ INVOCATIONS = TableSpec(
 )
 """One row per kernel launch. ``origin_write_id`` is null in a row as its writer wrote
 it; a compaction of a remote store rewrites the row under a fresh ``write_id`` and
-keeps the write it came from there (see ``DISCARDS``)."""
+keeps the write it came from there (see ``DISCARDS``). ``partial_slots`` lists the
+slots (indices in the buffer, as ``cores.slot``) that count dropped records although
+they are not full: the decoder keeps their records as written (a recorder that
+reserves a task's records together drops them all when they do not fit). It is empty
+where no slot does, and null in rows written before the column existed."""
 
 CORES = TableSpec(
     name="cores",
