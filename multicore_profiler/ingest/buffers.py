@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -11,6 +11,9 @@ import pyarrow as pa
 
 from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.decode import BufferLike, DecodedBuffers, decode_buffers
+from multicore_profiler.limits import DEVICE, INVOCATION_ID, RANK, STEP, WINDOW
+from multicore_profiler.storage.claims import claimed_ids
+from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import INVOCATIONS
 from multicore_profiler.storage.store import Store
 
@@ -43,17 +46,44 @@ class Launches:
     rank: int = 0
     device: int = 0
     step: int = 0
-    first_invocation_id: int = 0
+    first_invocation_id: int | None = None
+    """The first launch's invocation id; None: ``ingest_buffers`` takes the next free ids
+    of the run and rank (safely when several processes write them at once)."""
     direction: str = "forward"
     window_id: int | None = None
     """The capture session's recording window (none for buffers ingested by hand)."""
+
+    def __post_init__(self) -> None:
+        RANK.check(self.rank, "rank")
+        DEVICE.check(self.device, "device")
+        STEP.check(self.step, "step")
+        if self.first_invocation_id is not None:
+            INVOCATION_ID.check(self.first_invocation_id, "the first invocation id")
+        if self.window_id is not None:
+            WINDOW.check(self.window_id, "window")
+
+
+@dataclass(frozen=True)
+class IngestedStep:
+    """What ``ingest_buffers`` wrote: the decoded batch, its ids and its write."""
+
+    decoded: DecodedBuffers
+    first_invocation_id: int
+    """Buffer i is invocation ``first_invocation_id + i``."""
+    write_id: int
+
+    @property
+    def invocation_ids(self) -> range:
+        """The invocation ids the buffers took, in order."""
+        return range(self.first_invocation_id, self.first_invocation_id + self.decoded.buffers)
 
 
 def step_tables(
     decoded: DecodedBuffers, kernel: KernelInfo, launches: Launches
 ) -> tuple[pa.Table, pa.Table, pa.Table]:
     """The (invocations, cores, records) rows of a decoded batch, buffer i being invocation
-    ``first_invocation_id + i``."""
+    ``first_invocation_id + i``; each invocation lists in ``partial_slots`` its slots that
+    count dropped records without being full."""
     count = decoded.buffers
     layout = decoded.layout
     ids = launches.first_invocation_id + np.arange(count, dtype=np.int64)
@@ -82,6 +112,7 @@ def step_tables(
             ),
             "window_id": pa.array([launches.window_id] * count, pa.int64()),
             "config_id": pa.array([kernel.config_id] * count, pa.string()),
+            "partial_slots": decoded.partial_slots,
         }
     )
 
@@ -129,21 +160,46 @@ def task_table(rank: int, configs: Sequence[RuntimeConfig]) -> pa.Table:
 
 def ingest_buffers(
     store: Store,
-    buffers: Sequence[BufferLike] | np.ndarray,
+    buffers: Sequence[BufferLike] | np.ndarray | DecodedBuffers,
     layout: BufferLayout,
     *,
     frequency_hz: float,
     run_id: str,
     kernel: KernelInfo | None = None,
     launches: Launches | None = None,
-) -> DecodedBuffers:
+    new_run: RunInfo | None = None,
+) -> IngestedStep:
     """Decode a batch of buffers and write them to the store as one step of a run.
 
-    Nothing is written unless every buffer decodes.
+    Nothing is written unless every buffer decodes (``buffers`` may be a batch decoded
+    already, by ``decode_buffers`` with this layout and frequency). The invocation ids
+    are claimed first (see ``storage.claims``): the next free ones of the run and rank, or
+    exactly those from ``launches.first_invocation_id``, refused (``StoreError``) if
+    taken. ``new_run``, a run the store does not hold yet, is recorded before the step and
+    as finished (or failed) after it.
     """
     kernel = kernel or KernelInfo()
     launches = launches or Launches()
-    decoded = decode_buffers(buffers, layout, frequency_hz=frequency_hz)
-    invocations, cores, records = step_tables(decoded, kernel, launches)
-    store.write_step(run_id, launches.step, invocations=invocations, cores=cores, records=records)
-    return decoded
+    decoded = (
+        buffers
+        if isinstance(buffers, DecodedBuffers)
+        else decode_buffers(buffers, layout, frequency_hz=frequency_hz)
+    )
+    count = decoded.buffers
+    with claimed_ids(store, run_id, launches.rank, count, launches.first_invocation_id) as first:
+        invocations, cores, records = step_tables(
+            decoded, kernel, replace(launches, first_invocation_id=first)
+        )
+        if new_run is not None:
+            store.write_run(new_run)
+        try:
+            write_id = store.write_step(
+                run_id, launches.step, invocations=invocations, cores=cores, records=records
+            )
+        except BaseException:
+            if new_run is not None:
+                store.write_run(new_run.finish("failed"))
+            raise
+    if new_run is not None:
+        store.write_run(new_run.finish())
+    return IngestedStep(decoded, first, write_id)

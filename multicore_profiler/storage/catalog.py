@@ -35,6 +35,7 @@ from multicore_profiler.storage.schema import (
     TASKS,
     TRACE_EVENTS,
     TRACE_SOURCES,
+    TableSpec,
 )
 
 RACY_NS = 2_000_000_000
@@ -60,24 +61,30 @@ class FileCatalog:
         self._location = location
         self._listed: dict[str, _Listed] = {}
 
-    def files(self, runs: Sequence[str] | None = None) -> dict[str, tuple[str, ...]]:
+    def files(
+        self, runs: Sequence[str] | None = None, tables: Sequence[TableSpec] = LISTING_ORDER
+    ) -> dict[str, tuple[str, ...]]:
         """Each table's files (sorted paths as the store's filesystem names them); a table
         without files is absent. With ``runs``, the run-partitioned tables hold only the
-        files of those runs, and only their directories are listed."""
+        files of those runs, and only their directories are listed; with ``tables``, only
+        those tables are listed (in ``LISTING_ORDER``)."""
         wanted = None if runs is None else {f"run_id={check_run_id(r)}" for r in runs}
+        listed = tuple(spec for spec in LISTING_ORDER if spec in tables)
         if not self._location.is_local:
-            return self._remote(wanted)
+            return self._remote(wanted, listed)
         found = {}
-        for spec in LISTING_ORDER:
+        for spec in listed:
             scoped = wanted if spec.partition_by[0] == "run_id" else None
             files = self._walk(self._location.join(spec.name), len(spec.partition_by), scoped)
             if files:
                 found[spec.name] = tuple(sorted(files))
         return found
 
-    def _remote(self, wanted: set[str] | None) -> dict[str, tuple[str, ...]]:
+    def _remote(
+        self, wanted: set[str] | None, tables: tuple[TableSpec, ...]
+    ) -> dict[str, tuple[str, ...]]:
         found = {}
-        for spec in LISTING_ORDER:
+        for spec in tables:
             run_partitioned = spec.partition_by[0] == "run_id"
             if wanted is None or not run_partitioned or len(wanted) > REMOTE_SCOPED_LISTINGS:
                 prefixes = [spec.name]

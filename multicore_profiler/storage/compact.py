@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import fcntl
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from multicore_profiler.errors import StoreError
-from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.location import StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     new_file_name,
     read_file,
+    read_verified,
     run_partitions,
     tmp_path,
     write_parquet,
@@ -38,12 +38,13 @@ from multicore_profiler.storage.schema import (
     INVOCATIONS,
     RECORDS,
     RUNS,
+    TABLES,
     TASKS,
     TableSpec,
 )
 from multicore_profiler.storage.supersede import plan_rewrite
 from multicore_profiler.storage.swap import recover, swap
-from multicore_profiler.storage.vacuum import GRACE, run_files, vacuum
+from multicore_profiler.storage.vacuum import GRACE, run_files, stale_leftovers, vacuum
 
 if TYPE_CHECKING:
     from multicore_profiler.storage.store import Store
@@ -65,7 +66,8 @@ class CompactionReport:
     """Files left alone because their invocations are not written (yet, or ever); a
     local store's count (a remote compaction leaves such files to the vacuum alone)."""
     files_deleted: int = 0
-    """Files the vacuum deleted: hidden for good, or a dead writer's leftovers."""
+    """Files the vacuum deleted: hidden for good, or a dead writer's leftovers (files of
+    writes never committed, and ``*.parquet.tmp`` files)."""
 
 
 _KEY = ["rank", "invocation_id", "write_id"]
@@ -77,9 +79,9 @@ def _keys(table: pa.Table) -> list[tuple[int, int, int]]:
     return sorted(zip(*(found[k].to_pylist() for k in _KEY), strict=True))
 
 
-def _invocation_keys(path: Path) -> list[tuple[int, int, int]]:
-    """The invocations a cores or records file holds rows of."""
-    return _keys(pq.read_table(path, columns=_KEY, partitioning=None))
+def _invocation_keys(location: StoreLocation, path: Path) -> list[tuple[int, int, int]]:
+    """The invocations a cores or records file holds rows of (its pages verified)."""
+    return _keys(read_verified(location, path).select(_KEY))
 
 
 def _merged(location: StoreLocation, files: list[Path], spec: TableSpec) -> Iterator[pa.Table]:
@@ -107,8 +109,37 @@ def compact(
     if grace < timedelta(0):
         raise StoreError(f"the grace period must not be negative, got {grace}")
     now = now or datetime.now(timezone.utc)
-    if not store.location.is_local:
-        return _compact_remote(store, _known_runs(store, run_ids), now, grace)
+    with store_write(f"compact the store at {store.uri}"):
+        report = (
+            _compact_remote(store, _known_runs(store, run_ids), now, grace)
+            if not store.location.is_local
+            else _compact_local(store, run_ids, now, grace)
+        )
+        if run_ids is None:  # the whole store: the outer traces' leftovers too
+            report = replace(report, files_deleted=report.files_deleted + _sweep(store, now))
+    return report
+
+
+def _sweep(store: Store, now: datetime) -> int:
+    """Delete the day-old ``*.parquet.tmp`` files of the tables not partitioned by run
+    (the outer traces'); return how many."""
+    location = store.location
+    infos = [
+        info
+        for spec in TABLES.values()
+        if spec.partition_by[0] != "run_id"
+        for info in location.files(spec.name)
+    ]
+    stale = stale_leftovers(infos, now)
+    for path in sorted(stale):
+        location.delete_file(path)
+    return len(stale)
+
+
+def _compact_local(
+    store: Store, run_ids: Sequence[str] | None, now: datetime, grace: timedelta
+) -> CompactionReport:
+    """Vacuum, then merge each partition's committed files in one journaled swap."""
     root = store.root
     with open(root / COMPACT_LOCK, "a") as guard:
         try:
@@ -130,7 +161,7 @@ def compact(
             for spec in (RUNS, INVOCATIONS, TASKS, DISCARDS, CORES, RECORDS):
                 for directory, files in run_partitions(root, spec, run_id):
                     if spec in _KEYED:
-                        keyed = [(_invocation_keys(f), f) for f in files]
+                        keyed = [(_invocation_keys(store.location, f), f) for f in files]
                         ready = sorted((k, f) for k, f in keyed if set(k) <= written)
                         uncommitted += len(files) - len(ready)
                         files = [f for _, f in ready]
@@ -155,7 +186,8 @@ def compact(
 
 
 def _known_runs(store: Store, run_ids: Sequence[str] | None) -> list[str]:
-    """``run_ids`` (default: every run in the store), each checked to be there."""
+    """``run_ids`` (default: every run in the store), each checked to be there
+    (``StoreError`` naming those that are not)."""
     present = store.sql(
         "SELECT run_id FROM raw_runs UNION SELECT run_id FROM raw_invocations ORDER BY run_id"
     )["run_id"].to_pylist()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,27 @@ from multicore_profiler.errors import StoreError
 
 OBJECT_STORES = ("s3", "gcs")
 """Filesystems whose directories are only key prefixes: nothing to create."""
+
+
+@contextmanager
+def store_write(what: str) -> Iterator[None]:
+    """Turn an ``OSError`` of the work inside (a read-only store, a full disk, a refused
+    upload) into one ``StoreError``: ``cannot <what>: <path>: <reason>``. Every write path
+    of the store goes through it, so that none ends in a traceback."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except OSError as exc:
+        raise StoreError(f"cannot {what}: {os_reason(exc)}") from exc
+
+
+def os_reason(exc: OSError) -> str:
+    """An ``OSError`` as one line: the path it names (if any) and the reason."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    where = exc.filename if exc.filename is not None else None
+    text = f"{where}: {reason}" if where is not None and str(where) not in reason else reason
+    return " ".join(text.split())
 
 
 @dataclass(frozen=True)
@@ -116,11 +139,29 @@ class StoreLocation:
         return destination
 
     def write_bytes(self, relative: str, data: bytes) -> None:
-        """A small file written in one piece (the store's marker)."""
+        """A small file written in one piece (the store's marker, a claim)."""
         with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
             staged = Path(scratch) / "file"
             staged.write_bytes(data)
             self.upload(staged, relative)
+
+    def put(self, relative: str, data: bytes) -> str:
+        """Write a small file in place, where its name says all and readers never read a
+        half of it (a claim); return its path. Quicker than ``write_bytes``: no scratch
+        file, no rename."""
+        destination = self.join(relative)
+        if self.filesystem.type_name not in OBJECT_STORES:
+            self.filesystem.create_dir(destination.rsplit("/", 1)[0], recursive=True)
+        with self.filesystem.open_output_stream(destination) as sink:
+            sink.write(data)
+        return destination
+
+    def delete_file(self, path: str) -> None:
+        """Remove one file (a path as the filesystem names it); nothing if it is gone."""
+        try:
+            self.filesystem.delete_file(path)
+        except FileNotFoundError:
+            return
 
     def delete_dir(self, relative: str) -> None:
         """Remove a directory (prefix) and everything in it, if it is there."""

@@ -5,6 +5,9 @@ is written under a ``.tmp`` name, flushed to disk, then renamed; in a remote one
 written to a local scratch file and uploaded, and an object store shows an upload only
 once it completes. File names are random, so any number of processes (every rank of a
 job) can add files to the same partition at once.
+
+Every page carries a CRC-32 (Parquet page checksums), and every read through pyarrow
+verifies it: a flipped bit fails the read, naming the file, instead of changing a value.
 """
 
 from __future__ import annotations
@@ -14,18 +17,43 @@ import re
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from multicore_profiler.errors import StoreError
-from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.errors import IntegrityError, QueryError, StoreError
+from multicore_profiler.storage.location import StoreLocation, store_write
 from multicore_profiler.storage.schema import TableSpec
 
 PARQUET_SUFFIX = ".parquet"
 TMP_SUFFIX = ".tmp"
+ORPHAN_AGE = timedelta(days=1)
+"""How old an uncommitted file (or a claim) must be to count as a dead writer's leftover."""
+VERIFIED_PARQUET = ds.ParquetFileFormat(
+    default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+)
+"""The format of every pyarrow dataset of store files: each page read is checked against
+its CRC."""
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class CorruptFileError(IntegrityError, QueryError):
+    """A store file that cannot be read as its table: a page failing its checksum, a
+    broken footer, a schema that does not fit. A query that meets one fails with it (a
+    ``QueryError``, as every failed query is); ``mcprof check`` lists them all.
+
+    ``path`` is the file relative to the store, ``check`` what failed (``checksum``,
+    ``parquet`` or ``schema``), ``reason`` why."""
+
+    def __init__(self, path: str, check: str, reason: str, table: str = "") -> None:
+        what = f"does not fit the {table} table" if check == "schema" else "is corrupt"
+        super().__init__(f"store file {path} {what}: {reason}")
+        self.path = path
+        self.check = check
+        self.reason = reason
 
 
 def check_run_id(run_id: str) -> str:
@@ -89,6 +117,7 @@ def write_parquet(path: Path, tables: Iterable[pa.Table], spec: TableSpec) -> in
                 use_dictionary=list(spec.dictionary_columns),
                 column_encoding=dict.fromkeys(spec.delta_columns, "DELTA_BINARY_PACKED"),
                 write_statistics=[n for n in spec.schema.names if n not in spec.dictionary_columns],
+                write_page_checksum=True,
             ) as writer,
         ):
             for table in tables:
@@ -112,9 +141,74 @@ def write_parquet(path: Path, tables: Iterable[pa.Table], spec: TableSpec) -> in
     return rows
 
 
+def relative_path(location: StoreLocation, path: str | Path) -> str:
+    """A store file's path relative to the store, as messages name it."""
+    return str(path).removeprefix(location.path.rstrip("/") + "/")
+
+
+def read_verified(location: StoreLocation, path: str | Path, *, keep: bool = True) -> pa.Table:
+    """A whole store file, every page checked against its checksum, or an
+    ``IntegrityError`` naming the file (relative to the store) and what failed. With
+    ``keep=False`` the pages are checked a batch at a time and only the file's schema is
+    returned (as an empty table): memory stays that of one batch, whatever the file."""
+    try:
+        dataset = ds.dataset(str(path), format=VERIFIED_PARQUET, filesystem=location.filesystem)
+        if keep:
+            return dataset.to_table()
+        for _batch in dataset.to_batches():
+            pass
+        return dataset.schema.empty_table()
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        relative = relative_path(location, path)
+        reason = str(exc).replace(f"'{path}'", "").replace(str(path), relative)
+        check = "checksum" if "checksum" in reason else "parquet"
+        raise CorruptFileError(relative, check, " ".join(reason.split())) from exc
+
+
+KEY_COLUMNS = {
+    "runs": ("updated_at",),
+    "invocations": ("rank", "invocation_id", "write_id"),
+    "cores": ("rank", "invocation_id", "write_id"),
+    "records": ("rank", "invocation_id", "write_id"),
+    "tasks": ("rank", "config_id", "task_id"),
+    "discards": ("rank", "write_id"),
+    "trace_events": ("write_id", "event_index"),
+    "trace_sources": ("write_id",),
+}
+"""The columns every file of a table holds (its rows' identity); a file may lack others,
+written before they were added."""
+
+
+def schema_misfit(schema: pa.Schema, spec: TableSpec) -> str | None:
+    """Why a file's schema does not fit its table (a column the table lacks, a column of
+    another type, a key column missing), or None. Other columns may be missing: a file
+    written before a column was added reads it as NULL."""
+    keys = KEY_COLUMNS.get(spec.name, ())
+    wanted = {f.name: f.type for f in spec.schema}
+    problems = []
+    for field in schema:
+        kind = wanted.get(field.name)
+        if kind is None:
+            problems.append(f"column {field.name!r} is not a column of {spec.name}")
+        elif _value_type(field.type) != _value_type(kind):
+            problems.append(f"column {field.name!r} is {field.type}, not {kind}")
+    missing = [k for k in keys if k not in schema.names]
+    if missing:
+        problems.append(f"it lacks the column(s) {', '.join(map(repr, missing))}")
+    return "; ".join(problems) or None
+
+
+def _value_type(kind: pa.DataType) -> pa.DataType:
+    """A dictionary column's value type (the index width does not matter); others as is."""
+    return kind.value_type if pa.types.is_dictionary(kind) else kind
+
+
 def read_file(location: StoreLocation, path: str | Path, spec: TableSpec) -> pa.Table:
-    """One file's rows with the spec's columns; columns the file predates are null."""
-    table = pq.read_table(str(path), filesystem=location.filesystem, partitioning=None)
+    """One file's rows with the spec's columns, its checksums verified; columns the file
+    predates are null."""
+    table = read_verified(location, path)
     columns = [
         table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
         for f in spec.schema
@@ -152,18 +246,23 @@ def write_partition(
     tables = [table] if isinstance(table, pa.Table) else table
     conformed = (conform(t, spec) for t in tables)
     relative = f"{partition_dir(spec, values)}/{new_file_name()}"
-    if not location.is_local:
-        with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
-            staged = Path(scratch) / "part.parquet"
-            write_parquet(staged, conformed, spec)
-            return location.upload(staged, relative)
-    final = location.directory / relative
-    final.parent.mkdir(parents=True, exist_ok=True)
-    aside = tmp_path(final)
-    write_parquet(aside, conformed, spec)
-    os.replace(aside, final)
-    fsync_dir(final.parent)
-    return str(final)
+    with store_write(f"write {spec.name} to the store at {location}"):
+        if not location.is_local:
+            with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
+                staged = Path(scratch) / "part.parquet"
+                write_parquet(staged, conformed, spec)
+                return location.upload(staged, relative)
+        final = location.directory / relative
+        final.parent.mkdir(parents=True, exist_ok=True)
+        aside = tmp_path(final)
+        write_parquet(aside, conformed, spec)
+        try:
+            os.replace(aside, final)
+        except BaseException:
+            aside.unlink(missing_ok=True)
+            raise
+        fsync_dir(final.parent)
+        return str(final)
 
 
 def run_partitions(root: Path, spec: TableSpec, run_id: str) -> Iterator[tuple[Path, list[Path]]]:

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.compact import COMPACT_LOCK
+from multicore_profiler.storage.location import store_write
 from multicore_profiler.storage.schema import CORES, DISCARDS, INVOCATIONS, RECORDS, RUNS, TASKS
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def plan_gc(
 def collect(store: Store, plan: GcPlan) -> GcPlan:
     """Remove the runs of ``plan``; return it as applied."""
     location = store.location
-    with ExitStack() as stack:
+    with store_write(f"remove runs from the store at {store.uri}"), ExitStack() as stack:
         if location.is_local:
             guard = stack.enter_context(open(store.root / COMPACT_LOCK, "a"))
             try:
@@ -122,8 +123,8 @@ def collect(store: Store, plan: GcPlan) -> GcPlan:
             with store.lock.exclusive() if location.is_local else ExitStack():
                 for spec in REMOVAL_ORDER:
                     relative = f"{spec.name}/run_id={row['run_id']}"
-                    if location.is_local:
-                        shutil.rmtree(store.root / relative, ignore_errors=True)
-                    else:
+                    if not location.is_local:
                         location.delete_dir(relative)
+                    elif (store.root / relative).exists():
+                        shutil.rmtree(store.root / relative)
     return GcPlan(plan.runs, plan.kept, applied=True)

@@ -15,20 +15,22 @@ import os
 import secrets
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
-from multicore_profiler.errors import QueryError, SelectorError, StoreError
+from multicore_profiler.errors import IntegrityError, QueryError, SelectorError, StoreError
 from multicore_profiler.storage.catalog import FileCatalog
 from multicore_profiler.storage.compact import CompactionReport, compact
 from multicore_profiler.storage.compare import Comparison, compare
@@ -37,8 +39,15 @@ from multicore_profiler.storage.kernel_rules import (
     build_kernel_tables,
     mentions_kernel_views,
 )
-from multicore_profiler.storage.location import StoreLocation
-from multicore_profiler.storage.partitions import write_partition
+from multicore_profiler.storage.location import StoreLocation, os_reason, store_write
+from multicore_profiler.storage.partitions import (
+    VERIFIED_PARQUET,
+    CorruptFileError,
+    read_verified,
+    relative_path,
+    schema_misfit,
+    write_partition,
+)
 from multicore_profiler.storage.retention import GcPlan, collect, plan_gc
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import (
@@ -65,6 +74,8 @@ _PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64(), "source_id": pa.s
 _HIVE_TYPES = {"run_id": "VARCHAR", "step": "BIGINT", "source_id": "VARCHAR"}
 PLAN_CHECKS_KEPT = 1024
 """Query texts whose reader choice is remembered (see ``Store.sql``)."""
+VERIFY_THREADS = os.cpu_count() or 1
+"""Threads that check new files before a query reads them (pyarrow releases the GIL)."""
 NATIVE_MAX_FILES = 256
 """Up to this many files a local table is read by DuckDB's Parquet reader; above, as a
 pyarrow dataset (see ``Store._point``)."""
@@ -97,18 +108,12 @@ class Store:
         location = (
             where if isinstance(where, StoreLocation) else StoreLocation.parse(where, filesystem)
         )
-        try:
+        with store_write(f"open the store at {location}"):
             if location.is_local:
                 _init_local(location.directory, create)
             else:
                 _init_remote(location, create)
-            version = json.loads(location.read_bytes(MARKER)).get("format")
-        except OSError as exc:
-            raise StoreError(f"cannot open the store at {location}: {exc}") from exc
-        if version != FORMAT_VERSION:
-            raise StoreError(
-                f"{location} is a store of format {version}; this version reads {FORMAT_VERSION}"
-            )
+        _check_marker(location)
         self._location = location
         self._lock = StoreLock(location.directory) if location.is_local else None
         self._views = threading.Lock()
@@ -117,7 +122,11 @@ class Store:
         self._catalog = FileCatalog(location)
         self._datasets: dict[str, tuple[tuple[str, ...], ds.Dataset]] = {}
         self._tables: dict[tuple[str, ...], pa.Table] = {}
-        self._complete_files: dict[str, bool] = {}
+        self._ids: dict[str, pa.Table] = {}
+        """The ``rank`` and ``invocation_id`` columns of invocations files read so far."""
+        self._verified: dict[str, bool] = {}
+        """Files whose pages and schema were checked, each with whether it has every
+        column of its table (files never change once named)."""
         self._shared_files: dict[str, tuple[str, ...]] = {}
         self._plan_checks: dict[tuple[str, frozenset[str]], bool] = {}
         # Over empty tables until a query finds files (see _point).
@@ -250,20 +259,71 @@ class Store:
         self._shared_files[spec.name] = files
 
     def _native_scan(self, spec: TableSpec, files: tuple[str, ...]) -> str:
-        """``read_parquet`` of local files. Each file's columns are read once (files never
-        change once named); only where one lacks a column does DuckDB unify by name."""
-        current = True
-        for path in files:
-            complete = self._complete_files.get(path)
-            if complete is None:
-                names = pq.read_schema(path).names
-                complete = self._complete_files[path] = set(names) >= set(spec.schema.names)
-            current = current and complete
+        """``read_parquet`` of local files. Each file is checked once (see ``_verify``),
+        new files in parallel threads; only where one lacks a column does DuckDB unify
+        by name."""
+        new = [path for path in files if path not in self._verified]
+        if len(new) > 1:
+            with ThreadPoolExecutor(min(VERIFY_THREADS, len(new))) as pool:
+                list(pool.map(partial(self._verify, spec), new))
+        elif new:
+            self._verify(spec, new[0])
+        current = all(self._verified[path] for path in files)
         types = ", ".join(f"{sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
         return (
             f"read_parquet([{sql_strings(files)}], hive_partitioning = true, "
             f"hive_types = {{{types}}}, union_by_name = {str(not current).lower()})"
         )
+
+    def verified_file(self, spec: TableSpec, path: str, *, keep: bool = True) -> pa.Table:
+        """A file's rows (with ``keep=False`` none, only its columns), after checking every
+        page against its checksum and its schema against the table's (``CorruptFileError``
+        naming the file if either fails). Each file is checked once (files never change
+        once named): later queries read it without checking again."""
+        table = read_verified(self._location, path, keep=keep)
+        misfit = schema_misfit(table.schema, spec)
+        if misfit is not None:
+            raise CorruptFileError(relative_path(self._location, path), "schema", misfit, spec.name)
+        self._verified[path] = set(table.schema.names) >= set(spec.schema.names)
+        return table
+
+    def _verify(self, spec: TableSpec, path: str) -> bool:
+        """Check a file before DuckDB's reader, which checks no checksum, reads it; return
+        whether it has every column of its table."""
+        self.verified_file(spec, path, keep=False)
+        return self._verified[path]
+
+    def invocation_ids(self, run_id: str, rank: int) -> np.ndarray:
+        """The invocation ids committed to (run, rank) by any write, shown or hidden since,
+        sorted and distinct (``int64``). Only the run's invocations files are listed, and
+        each is read once (files never change once named)."""
+        paths = self._catalog.files([run_id], tables=(INVOCATIONS,)).get(INVOCATIONS.name, ())
+        parts = []
+        for path in paths:
+            ids = self._ids.get(path)
+            if ids is None:
+                table = self.verified_file(INVOCATIONS, path)
+                ids = self._ids[path] = table.select(["rank", "invocation_id"])
+            parts.append(ids)
+        if not parts:
+            return np.empty(0, np.int64)
+        table = pa.concat_tables(parts)
+        mine = table.filter(pc.equal(table["rank"], rank))["invocation_id"]
+        return np.unique(mine.to_numpy()).astype(np.int64)
+
+    def _culprit(self, runs: Sequence[str] | None) -> IntegrityError | None:
+        """After a query failed reading files: the first file of ``runs`` (default: all)
+        that fails its checks, as the error to raise, or None when all pass."""
+        for name, paths in self._catalog.files(runs).items():
+            for path in paths:
+                if path not in self._verified:
+                    try:
+                        self._verify(TABLES[name], path)
+                    except FileNotFoundError:
+                        continue
+                    except IntegrityError as err:
+                        return err
+        return None
 
     def _dataset_scan(
         self, cursor: duckdb.DuckDBPyConnection, spec: TableSpec, files: tuple[str, ...]
@@ -290,7 +350,7 @@ class Store:
             dataset = ds.dataset(
                 list(files),
                 schema=pa.unify_schemas([partitions, spec.schema]),
-                format="parquet",
+                format=VERIFIED_PARQUET,
                 filesystem=self._location.filesystem,
                 partitioning=ds.partitioning(partitions, flavor="hive"),
                 partition_base_dir=self._location.join(spec.name),
@@ -320,7 +380,8 @@ class Store:
         files: Mapping[str, Sequence[str]] | None = None,
     ) -> Iterator[duckdb.DuckDBPyConnection]:
         """A DuckDB cursor over the store's current views, for work of several statements
-        (temporary tables included): the files it reads stay in place until it closes.
+        (temporary tables included): the files it reads stay in place until it closes. A
+        read that fails on a corrupt file raises a ``CorruptFileError`` naming it.
         With ``kernel_views``, the kernel-level tables hold the traces committed now. With
         ``runs``, the views hold those runs only, and listing and reading cost what they
         would in a store of those runs alone. With ``files`` too (paths by table, listed
@@ -349,10 +410,19 @@ class Store:
                             try:
                                 datasets = self._point(cursor, runs, given=files)
                             except (pa.ArrowException, OSError) as exc:
-                                raise QueryError(f"cannot read the store's files: {exc}") from exc
+                                raise self._culprit(runs) or QueryError(
+                                    f"cannot read the store's files: {exc}"
+                                ) from exc
                             if kernel_views:
                                 self._build_kernel_tables(cursor)
                         yield cursor, datasets
+                    except (duckdb.Error, pa.ArrowException) as exc:
+                        # Whoever reads through the cursor: a file that cannot be read is
+                        # named, whatever DuckDB or pyarrow said about it.
+                        culprit = self._culprit(runs) if _reading_failed(exc) else None
+                        if culprit is None:
+                            raise
+                        raise culprit from exc
                     finally:
                         cursor.close()
                     return
@@ -387,7 +457,7 @@ class Store:
                             self._point(cursor, runs, native=True)
                 result = cursor.sql(query, params=params)
                 return pa.table({}) if result is None else result.to_arrow_table()
-        except duckdb.Error as exc:
+        except (duckdb.Error, pa.ArrowException) as exc:
             raise QueryError(f"query failed: {exc}") from exc
 
     def select_runs(self, selector: RunSelector | str) -> list[str]:
@@ -574,6 +644,56 @@ def _partition_filtered(
     )
 
 
+def _reading_failed(exc: Exception) -> bool:
+    """Whether a query's error may come from a store file that cannot be read (a failed
+    page checksum, a broken footer), rather than from its SQL."""
+    if isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException, pa.ArrowException)):
+        return True
+    text = str(exc).lower()
+    return any(word in text for word in ("parquet", "checksum", "arrow scan"))
+
+
+def _check_marker(location: StoreLocation) -> None:
+    """Refuse a store whose marker is not ``{"format": FORMAT_VERSION}``, naming the
+    marker and what is wrong with it."""
+    marker = location.join(MARKER)
+    try:
+        data = location.read_bytes(MARKER)
+    except OSError as exc:
+        raise StoreError(f"cannot open the store at {location}: {os_reason(exc)}") from exc
+    try:
+        content = json.loads(data)
+    except ValueError as exc:
+        raise StoreError(
+            f"the store marker {marker} is not JSON ({exc}); it must hold "
+            f'{{"format": {FORMAT_VERSION}}}'
+        ) from None
+    if not isinstance(content, dict):
+        raise StoreError(
+            f"the store marker {marker} holds {_json_kind(content)}, not a JSON object such as "
+            f'{{"format": {FORMAT_VERSION}}}'
+        )
+    if "format" not in content:
+        raise StoreError(f'the store marker {marker} names no format (no "format" key)')
+    version = content["format"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise StoreError(
+            f"the store marker {marker} gives the format as {_json_kind(version)} "
+            f"({json.dumps(version)}), not a number: this version reads format {FORMAT_VERSION}"
+        )
+    if version != FORMAT_VERSION:
+        raise StoreError(
+            f"{location} is a store of format {version}; this version reads {FORMAT_VERSION}"
+        )
+
+
+def _json_kind(value: object) -> str:
+    """What JSON value ``value`` is, in words: ``a string``, ``an array``."""
+    kinds = ((bool, "a boolean"), (str, "a string"), (int, "an integer"), (float, "a number"))
+    kinds += ((list, "an array"), (dict, "an object"), (type(None), "null"))
+    return next(word for kind, word in kinds if isinstance(value, kind))
+
+
 def _with_empty(spec: TableSpec, source: str) -> str:
     """The table's columns, typed, from ``source``: by name with the typed empty table, so
     that a column no file has yet reads NULL."""
@@ -596,10 +716,13 @@ def _init_local(root: Path, create: bool) -> None:
     if not marker.exists():
         if any(root.iterdir()) or not create:
             raise StoreError(f"{root} is not a multicore_profiler store (no {MARKER} in it)")
-        (root / LOCK_FILE).touch()
         aside = root / f".{MARKER}.{os.getpid()}.tmp"
-        aside.write_text(json.dumps({"format": FORMAT_VERSION}) + "\n")
-        os.replace(aside, marker)
+        try:
+            (root / LOCK_FILE).touch()
+            aside.write_text(json.dumps({"format": FORMAT_VERSION}) + "\n")
+            os.replace(aside, marker)
+        finally:
+            aside.unlink(missing_ok=True)
 
 
 def _init_remote(location: StoreLocation, create: bool) -> None:

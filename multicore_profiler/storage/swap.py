@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from multicore_profiler.errors import StoreError
+from multicore_profiler.storage.location import store_write
 from multicore_profiler.storage.partitions import fsync_dir
 
 LOCK_FILE = ".mcprof.lock"
@@ -37,11 +38,13 @@ class StoreLock:
     @contextmanager
     def _held(self, mode: int) -> Iterator[None]:
         """Hold the lock in ``mode``. A user who cannot write the store opens the lock file
-        read-only (the store made it when it was created): flock works on either."""
-        try:
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
-        except PermissionError:
-            fd = os.open(self._path, os.O_RDONLY)
+        read-only (the store made it when it was created): flock works on either. A lock
+        file that cannot be opened at all is a ``StoreError`` naming it."""
+        with store_write(f"open the store's lock file {self._path}"):
+            try:
+                fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError:  # a read-only store (EACCES, EROFS)
+                fd = os.open(self._path, os.O_RDONLY)
         try:
             fcntl.flock(fd, mode)
             yield

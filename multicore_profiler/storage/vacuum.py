@@ -6,7 +6,9 @@ discard, and leftovers of writers (or compactions) that died before their commit
 first two are hidden for good from the moment their tombstone is written, but a query
 that listed them just before may still be reading them: they go once that tombstone is
 ``grace`` old. Leftovers of a death look exactly like a write still under way, so they
-go only once the file is ``ORPHAN_AGE`` old, far longer than any write takes.
+go only once the file is ``ORPHAN_AGE`` old, far longer than any write takes: files of
+writes never committed, ``*.parquet.tmp`` files a writer killed mid-file left aside, and
+claims of invocation ids (see ``claims``) whose writer never deleted them.
 
 In a local store the deletions are made under the store's exclusive lock, so no query
 is reading meanwhile; in a remote one the grace period is what protects readers.
@@ -14,6 +16,7 @@ is reading meanwhile; in a remote one the grace period is what protects readers.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,22 +28,36 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from multicore_profiler.storage.catalog import LISTING_ORDER
-from multicore_profiler.storage.location import StoreLocation
-from multicore_profiler.storage.partitions import PARQUET_SUFFIX
-from multicore_profiler.storage.schema import CORES, DISCARDS, INVOCATIONS, RECORDS, TableSpec
+from multicore_profiler.storage.claims import is_stale, list_claims, utc
+from multicore_profiler.storage.location import StoreLocation, store_write
+from multicore_profiler.storage.partitions import (
+    ORPHAN_AGE,
+    PARQUET_SUFFIX,
+    TMP_SUFFIX,
+    VERIFIED_PARQUET,
+    read_verified,
+)
+from multicore_profiler.storage.schema import (
+    CORES,
+    DISCARDS,
+    INVOCATIONS,
+    RECORDS,
+    TABLES,
+    TableSpec,
+)
 
 if TYPE_CHECKING:
     from multicore_profiler.storage.store import Store
 
 GRACE = timedelta(hours=1)
 """How long files hidden by a tombstone stay for queries that listed them before it."""
-ORPHAN_AGE = timedelta(days=1)
-"""How old an uncommitted file must be to count as a dead writer's leftover."""
 WRITTEN_TABLES = (RECORDS, CORES, INVOCATIONS)
 """The tables whose rows belong to a write, in the order a vacuum deletes their files:
 invocations last, so that a vacuum cut short still knows the other files' writes."""
 SNAPSHOT_TABLES = tuple(s for s in LISTING_ORDER if s in (DISCARDS, *WRITTEN_TABLES))
 """The tables a compaction lists, committing tables first (as every query does)."""
+LEFTOVER_SUFFIX = PARQUET_SUFFIX + TMP_SUFFIX
+"""A file written aside and never renamed into place: its writer died mid-file."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,8 @@ class RunFiles:
     writes: pa.Table
     """``path``, ``rank``, ``write_id``, ``directory``, ``table_name``: the writes each
     file holds rows of."""
+    leftovers: tuple[pafs.FileInfo, ...] = ()
+    """The run's ``*.parquet.tmp`` files, in any of its tables."""
 
     def paths(self, spec: TableSpec) -> list[str]:
         """The table's file paths, sorted."""
@@ -67,8 +86,8 @@ class RunFiles:
 
     @property
     def count(self) -> int:
-        """How many files of written tables there are."""
-        return sum(len(self.infos[spec.name]) for spec in WRITTEN_TABLES)
+        """How many files of written tables there are, leftovers included."""
+        return sum(len(self.infos[spec.name]) for spec in WRITTEN_TABLES) + len(self.leftovers)
 
     def without(self, paths: set[str]) -> RunFiles:
         """These files but ``paths``."""
@@ -76,27 +95,37 @@ class RunFiles:
         return RunFiles(
             {name: [i for i in infos if i.path not in paths] for name, infos in self.infos.items()},
             self.writes.filter(kept),
+            tuple(i for i in self.leftovers if i.path not in paths),
         )
 
 
 def run_files(location: StoreLocation, run_id: str) -> RunFiles:
     """List a run's files, committing tables first, and read which writes each file of
     invocations, cores and records holds (two small columns of every file)."""
+    listed = {
+        spec.name: location.files(f"{spec.name}/run_id={run_id}")
+        for spec in TABLES.values()
+        if spec.partition_by[0] == "run_id"
+    }
     infos = {
-        spec.name: [
-            info
-            for info in location.files(f"{spec.name}/run_id={run_id}")
-            if info.path.endswith(PARQUET_SUFFIX)
-        ]
+        spec.name: [info for info in listed[spec.name] if info.path.endswith(PARQUET_SUFFIX)]
         for spec in SNAPSHOT_TABLES
     }
+    leftovers = tuple(
+        info for found in listed.values() for info in found if info.path.endswith(LEFTOVER_SUFFIX)
+    )
     tables = []
     for spec in WRITTEN_TABLES:
         paths = sorted(info.path for info in infos[spec.name])
         if not paths:
             continue
-        dataset = ds.dataset(paths, format="parquet", filesystem=location.filesystem)
-        keys = dataset.to_table(columns=["rank", "write_id", "__filename"])
+        dataset = ds.dataset(paths, format=VERIFIED_PARQUET, filesystem=location.filesystem)
+        try:
+            keys = dataset.to_table(columns=["rank", "write_id", "__filename"])
+        except (pa.ArrowException, OSError):
+            for path in paths:  # name the file that cannot be read
+                read_verified(location, path)
+            raise
         found = (
             keys.group_by(["__filename", "rank", "write_id"])
             .aggregate([])
@@ -118,7 +147,7 @@ def run_files(location: StoreLocation, run_id: str) -> RunFiles:
         ]
     )
     writes = pa.concat_tables(t.cast(schema) for t in tables) if tables else schema.empty_table()
-    return RunFiles(infos, writes)
+    return RunFiles(infos, writes, leftovers)
 
 
 _DEAD = """
@@ -178,15 +207,37 @@ def dead_files(
     return {path for (path,) in found}
 
 
+def stale_leftovers(infos: Iterable[pafs.FileInfo], now: datetime) -> set[str]:
+    """The paths of ``*.parquet.tmp`` files among ``infos`` older than ``ORPHAN_AGE``."""
+    return {
+        i.path
+        for i in infos
+        if i.path.endswith(LEFTOVER_SUFFIX)
+        and i.mtime is not None
+        and utc(i.mtime) < now - ORPHAN_AGE
+    }
+
+
 def vacuum(
     store: Store, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
 ) -> RunFiles:
-    """Delete the run's dead files (see ``dead_files``); return the files left."""
+    """Delete the run's dead files (see ``dead_files``), its day-old ``*.parquet.tmp``
+    files and its day-old claims; return the files left."""
     dead = dead_files(store, run_id, files, now=now, grace=grace)
+    dead |= stale_leftovers(files.leftovers, now)
     location = store.location
-    with store.lock.exclusive() if location.is_local else nullcontext():
+    with (
+        store_write(f"vacuum run {run_id} of the store at {location}"),
+        store.lock.exclusive() if location.is_local else nullcontext(),
+    ):
         for spec in WRITTEN_TABLES:
             for path in files.paths(spec):
                 if path in dead:
-                    location.filesystem.delete_file(path)
+                    location.delete_file(path)
+        for info in files.leftovers:
+            if info.path in dead:
+                location.delete_file(info.path)
+        for claim in list_claims(location, run_id):
+            if is_stale(claim, now):
+                location.delete_file(claim.path)
     return files.without(dead)
