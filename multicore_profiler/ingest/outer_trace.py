@@ -4,6 +4,10 @@
 block's events into Arrow columns with exact integer-ns times, and writes them as
 one file of the ``trace_events`` table; the ``trace_sources`` row, written last,
 commits it. A file already in the store (same SHA-256) is not loaded again.
+
+Every number is kept exactly or refused: times must fit int64 ns, integer fields
+(``pid``, ``tid``, ``args.correlation``, ...) int64. Arguments are checked before anything
+is written, and a refused trace leaves no file in the store.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ import json
 import os
 import secrets
 from collections.abc import Iterator, Mapping
+from contextlib import closing, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from multicore_profiler.errors import TraceFormatError
+from multicore_profiler.errors import ArgumentError, TraceFormatError
 from multicore_profiler.ingest.trace_scan import (
     EventBlock,
-    Numbers,
     TraceText,
     file_sha256,
     read_trace,
+    regular_file,
 )
-from multicore_profiler.storage.partitions import write_partition
+from multicore_profiler.limits import RANK
+from multicore_profiler.storage.partitions import partition_dir, write_partition
 from multicore_profiler.storage.schema import TRACE_EVENTS, TRACE_SOURCES
 from multicore_profiler.storage.store import Store
 
@@ -64,37 +71,65 @@ class _Stats:
     rounded: int = 0
 
 
-def _integers(numbers: Numbers, keep: np.ndarray) -> pa.Array:
-    """Integer values where the text holds an exact integer number (not a string)."""
-    valid = keep & numbers.number & ~numbers.quoted & ~numbers.rounded
-    return pa.array(numbers.value, pa.int64(), mask=~valid)
+_INT64 = "[-9223372036854775808 .. 9223372036854775807]"
 
 
-def _times(block: EventBlock, key: str, path: Path, stats: _Stats) -> pa.Array:
-    start, stop = block.span(key)
+def _integers(block: EventBlock, key: str) -> pa.Array:
+    """An integer field: the value where the text holds an integer number; null where it
+    is absent, a string (a ``pid`` or ``tid`` name) or not a number (``true``, an object).
+    A number that is not an integer, or does not fit int64, is refused."""
+    start, _ = block.span(key)
+    numbers = block.numbers(key)
+    written = (start >= 0) & ~numbers.quoted
+    wrong = written & (numbers.overflow | (numbers.number & numbers.rounded))
+    if wrong.any():
+        row = int(np.argmax(wrong))
+        problem = "is out of range" if numbers.overflow[row] else "is not an integer"
+        raise block.value_error(key, row, f"{problem}: it must be an integer in {_INT64}")
+    return pa.array(numbers.value, pa.int64(), mask=~(written & numbers.number))
+
+
+def _times(block: EventBlock, key: str, stats: _Stats) -> pa.Array:
+    """A time field in integer ns; a value that is not a number, or whose ns do not fit
+    int64, is refused."""
+    start, _ = block.span(key)
     numbers = block.numbers(key, _NS_DECIMALS)
-    bad = np.flatnonzero((start >= 0) & ~numbers.number)
-    if bad.size:
-        row = int(bad[0])
-        raw = bytes(block.text[start[row] : stop[row]])
-        raise TraceFormatError(
-            f"{path}: event {block.first_index + row} has {key} {raw.decode(errors='replace')},"
-            " which is not a number"
-        )
+    bad = (start >= 0) & ~numbers.number
+    if bad.any():
+        row = int(np.argmax(bad))
+        if numbers.overflow[row]:
+            problem = f"is out of range: {key} in ns must fit int64 {_INT64}"
+        else:
+            problem = "is not a number"
+        raise block.value_error(key, row, problem)
     stats.rounded += int(numbers.rounded.sum())
     return pa.array(numbers.value, pa.int64(), mask=start < 0)
 
 
+def _check_ends(block: EventBlock, ts: np.ndarray, dur: np.ndarray, has: np.ndarray) -> None:
+    """Refuse an event whose end (``ts + dur`` in ns) does not fit int64: the views add them."""
+    ends = ts + dur  # int64 arithmetic wraps round: an overflow flips the sign of the step
+    wrapped = has & (((dur > 0) & (ends < ts)) | ((dur < 0) & (ends > ts)))
+    if wrapped.any():
+        row = int(np.argmax(wrapped))
+        raise block.value_error(
+            "dur", row, f"ends past int64 ns: ts + dur must fit int64 {_INT64} in ns"
+        )
+
+
 def events_table(block: EventBlock, path: Path, stats: _Stats | None = None) -> pa.Table:
-    """The ``trace_events`` columns (but ``write_id``) of one block of events."""
+    """The ``trace_events`` columns (but ``write_id``) of one block of events; ``path`` is
+    the file the block comes from (its messages name ``block.path``)."""
     stats = stats if stats is not None else _Stats()
     count = len(block)
-    ts = _times(block, "ts", path, stats)
-    dur = _times(block, "dur", path, stats)
+    ts = _times(block, "ts", stats)
+    dur = _times(block, "dur", stats)
     if ts.null_count < count:
-        ts_values = ts.to_numpy(zero_copy_only=False)
+        ts_values = ts.fill_null(0).to_numpy()
         has_ts = ~np.asarray(ts.is_null())
-        ends = ts_values + np.where(np.asarray(dur.is_null()), 0, dur.fill_null(0).to_numpy())
+        dur_values = dur.fill_null(0).to_numpy()
+        _check_ends(block, ts_values, dur_values, has_ts)
+        ends = ts_values + dur_values
         low, high = int(ts_values[has_ts].min()), int(ends[has_ts].max())
         stats.first_ts = low if stats.first_ts is None else min(stats.first_ts, low)
         stats.last_ts = high if stats.last_ts is None else max(stats.last_ts, high)
@@ -106,7 +141,7 @@ def events_table(block: EventBlock, path: Path, stats: _Stats | None = None) -> 
     }
     for key in ("pid", "tid"):
         start, _ = block.span(key)
-        columns[key] = _integers(block.numbers(key), start >= 0)
+        columns[key] = _integers(block, key)
         is_string = (start >= 0) & (block.text[np.maximum(start, 0)] == ord('"'))
         names = block.strings(key) if is_string.any() else pa.nulls(count, pa.string())
         columns[f"{key}_name"] = pc.if_else(pa.array(is_string), names, None)
@@ -114,13 +149,11 @@ def events_table(block: EventBlock, path: Path, stats: _Stats | None = None) -> 
     columns["dur_ns"] = dur
     columns["flow_id"] = block.strings("id")
     for column, key in (("correlation", "correlation"), ("external_id", "External id")):
-        start, _ = block.span(key)
-        columns[column] = _integers(block.numbers(key), start >= 0)
+        columns[column] = _integers(block, key)
     for column, keys in (("stream", ("stream", "Stream Id")), ("device", ("device",))):
         values = None
         for key in keys:
-            start, _ = block.span(key)
-            found = _integers(block.numbers(key), start >= 0)
+            found = _integers(block, key)
             values = found if values is None else pc.coalesce(values, found)
         columns[column] = values
     columns["task_type"] = block.strings("Task Type")
@@ -128,22 +161,31 @@ def events_table(block: EventBlock, path: Path, stats: _Stats | None = None) -> 
     return pa.table(columns)
 
 
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
 def top_level_fields(trace: TraceText) -> dict[str, Any]:
-    """The top-level fields other than ``traceEvents`` (none for a bare array)."""
+    """The top-level fields other than ``traceEvents`` (none for a bare array), read by
+    ``json``: every integer exactly (orjson makes one past 64 bits a float), an escaped
+    lone surrogate kept; ``NaN`` and ``Infinity`` are refused, as they are not JSON."""
     if trace.form != "object":
         return {}
-    document = trace.prologue + trace.epilogue
     try:
-        fields = orjson.loads(document)
-    except orjson.JSONDecodeError:
-        try:
-            fields = json.loads(document)
-        except ValueError as exc:
-            raise TraceFormatError(
-                f"{trace.path}: its top-level fields are not JSON: {exc}"
-            ) from exc
+        fields = json.loads(trace.prologue + trace.epilogue, parse_constant=_not_json)
+    except (ValueError, RecursionError) as exc:
+        raise TraceFormatError(f"{trace.path}: its top-level fields are not JSON: {exc}") from exc
     fields.pop("traceEvents", None)
     return fields
+
+
+def _json_text(fields: dict[str, Any]) -> str:
+    """``fields`` as JSON text, exactly: ``json`` writes what orjson cannot (integers past
+    64 bits, lone surrogates as escapes)."""
+    try:
+        return orjson.dumps(fields).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(fields)
 
 
 def text_layout(trace: TraceText) -> dict[str, Any]:
@@ -161,12 +203,73 @@ def text_layout(trace: TraceText) -> dict[str, Any]:
     }
 
 
-def _rank(given: int | None, metadata: Mapping[str, Any]) -> int | None:
+def _rank(given: int | None, metadata: Mapping[str, Any], path: Path) -> int | None:
+    """The rank given, else the trace's ``distributedInfo.rank`` (refused when it is an
+    integer that is not a rank), else ``None``."""
     if given is not None:
-        return int(given)
+        return given
     info = metadata.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, dict) else None
-    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        return None
+    try:
+        return int(RANK.check(rank, "its distributedInfo.rank"))
+    except ArgumentError as exc:
+        raise TraceFormatError(f"{path}: {exc}") from None
+
+
+def _base_time(metadata: Mapping[str, Any], path: Path) -> int | None:
+    """The trace's ``baseTimeNanoseconds`` where it is an integer; refused past int64."""
+    base = metadata.get("baseTimeNanoseconds")
+    if not isinstance(base, int) or isinstance(base, bool):
+        return None
+    if not -(1 << 63) <= base < 1 << 63:
+        raise TraceFormatError(
+            f"{path}: its baseTimeNanoseconds {base} is out of range: it must fit int64 {_INT64}"
+        )
+    return base
+
+
+def _checked_arguments(
+    path: Path, rank: object, label: object, tags: object
+) -> tuple[int | None, list[tuple[str, str]]]:
+    """The rank (an integer in ``limits.RANK``) and the tags as pairs, after checking every
+    argument the ``trace_sources`` row will hold: before anything is written, so that a
+    bad one leaves nothing behind."""
+    if rank is not None:
+        if isinstance(rank, Integral) and not isinstance(rank, bool):
+            rank = int(rank)
+        rank = int(RANK.check(rank, "rank"))
+    if tags is not None and not isinstance(tags, Mapping):
+        raise ArgumentError(f"tags must be a mapping of strings to strings, got {tags!r}")
+    pairs = list((tags or {}).items())
+    texts = [("label", label)] if label is not None else []
+    texts += [(f"tag {key!r}", value) for key, value in pairs]
+    texts += [("a tag name", key) for key, _ in pairs]
+    texts.append(("the trace's path", str(path.absolute())))
+    for name, text in texts:
+        if not isinstance(text, str):
+            raise ArgumentError(f"{name} must be a string, got {text!r}")
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise ArgumentError(
+                f"{name} {text!r} is not text the store can hold (UTF-8): {exc.reason}"
+            ) from None
+    return rank, pairs
+
+
+def _remove(store: Store, written: str | None, source_id: str) -> None:
+    """Remove what a refused ingest wrote: its events file, and the partition directory
+    it created if that is now empty (a local store's)."""
+    # Never raised over the refusal: a file that cannot go is an orphan the vacuum removes.
+    if written is not None:
+        with suppress(OSError):
+            store.location.filesystem.delete_file(written)
+    if store.location.is_local:
+        folder = store.location.directory / partition_dir(TRACE_EVENTS, {"source_id": source_id})
+        with suppress(OSError):  # not empty (another ingest's file), or not there
+            folder.rmdir()
 
 
 def find_source(store: Store, source_id: str) -> dict[str, Any] | None:
@@ -189,13 +292,16 @@ def ingest_trace(
     The file is streamed: memory holds one block of text and its columns at a time.
     Times are exact integer ns (a string ``ts`` holding epoch microseconds included).
     ``rank`` defaults to the trace's ``distributedInfo.rank``. A file already in the
-    store (same SHA-256) is not loaded again. Raises ``TraceFormatError`` for a file
-    that is not a Chrome trace; nothing of it is then visible in the store.
+    store (same SHA-256) is not loaded again. Raises ``ArgumentError`` for a rank outside
+    ``limits.RANK`` or a label or tag that is not a string, before anything is written,
+    and ``TraceFormatError`` for a file that is not a Chrome trace the store can hold
+    exactly; nothing of a refused trace is then left in the store.
     """
     path = Path(path)
+    rank, pairs = _checked_arguments(path, rank, label, tags)
+    file_bytes = regular_file(path).st_size
     try:
         sha256 = file_sha256(path)
-        file_bytes = path.stat().st_size
     except OSError as exc:
         raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
     source_id = source_id_of(sha256)
@@ -209,42 +315,47 @@ def ingest_trace(
             known["form"],
             False,
         )
-    trace = read_trace(path)
     write_id = secrets.randbits(63)
     stats = _Stats()
-
-    def tables() -> Iterator[pa.Table]:
-        with tqdm(desc=f"ingest {path.name}", unit="event", disable=None) as progress:
-            for block in trace.blocks:
-                table = events_table(block, path, stats)
-                yield table.add_column(0, "write_id", pa.repeat(pa.scalar(write_id), len(block)))
-                progress.update(len(block))
-
-    write_partition(store.location, TRACE_EVENTS, {"source_id": source_id}, tables())
-    metadata = top_level_fields(trace)
-    rank = _rank(rank, metadata)
-    base_time = metadata.get("baseTimeNanoseconds")
-    row = {
-        "write_id": [write_id],
-        "ingested_at": [datetime.now(timezone.utc)],
-        "path": [str(path.absolute())],
-        "sha256": [sha256],
-        "file_bytes": [file_bytes],
-        "text_bytes": [trace.text_bytes],
-        "compressed": [trace.compressed],
-        "form": [trace.form],
-        "event_count": [trace.events],
-        "rank": [rank],
-        "label": [label],
-        "tags": [list((tags or {}).items())],
-        "metadata": [orjson.dumps(metadata).decode() if trace.form == "object" else None],
-        "base_time_ns": [base_time if isinstance(base_time, int) else None],
-        "first_ts_ns": [stats.first_ts],
-        "last_ts_ns": [stats.last_ts],
-        "rounded_count": [stats.rounded],
-        "layout": [orjson.dumps(text_layout(trace)).decode()],
-    }
-    write_partition(
-        store.location, TRACE_SOURCES, {"source_id": source_id}, pa.table(row, TRACE_SOURCES.schema)
-    )
+    written = None
+    partition = {"source_id": source_id}
+    try:
+        with read_trace(path) as trace, closing(_tables(trace, path, write_id, stats)) as tables:
+            written = write_partition(store.location, TRACE_EVENTS, partition, tables)
+        metadata = top_level_fields(trace)
+        rank = _rank(rank, metadata, path)
+        row = {
+            "write_id": [write_id],
+            "ingested_at": [datetime.now(timezone.utc)],
+            "path": [str(path.absolute())],
+            "sha256": [sha256],
+            "file_bytes": [file_bytes],
+            "text_bytes": [trace.text_bytes],
+            "compressed": [trace.compressed],
+            "form": [trace.form],
+            "event_count": [trace.events],
+            "rank": [rank],
+            "label": [label],
+            "tags": [pairs],
+            "metadata": [_json_text(metadata) if trace.form == "object" else None],
+            "base_time_ns": [_base_time(metadata, path)],
+            "first_ts_ns": [stats.first_ts],
+            "last_ts_ns": [stats.last_ts],
+            "rounded_count": [stats.rounded],
+            "layout": [orjson.dumps(text_layout(trace)).decode()],
+        }
+        sources = pa.table(row, TRACE_SOURCES.schema)
+        write_partition(store.location, TRACE_SOURCES, partition, sources)
+    except BaseException:
+        _remove(store, written, source_id)
+        raise
     return TraceSource(source_id, path, trace.events, rank, trace.form, True)
+
+
+def _tables(trace: TraceText, path: Path, write_id: int, stats: _Stats) -> Iterator[pa.Table]:
+    """The ``trace_events`` tables of a trace's blocks, with a progress bar on a terminal."""
+    with tqdm(desc=f"ingest {path.name}", unit="event", disable=None) as progress:
+        for block in trace.blocks:
+            table = events_table(block, path, stats)
+            yield table.add_column(0, "write_id", pa.repeat(pa.scalar(write_id), len(block)))
+            progress.update(len(block))

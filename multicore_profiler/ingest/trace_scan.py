@@ -11,17 +11,25 @@ complete event, so every scan starts outside any string at a known depth.
 The document around ``traceEvents`` (or the bare array) is kept as text: the
 ``prologue`` up to and including the array's ``[`` and the ``epilogue`` from its
 ``]`` on.
+
+Every byte of the text is checked to be UTF-8 (an error names the byte's offset), and
+every number is read exactly or refused: a value that does not fit int64 once scaled is
+``overflow``, found in time that does not grow with an exponent (``1e999999``).
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import json
+import os
 import queue
+import re
+import stat
 import threading
-from collections.abc import Iterator
+import zlib
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from functools import cached_property
 from pathlib import Path
 from typing import BinaryIO
@@ -129,12 +137,18 @@ class Fields:
 class Numbers:
     """Numbers read exactly from values' text: ``value`` is the number x 10^decimals,
     valid where ``number`` (the value is a number, or a string holding one); ``quoted``
-    where it was a string; ``rounded`` where digits below 10^-decimals were dropped."""
+    where the value is a string; ``rounded`` where digits below 10^-decimals were dropped
+    (half up); ``overflow`` where it is a number whose scaled value does not fit int64.
+
+    Rows after the first ``overflow`` row may be left unread (``number`` false): a caller
+    refuses the block at its first bad row, which is then the first ``overflow`` one or
+    one before it."""
 
     value: np.ndarray
     number: np.ndarray
     quoted: np.ndarray
     rounded: np.ndarray
+    overflow: np.ndarray
 
 
 @dataclass
@@ -157,6 +171,8 @@ class EventBlock:
     """Index of the block's first event in the whole trace."""
     offset: int
     """Offset of ``text`` in the whole JSON text."""
+    path: Path
+    """The trace file, for messages."""
     starts: np.ndarray
     stops: np.ndarray
     fields: Fields
@@ -207,9 +223,39 @@ class EventBlock:
 
     def strings(self, key: str, *, raw: bool = False) -> pa.Array:
         """The field's strings (null where absent or JSON null); with ``raw``, each value's
-        JSON text as written. A number becomes its text."""
+        JSON text as written. A number becomes its text.
+
+        A string whose escapes do not decode to text UTF-8 can hold (a lone surrogate
+        ``\\ud800``, an unknown escape) raises ``TraceFormatError`` naming the event, the
+        field and the byte: Arrow, Parquet and DuckDB hold UTF-8 only, so such a value
+        could only be stored changed. ``raw`` text keeps it exactly, as written."""
         start, stop = self.span(key)
-        return _strings(self.text, start, stop, self.escapes, raw)
+        try:
+            return _strings(self.text, start, stop, self.escapes, raw)
+        except _BadString as bad:
+            raise self.value_error(key, bad.row, f"is not a string UTF-8 can hold: {bad}") from None
+
+    def value_error(self, key: str, row: int, problem: str) -> TraceFormatError:
+        """The error for the value of ``key`` in the block's event ``row``: it names the file,
+        the event's index, the field, the value (shortened when long) and its byte."""
+        start, stop = self.span(key)
+        at, end = int(start[row]), int(stop[row])
+        shown = bytes(self.text[at : min(end, at + _SHOWN)]).decode(errors="replace")
+        if end - at > _SHOWN:
+            shown += f"... ({end - at} bytes)"
+        return TraceFormatError(
+            f"{self.path}: event {self.first_index + row} has {field_name(key)} {shown}, "
+            f"which {problem} (at byte {self.offset + at} of its JSON text)"
+        )
+
+
+_SHOWN = 48
+"""Bytes of a bad value that a message shows."""
+
+
+def field_name(key: str) -> str:
+    """How messages name a field: ``ts``, or ``args.correlation`` for a field of ``args``."""
+    return key if key in _EVENT_CODES else f"args.{key}"
 
 
 @dataclass
@@ -225,6 +271,23 @@ class TraceText:
     text_bytes: int = 0
     compressed: bool = False
     blocks: Iterator[EventBlock] = field(default=iter(()), repr=False)
+    source: BinaryIO | None = field(default=None, repr=False)
+    """The open text, closed by ``close`` (also where ``blocks`` never started)."""
+
+    def close(self) -> None:
+        """Stop reading: the scanning thread is joined and the file closed, now rather than
+        whenever the garbage collector gets to them (on whatever thread it runs)."""
+        close = getattr(self.blocks, "close", None)
+        if close is not None:
+            close()
+        if self.source is not None:
+            self.source.close()
+
+    def __enter__(self) -> TraceText:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def top_level_spans(self) -> dict[str, tuple[int, int]]:
         """Spans (offsets in the whole text) of the top-level fields' values of an object
@@ -239,7 +302,8 @@ class TraceText:
         ends = st.pos[((st.kind == _COMMA) & (st.depth == 1)) | closing]
         spans = {}
         for mark in colons.tolist():
-            key = orjson.loads(bytes(text[st.pos[mark - 2] : st.pos[mark - 1] + 1]))
+            # json, not orjson: a key may hold an escaped lone surrogate.
+            key = json.loads(bytes(text[st.pos[mark - 2] : st.pos[mark - 1] + 1]))
             colon = int(st.pos[mark])
             value = bytes(text[colon + 1 : int(ends[np.searchsorted(ends, colon)])])
             begin = colon + 1 + len(value) - len(value.lstrip())
@@ -250,9 +314,22 @@ class TraceText:
         return spans
 
 
+def regular_file(path: Path) -> os.stat_result:
+    """The file's status; ``TraceFormatError`` unless it is a regular file (a FIFO with no
+    writer would block the reader forever, a directory cannot be read)."""
+    try:
+        status = path.stat()
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(status.st_mode):
+        raise TraceFormatError(f"cannot read {path}: it is not a regular file")
+    return status
+
+
 def open_text(path: Path) -> tuple[BinaryIO, bool]:
     """A trace file's JSON text to read (gunzipped when its bytes are gzip, whatever its
     name), and whether it was compressed. The caller closes it."""
+    regular_file(path)
     with open(path, "rb") as probe:
         compressed = probe.read(2) == b"\x1f\x8b"
     if compressed:
@@ -271,6 +348,25 @@ def file_sha256(path: Path) -> str:
 
 def _where(path: Path, offset: int) -> str:
     return f"{path}: at byte {offset} of its JSON text"
+
+
+def check_utf8(path: Path, data: np.ndarray | bytes, offset: int) -> None:
+    """Raise ``TraceFormatError`` naming the file and the byte unless ``data`` (the text
+    from byte ``offset`` on) is UTF-8. Arrow validates it (about 25 GB/s); only a failure
+    is decoded again, to find the byte."""
+    view = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
+    offsets = pa.py_buffer(np.array([0, view.size], np.int64))
+    whole = pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(view)])
+    try:
+        whole.validate(full=True)
+    except pa.ArrowInvalid:
+        try:
+            view.tobytes().decode()
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(
+                f"{_where(path, offset + exc.start)}: invalid UTF-8 ({exc.reason}, byte "
+                f"{view[exc.start]:#04x})"
+            ) from None
 
 
 def _skip_space(text: np.ndarray, at: np.ndarray, limit: np.ndarray, step: int) -> np.ndarray:
@@ -411,12 +507,15 @@ _WIDTH = 24
 _POW10 = 10 ** np.arange(19, dtype=np.uint64)
 _DIGIT_LIMIT = 19
 _INT64_MAX = np.uint64((1 << 63) - 1)
+_CAST_CHARS = 38
+"""Longest value Arrow's cast reads here: its string -> decimal128 cast wraps round (or
+gives 0) for literals of more than about 105 digits instead of failing."""
 
 
 def _numbers(text: np.ndarray, start: np.ndarray, stop: np.ndarray, decimals: int) -> Numbers:
     """Numbers parsed by Arrow where it can read them all exactly (``_cast_numbers``); else
     decimal numbers of up to 24 characters read with numpy, and the others (exponents,
-    more digits) one by one with ``Decimal``. Never through a float."""
+    more digits) one by one (``_exact``). Never through a float."""
     cast = _cast_numbers(text, start, stop, decimals)
     return cast if cast is not None else _digit_numbers(text, start, stop, decimals)
 
@@ -427,17 +526,25 @@ def _cast_numbers(
     """Every present value read by Arrow's cast of its text (C++, a few times faster than
     reading digits with numpy): to int64, or to a decimal with ``decimals`` places whose
     unscaled integer is the value x 10^decimals. ``None`` when any value is not such a
-    number (a word, more places, out of range): then none is taken from here."""
+    number (a word, more places, out of range, longer than ``_CAST_CHARS``): then none is
+    taken from here."""
     present = start >= 0
     if text.size == 0 or not present.any():
         return None
     quoted = present & (text[np.maximum(start, 0)] == ord('"'))
     begin = start + quoted
     length = np.where(present, stop - quoted - begin, 0)
+    if int(length.max()) > _CAST_CHARS:
+        return None
+    if decimals == 0:  # Arrow's int64 cast also reads hex (0x10), which JSON does not have
+        after = np.minimum(begin[:, None] + (1, 2), text.size - 1)
+        if (present[:, None] & ((text[after] | 0x20) == ord("x"))).any():
+            return None
     views = _string_views(text, begin, length, present)
     try:
         if decimals == 0:
-            value = pc.cast(views, pa.int64()).to_numpy(zero_copy_only=False)
+            # Nulls filled first: an int64 array with nulls would come out as float64.
+            value = pc.fill_null(pc.cast(views, pa.int64()), 0).to_numpy()
         else:
             scaled = pc.cast(views, pa.decimal128(38, decimals))
             pairs = np.frombuffer(scaled.buffers()[1], np.int64).reshape(-1, 2)
@@ -445,22 +552,22 @@ def _cast_numbers(
             low, high = pairs[:, 0], pairs[:, 1]
             if not (high == (low >> 63))[present].all():
                 return None
-            value = low
+            value = np.where(present, low, 0)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    value = np.where(present, value, 0).astype(np.int64)
-    return Numbers(value, present, quoted, np.zeros(start.size, bool))
+    none = np.zeros(start.size, bool)
+    return Numbers(value.astype(np.int64), present, quoted, none, none)
 
 
 def _digit_numbers(text: np.ndarray, start: np.ndarray, stop: np.ndarray, decimals: int) -> Numbers:
     """Decimal numbers of up to 24 characters read with numpy; others (exponents, more
-    digits) one by one with ``Decimal``."""
+    digits) one by one with ``_exact``, up to the first that overflows."""
     count = start.size
     value = np.zeros(count, np.int64)
-    number, quoted, rounded = (np.zeros(count, bool) for _ in range(3))
+    number, quoted, rounded, overflow = (np.zeros(count, bool) for _ in range(4))
     rows = np.flatnonzero(start >= 0)
     if rows.size == 0 or text.size == 0:
-        return Numbers(value, number, quoted, rounded)
+        return Numbers(value, number, quoted, rounded, overflow)
     begin, end = start[rows], stop[rows]
     is_string = text[begin] == ord('"')
     begin, end = begin + is_string, end - is_string
@@ -485,32 +592,66 @@ def _digit_numbers(text: np.ndarray, start: np.ndarray, stop: np.ndarray, decima
     dropped = digit & (power < 0)
     round_up = (dropped & (power == -1) & (chars >= ord("5"))).any(axis=1)
     signed = (magnitude.astype(np.int64) + round_up) * np.where(negative, -1, 1)
-    value[rows] = signed
+    value[rows] = np.where(simple, signed, 0)
     number[rows] = simple
     quoted[rows] = is_string
-    rounded[rows] = (dropped & (chars != ord("0"))).any(axis=1)
+    rounded[rows] = simple & (dropped & (chars != ord("0"))).any(axis=1)
     for row in rows[~simple].tolist():
-        parsed = _decimal(bytes(text[start[row] : stop[row]]), decimals)
+        try:
+            parsed = _exact(bytes(text[start[row] : stop[row]]), decimals)
+        except OverflowError:
+            overflow[row] = True
+            break
         if parsed is not None:
             value[row], rounded[row] = parsed
             number[row] = True
-    return Numbers(value, number, quoted & number, rounded & number)
+    return Numbers(value, number, quoted, rounded, overflow)
 
 
-def _decimal(raw: bytes, decimals: int) -> tuple[int, bool] | None:
-    """One number (or a string holding one) scaled exactly, or ``None``."""
+_NUMBER = re.compile(rb"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?")
+_INT64_DIGITS = 19
+"""Digits of 2^63: a magnitude of more digits does not fit int64."""
+_EXPONENT_DIGITS = 18
+"""An exponent of more digits is beyond any text's digit count: its sign alone decides."""
+
+
+def _exact(raw: bytes, decimals: int) -> tuple[int, bool] | None:
+    """One number (or a string holding one) x 10^decimals, exactly, with whether digits
+    below 1 were dropped (rounded half up, away from zero); ``None`` when it is not a
+    number. Raises ``OverflowError`` when the scaled value does not fit int64.
+
+    The cost follows the count of written digits, never the exponent's value: the
+    exponent moves the decimal point, it is not applied by arithmetic."""
     if raw[:1] == b'"':
-        raw = raw[1:-1]
-    try:
-        number = Decimal(raw.decode("ascii")).scaleb(decimals)
-    except (InvalidOperation, UnicodeDecodeError):
+        raw = raw[1:-1].strip()
+    match = _NUMBER.fullmatch(raw)
+    if match is None or not (match[2] or match[3]):
         return None
-    if not number.is_finite():
-        return None
-    whole = int(number.to_integral_value(rounding="ROUND_HALF_UP"))
-    if not -(1 << 63) <= whole < 1 << 63:
-        return None
-    return whole, whole != number
+    sign, whole, fraction, exponent = match[1], match[2], match[3] or b"", match[4] or b"0"
+    significant = (whole + fraction).lstrip(b"0")
+    digits = significant.rstrip(b"0")
+    if not digits:
+        return 0, False
+    written = exponent.lstrip(b"+-").lstrip(b"0")
+    if len(written) > _EXPONENT_DIGITS:
+        power = -(10**_EXPONENT_DIGITS) if exponent[:1] == b"-" else 10**_EXPONENT_DIGITS
+    else:
+        power = int(exponent)
+    # The value is int(digits) x 10^shift.
+    shift = len(significant) - len(digits) - len(fraction) + power + decimals
+    if len(digits) + shift > _INT64_DIGITS:
+        raise OverflowError
+    if shift >= 0:
+        magnitude, dropped = int(digits) * 10**shift, False
+    else:
+        # Digits ends in a digit other than 0, and at least that one is dropped.
+        keep = len(digits) + shift
+        magnitude = 0 if keep < 0 else int(digits[:keep] or b"0") + (digits[keep] >= ord("5"))
+        dropped = True
+    signed = -magnitude if sign == b"-" else magnitude
+    if not -(1 << 63) <= signed < 1 << 63:
+        raise OverflowError
+    return signed, dropped
 
 
 def _string_views(
@@ -537,11 +678,31 @@ def _string_views(
     return pa.Array.from_buffers(pa.string_view(), count, [validity, views, pa.py_buffer(text)])
 
 
+class _BadString(ValueError):
+    """A string value whose escapes cannot be decoded: ``row`` is its row in the block."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
+
+
+def _decoded(raw: bytes, row: int) -> str:
+    """One JSON string with escapes, decoded; ``_BadString`` when it cannot be."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        reason = str(exc).split(":", 1)[0]
+        if re.search(rb"\\u[dD][89a-fA-F]", raw):
+            reason = f"{reason} (a lone UTF-16 surrogate escape)"
+        raise _BadString(reason, row) from None
+
+
 def _strings(
     text: np.ndarray, start: np.ndarray, stop: np.ndarray, escapes: np.ndarray, raw: bool
 ) -> pa.Array:
     """Values' text gathered into one Arrow string array; JSON strings unquoted and, where
-    they hold escapes, decoded."""
+    they hold escapes, decoded. The text is known to be UTF-8 (``check_utf8``), and every
+    span starts and stops at an ASCII mark, so no value is validated again."""
     present = start >= 0
     first = text[np.maximum(start, 0)]
     null = present & (first == ord("n")) & (stop - start == 4)
@@ -550,17 +711,13 @@ def _strings(
     begin = np.where(quoted, start + 1, start)
     length = np.where(valid, np.where(quoted, stop - 1, stop) - begin, 0)
     array = _string_views(text, begin, length, valid).cast(pa.string())
-    try:
-        array.validate(full=True)
-    except pa.ArrowInvalid as exc:
-        raise TraceFormatError(f"a string field is not valid UTF-8: {exc}") from exc
     if not raw and escapes.size:
         escaped = quoted & (
             np.searchsorted(escapes, stop) > np.searchsorted(escapes, np.maximum(start, 0))
         )
         rows = np.flatnonzero(escaped)
         if rows.size:
-            decoded = [orjson.loads(bytes(text[start[r] : stop[r]])) for r in rows.tolist()]
+            decoded = [_decoded(bytes(text[start[r] : stop[r]]), r) for r in rows.tolist()]
             mask = np.zeros(start.size, bool)
             mask[rows] = True
             array = pc.replace_with_mask(array, pa.array(mask), pa.array(decoded, pa.string()))
@@ -627,12 +784,16 @@ class _Reader:
         arrays = st.pos[(st.kind == _LBRACKET) & (st.depth == 2)]
         colons = np.flatnonzero((st.kind == _COLON) & (st.depth == 1))
         for bracket in arrays.tolist():
-            colon = colons[np.searchsorted(st.pos[colons], bracket) - 1]
+            before = int(np.searchsorted(st.pos[colons], bracket)) - 1
+            colon = int(colons[before]) if before >= 0 else 0
+            if colon < 2 or not (st.kind[colon - 2] == st.kind[colon - 1] == _QUOTE_MARK):
+                continue
             if bytes(text[st.pos[colon - 2] + 1 : st.pos[colon - 1]]) == b"traceEvents":
                 return bracket
         return None
 
     def _cut_prologue(self, end: int, depth: int) -> int:
+        check_utf8(self.trace.path, self.pending[:end], 0)
         self.trace.prologue = self.pending[:end]
         self.pending = self.pending[end:]
         self.offset = end
@@ -658,13 +819,16 @@ class _Reader:
             cut = int(stops[-1]) if complete else 0
             if end is not None:
                 cut = end
+            check_utf8(path, text[:cut], self.offset)
             self._check_between(text, st, starts, stops, cut, array_depth, first_block)
             if complete:
                 first_block = False
                 separators = _Separators.of(st)
                 fields = _fields(text, st, separators, depth, starts, stops - 1, _EVENT_CODES)
                 found = _ArgsQuery(st, separators, depth + 1, self.args_codes)
-                yield EventBlock(text, index, self.offset, starts, stops, fields, found, st.escapes)
+                yield EventBlock(
+                    text, index, self.offset, path, starts, stops, fields, found, st.escapes
+                )
                 index += complete
             if end is not None:
                 self.trace.events = index
@@ -710,6 +874,7 @@ class _Reader:
         while self._more():
             pass
         self.trace.epilogue = self.pending[end:]
+        check_utf8(self.trace.path, self.trace.epilogue, self.offset + end)
         tail = np.frombuffer(self.trace.epilogue, np.uint8)
         st = scan(tail, 1 if self.trace.form == "array" else 2)
         closed = np.flatnonzero((st.depth == 0) & (st.kind != _QUOTE_MARK))
@@ -726,26 +891,36 @@ class _Reader:
 _DONE = object()
 
 
-def _ahead(items: Iterator[EventBlock]) -> Iterator[EventBlock]:
+def _ahead(items: Generator[EventBlock, None, None]) -> Iterator[EventBlock]:
     """``items``, produced one ahead on a thread of their own: numpy releases the GIL,
-    so the next block is scanned while this one becomes columns and Parquet."""
+    so the next block is scanned while this one becomes columns and Parquet.
+
+    Closing this generator (or its end, or an error on either side) stops the thread and
+    closes ``items``; it is joined unless the close runs on that thread itself (the garbage
+    collector may finalize an abandoned generator on any thread)."""
     slots: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
+
+    def offer(entry: tuple[object, BaseException | None]) -> bool:
+        """Hand ``entry`` to the consumer unless it has stopped; whether it was handed."""
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        slots.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not offer((item, None)):
                     return
-            slots.put((_DONE, None))
+            offer((_DONE, None))
         except BaseException as exc:  # handed to the consumer, raised there
-            slots.put((_DONE, exc))
+            offer((_DONE, exc))
+        finally:
+            items.close()
 
     worker = threading.Thread(target=produce, name="mcprof-trace-scan", daemon=True)
     worker.start()
@@ -759,7 +934,8 @@ def _ahead(items: Iterator[EventBlock]) -> Iterator[EventBlock]:
             yield item
     finally:
         stop.set()
-        worker.join()
+        if threading.current_thread() is not worker:
+            worker.join()
 
 
 def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> TraceText:
@@ -768,24 +944,26 @@ def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> T
     and ``events`` are known once the blocks are exhausted. ``args_keys`` are the fields
     of ``args`` to find (the others read as absent).
 
-    Raises ``TraceFormatError`` when the file is not a Chrome trace, is truncated, or
-    holds something other than objects in its events array.
+    Raises ``TraceFormatError`` when the file is not a regular file or not a Chrome trace,
+    is truncated, is not UTF-8, or holds something other than objects in its events
+    array. Use it as a context manager (or ``close`` it) so that a reader stopped early
+    releases its thread and file at once.
     """
     path = Path(path)
     try:
         source, compressed = open_text(path)
     except OSError as exc:
         raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    trace = TraceText(path, compressed=compressed)
+    trace = TraceText(path, compressed=compressed, source=source)
     codes = {key: _ARGS_CODES[key] for key in args_keys}
 
-    def generate() -> Iterator[EventBlock]:
+    def generate() -> Generator[EventBlock, None, None]:
         with source:
             reader = _Reader(trace, source, codes)
             try:
                 depth = reader.prologue()
                 yield from reader.blocks(depth)
-            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
                 raise TraceFormatError(f"cannot read {path}: {exc}") from exc
 
     trace.blocks = _ahead(generate())
