@@ -5,12 +5,16 @@ pattern, on a device (category kernel / npu / ascend / aicore, or a torch_npu
 ``Task Type`` naming AI Core, AIC, AIV or MIX). The i-th invocation of the rank,
 in launch order, goes to the i-th candidate after ``kernel_index``; its records
 keep their relative times and are shifted so the earliest starts with the kernel.
-Each choice that needs a second look (a duration fallback, host alignment, an
-invocation longer than its kernel) is written down for the report.
+Invocations of one kernel that overlap once aligned (a wrong kernel or frequency makes
+them longer than the gaps between their kernels) go to lanes: threads of their own, so
+that every thread's slices still nest or follow one another. Each choice that needs a
+second look (a duration fallback, host alignment, an invocation longer than its kernel,
+a lane) is written down for the report.
 """
 
 from __future__ import annotations
 
+import heapq
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -20,11 +24,12 @@ import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.errors import FuseError
+from multicore_profiler.export.chrome_trace import CORE_NAMES, LANE_TID_STEP
+from multicore_profiler.limits import COUNT
 from multicore_profiler.storage.sql_text import sql_strings
 
 DEVICE_CATEGORIES = ("kernel", "npu", "ascend", "aicore")
 DEVICE_TASK_TYPES = r"(?i)(ai_?core|aic|aiv|mix|vector_?core)"
-CORE_NAMES = {1: "AIC", 2: "AIV"}
 RATIO_SPREAD = 1.1
 """Span / duration ratios within this factor of each other share one cause."""
 FITTING_RATIO = (0.8, 1.02)
@@ -35,8 +40,6 @@ COMMON_FREQUENCIES_MHZ = (19.2, 24.0, 25.0, 50.0, 100.0, 200.0, 1000.0)
 SNAP_TOLERANCE = 0.15
 """How far (relative) an estimate may lie from the common frequency it suggests: spans
 stop a little short of their kernel, so estimates run low."""
-LANE_TID_STEP = 10_000
-"""A standalone trace's sub-track tid: core tid + 10000 x lane (see the exporter)."""
 
 
 def kernel_pattern_for(kernel_name: str) -> str:
@@ -70,8 +73,9 @@ CREATE OR REPLACE TEMP MACRO us_text(ns) AS
 _INTERNAL = """
 CREATE TEMP TABLE internal AS
 SELECT
-    ids[1]::INTEGER AS rank, ids[2]::BIGINT AS invocation_id, ids[3]::INTEGER AS core_type,
-    ids[4]::BIGINT AS block_id, track, name, ts_ns, dur_ns, args, event_index
+    TRY_CAST(ids[1] AS INTEGER) AS rank, TRY_CAST(ids[2] AS BIGINT) AS invocation_id,
+    TRY_CAST(ids[3] AS INTEGER) AS core_type, TRY_CAST(ids[4] AS BIGINT) AS block_id, track,
+    name, ts_ns, dur_ns, args, event_index
 FROM (
     -- One parse of each args object for the four ids.
     SELECT
@@ -92,8 +96,8 @@ FROM internal GROUP BY ALL
 
 _FLOWS = """
 CREATE TEMP TABLE internal_flows AS
-SELECT f.ph, f.flow_id::HUGEINT AS flow_id, f.tid AS track, f.ts_ns, f.event_index, s.rank,
-       s.invocation_id
+SELECT f.ph, TRY_CAST(f.flow_id AS HUGEINT) AS flow_id, f.tid AS track, f.ts_ns,
+       f.event_index, s.rank, s.invocation_id
 FROM mk f
 JOIN spans s ON s.rank = f.pid AND f.ts_ns BETWEEN s.first_ns AND s.last_ns
 WHERE f.ph IN ('s', 'f') AND f.cat = 'MegaKernelInternal'
@@ -171,7 +175,7 @@ SELECT
     i.last_ns - i.first_ns AS span_ns, i.frequency_mhz, i.frequency_source,
     c.name AS outer_name, c.pid AS outer_pid, c.pid_name AS outer_pid_name,
     c.tid AS outer_tid, c.tid_name AS outer_tid_name, c.ts_ns AS outer_ts_ns,
-    c.dur_ns AS outer_dur_ns, c.evidence,
+    c.dur_ns AS outer_dur_ns, c.evidence, c.event_index AS outer_event_index,
     us_text(c.ts_ns - $shift) AS outer_ts_text, us_text(c.dur_ns) AS outer_dur_text,
     coalesce(c.pid::VARCHAR, to_json(c.pid_name)::VARCHAR) AS pid_text
 FROM inv i JOIN cand c USING (position)
@@ -181,7 +185,7 @@ _TRACKS = """
 CREATE TEMP TABLE tracks AS
 WITH used AS (
     SELECT DISTINCT p.pid_text, p.outer_pid, p.outer_pid_name, p.kernel_name, e.core_type,
-           e.block_id, e.track
+           e.block_id, e.track, p.lane
     FROM internal e JOIN pairs p ON e.rank = p.rank AND e.invocation_id = p.invocation_id
 ),
 threads AS (
@@ -196,7 +200,8 @@ sorted AS (
 ),
 numbered AS (
     SELECT u.*, (row_number() OVER (
-        PARTITION BY u.pid_text ORDER BY u.kernel_name, u.core_type, u.block_id, u.track
+        PARTITION BY u.pid_text
+        ORDER BY u.kernel_name, u.core_type, u.block_id, u.track, u.lane
     ) - 1)::BIGINT AS ordinal,
     count(*) OVER (PARTITION BY u.pid_text) AS tracks
     FROM used u
@@ -209,7 +214,8 @@ SELECT
     n.kernel_name || '/' || coalesce({core_names}, n.core_type::VARCHAR) || '/'
         || n.block_id::VARCHAR
         || CASE WHEN n.track >= {lane} THEN ' overlap ' || (n.track // {lane})::VARCHAR ELSE ''
-           END AS thread_name
+           END
+        || CASE WHEN n.lane > 0 THEN ' lane ' || n.lane::VARCHAR ELSE '' END AS thread_name
 FROM numbered n
 LEFT JOIN threads t
     ON t.pid IS NOT DISTINCT FROM n.outer_pid AND t.pid_name IS NOT DISTINCT FROM n.outer_pid_name
@@ -238,7 +244,8 @@ SELECT line FROM (
     FROM internal_flows f
     JOIN pairs p ON f.rank = p.rank AND f.invocation_id = p.invocation_id
     JOIN tracks t
-        ON t.pid_text = p.pid_text AND t.kernel_name = p.kernel_name AND t.track = f.track
+        ON t.pid_text = p.pid_text AND t.kernel_name = p.kernel_name AND t.lane = p.lane
+        AND t.track = f.track
     UNION ALL
     SELECT 2, t.tid, p.outer_ts_ns + e.ts_ns - p.first_ns, e.event_index,
         ',\n{"name":' || to_json(e.name)::VARCHAR || ',"ph":"X","cat":"MegaKernelInternal","pid":'
@@ -252,9 +259,12 @@ SELECT line FROM (
     FROM internal e
     JOIN pairs p ON e.rank = p.rank AND e.invocation_id = p.invocation_id
     JOIN tracks t
-        ON t.pid_text = p.pid_text AND t.kernel_name = p.kernel_name AND t.track = e.track
+        ON t.pid_text = p.pid_text AND t.kernel_name = p.kernel_name AND t.lane = p.lane
+        AND t.track = e.track
 )
-ORDER BY part, tid, ts_ns, event_index
+-- Slices by thread, then time; arrows by time only, so that an arrow's start is written
+-- before its end whatever their threads' tids.
+ORDER BY part, CASE WHEN part = 3 THEN 0 ELSE tid END, ts_ns, event_index
 """
 
 
@@ -273,14 +283,25 @@ def align(
     outer_pid: int | None,
     allow_host_alignment: bool,
     shift_ns: int,
+    mega_kernel_trace: str = "the MegaKernel trace",
 ) -> Alignment:
     """Align the invocations in ``mk`` / ``mk_invocations`` (registered on ``con``) of
     ``rank`` to the kernels of trace ``source_id``; raise ``FuseError`` where that
-    cannot be done safely."""
-    if kernel_index < 0:
-        raise FuseError(f"kernel_index must be >= 0, got {kernel_index}")
+    cannot be done safely (``mega_kernel_trace`` names the MegaKernel side in messages)."""
+    COUNT.check(kernel_index, "kernel_index")
     con.execute(_US)
     con.execute(_INTERNAL)
+    unreadable = con.execute(
+        "SELECT event_index FROM internal WHERE rank IS NULL OR invocation_id IS NULL "
+        "OR core_type IS NULL OR block_id IS NULL OR track IS NULL OR ts_ns IS NULL "
+        "OR dur_ns IS NULL ORDER BY event_index LIMIT 1"
+    ).fetchall()
+    if unreadable:
+        raise FuseError(
+            f"{mega_kernel_trace}: event {unreadable[0][0]}, a MegaKernelInternal slice, lacks "
+            "an integer tid, ts, dur or args.rank, invocation_id, core_type or block_id in "
+            "range; export the trace again (mcprof export)"
+        )
     con.execute(_SPANS)
     con.execute(_FLOWS)
     con.execute(_INVOCATIONS, {"rank": rank})
@@ -351,6 +372,8 @@ def align(
             "pattern"
         )
     con.execute(_PAIRS, {"shift": shift_ns})
+    _refuse_unnamed_processes(con)
+    overlapped = _place_on_lanes(con)
     con.execute(_TRACKS.format(lane=LANE_TID_STEP, core_names=_core_case()), {"source": source_id})
     # Arrows keep the standalone trace's ids, above those of an earlier fusion's arrows.
     flow_offset = _count(
@@ -368,6 +391,13 @@ def align(
     )
     pairs = con.sql("SELECT * FROM pairs ORDER BY first_ns").to_arrow_table().to_pylist()
     tracks = con.sql("SELECT * FROM tracks ORDER BY pid_text, tid").to_arrow_table()
+    expected = 2 * tracks.num_rows + sum(p["events"] for p in pairs) + flows
+    if len(lines) != expected or lines.null_count:
+        raise FuseError(
+            f"only {len(lines) - lines.null_count} of the {expected} events to add (thread "
+            "metadata, slices, arrows) could be placed in the outer trace; nothing was written"
+        )
+    overlaps = _overlap_entries(con, overlapped)
     entries = [_entry(pair, shift_ns) for pair in pairs]
     longer = [e for e in entries if e["exceedsOuterKernelUs"] > 0]
     if longer:
@@ -375,6 +405,15 @@ def align(
             f"{len(longer)} invocation(s) last longer than their outer kernel (first: "
             f"invocation {longer[0]['invocationId']}, by {longer[0]['exceedsOuterKernelUs']} us):"
             " the kernel may not be the one that ran them, or the cycle frequency is off"
+        )
+    if overlaps:
+        first = overlaps[0]
+        lane_threads = int((tracks["lane"].to_numpy() > 0).sum())
+        warnings.append(
+            f"{len(overlaps)} invocation(s) overlap an earlier invocation of their kernel once "
+            f"aligned (first: invocation {first['invocationId']}, over invocation(s) "
+            f"{', '.join(map(str, first['overlapsInvocations']))}): they are on "
+            f"{lane_threads} lane thread(s) of their own ('... lane <n>'), listed under overlaps"
         )
     frequency = frequency_check(pairs)
     if frequency["suggestedMHz"] is not None:
@@ -407,10 +446,115 @@ def align(
             {"pid": _pid(t), "tid": t["tid"], "name": t["thread_name"]} for t in tracks.to_pylist()
         ],
         "invocations": entries,
+        "overlaps": overlaps,
         "frequencyCheck": frequency,
         "warnings": warnings,
     }
     return Alignment(lines, events, report)
+
+
+def _refuse_unnamed_processes(con: duckdb.DuckDBPyConnection) -> None:
+    """Refuse an outer kernel with neither an integer nor a string pid: the added threads
+    could not name their process, and every added event would be lost."""
+    unnamed = con.execute(
+        "SELECT invocation_id, outer_name, outer_event_index FROM pairs WHERE pid_text IS NULL "
+        "ORDER BY first_ns LIMIT 1"
+    ).fetchall()
+    if unnamed:
+        invocation, name, index = unnamed[0]
+        raise FuseError(
+            f"outer kernel {name!r} (event {index} of the outer trace), which invocation "
+            f"{invocation} aligns to, has no pid (an integer or a string): no thread can be "
+            "added to its process"
+        )
+
+
+def invocation_lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The lane of each invocation, sorted by group, then start: the lowest lane on which
+    every earlier invocation of its group has ended by its start.
+
+    Unlike a record's sub-track (``export.tracks.assign_lanes``), an invocation may not nest
+    in another on one lane: their slices would interleave on each core's thread. A group
+    whose invocations follow one another (the usual case) stays on lane 0 without a look at
+    each invocation.
+    """
+    lanes = np.zeros(len(start), np.int64)
+    edges = np.concatenate([[0], np.flatnonzero(group[1:] != group[:-1]) + 1, [len(group)]])
+    for first, last in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+        starts, ends = start[first:last], end[first:last]
+        if not (starts[1:] < np.maximum.accumulate(ends)[:-1]).any():
+            continue
+        free: list[int] = []
+        running: list[tuple[int, int]] = []
+        for offset, (begin, finish) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+            while running and running[0][0] <= begin:
+                heapq.heappush(free, heapq.heappop(running)[1])
+            lane = heapq.heappop(free) if free else len(running)
+            lanes[first + offset] = lane
+            heapq.heappush(running, (finish, lane))
+    return lanes
+
+
+def _place_on_lanes(con: duckdb.DuckDBPyConnection) -> dict[int, list[int]]:
+    """Give ``pairs`` a ``lane`` column (``invocation_lanes`` over the aligned spans of each
+    kernel in each outer process); return, for each invocation off lane 0, the invocations
+    of its kernel still running when it starts."""
+    spans = con.sql(
+        "SELECT invocation_id, dense_rank() OVER (ORDER BY pid_text, kernel_name) AS grp, "
+        "outer_ts_ns AS start_ns, outer_ts_ns + span_ns AS end_ns FROM pairs "
+        "ORDER BY grp, start_ns, invocation_id"
+    ).to_arrow_table()
+    ids, group, start, end = (spans[name].to_numpy() for name in spans.column_names)
+    lanes = invocation_lanes(group, start, end)
+    con.execute("ALTER TABLE pairs ADD COLUMN lane BIGINT DEFAULT 0")
+    moved = np.flatnonzero(lanes > 0)
+    if moved.size == 0:
+        return {}
+    con.register("pair_lanes", pa.table({"invocation_id": ids[moved], "lane": lanes[moved]}))
+    con.execute(
+        "UPDATE pairs SET lane = l.lane FROM pair_lanes l "
+        "WHERE pairs.invocation_id = l.invocation_id"
+    )
+    con.unregister("pair_lanes")
+    return {
+        int(ids[i]): ids[:i][(group[:i] == group[i]) & (end[:i] > start[i])].tolist()
+        for i in moved.tolist()
+    }
+
+
+def _overlap_entries(
+    con: duckdb.DuckDBPyConnection, overlapped: dict[int, list[int]]
+) -> list[dict[str, Any]]:
+    """The report's ``overlaps``: each invocation off lane 0, in aligned time order, with the
+    invocations it overlaps and the lane threads its slices are on."""
+    if not overlapped:
+        return []
+    rows = con.sql(
+        """
+        SELECT p.invocation_id, p.kernel_name, p.lane, p.outer_pid, p.outer_pid_name,
+               list_sort(list(DISTINCT t.tid)) AS tids
+        FROM pairs p
+        JOIN (SELECT DISTINCT rank, invocation_id, track FROM internal) e
+            USING (rank, invocation_id)
+        JOIN tracks t
+            ON t.pid_text = p.pid_text AND t.kernel_name = p.kernel_name AND t.lane = p.lane
+            AND t.track = e.track
+        WHERE p.lane > 0
+        GROUP BY ALL
+        ORDER BY min(p.outer_ts_ns), p.invocation_id
+        """
+    ).to_arrow_table()
+    return [
+        {
+            "invocationId": row["invocation_id"],
+            "kernelName": row["kernel_name"],
+            "overlapsInvocations": overlapped[row["invocation_id"]],
+            "lane": row["lane"],
+            "pid": _pid(row),
+            "tids": row["tids"],
+        }
+        for row in rows.to_pylist()
+    ]
 
 
 def frequency_check(pairs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ outer ``ts`` is rewritten, exactly, in integer ns.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -28,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from multicore_profiler.errors import FuseError, QueryError
+from multicore_profiler.errors import ArgumentError, FuseError, QueryError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.export.files import written_aside
 from multicore_profiler.fuse.align import align
@@ -39,9 +40,32 @@ from multicore_profiler.ingest.outer_trace import (
     top_level_fields,
 )
 from multicore_profiler.ingest.trace_scan import BLOCK_BYTES, EventBlock, open_text, read_trace
+from multicore_profiler.limits import (
+    COUNT,
+    DEVICE,
+    FREQUENCY_MHZ,
+    INVOCATION_ID,
+    PID,
+    RANK,
+    STEP,
+    WINDOW,
+    Range,
+)
 from multicore_profiler.storage.store import Store, open_store
 
 REPORT_KEY = "megaKernelTraceMerge"
+INVOCATION_FIELDS: tuple[tuple[str, str, pa.DataType, Range | type[str], bool], ...] = (
+    ("rank", "rank", pa.int32(), RANK, True),
+    ("invocationId", "invocation_id", pa.int64(), INVOCATION_ID, True),
+    ("deviceId", "device", pa.int32(), DEVICE, False),
+    ("direction", "direction", pa.string(), str, False),
+    ("kernelName", "kernel_name", pa.string(), str, True),
+    ("step", "step", pa.int64(), STEP, False),
+    ("cycleFrequencyMHz", "frequency_mhz", pa.float64(), FREQUENCY_MHZ, False),
+    ("cycleFrequencySource", "frequency_source", pa.string(), str, False),
+)
+"""What fusion reads of each ``megaKernelCycleTrace.invocations`` entry: key, column, type,
+range of a number (else a string), whether it is required."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +109,19 @@ def merge_chrome_traces(
 
     The i-th invocation aligns to the i-th outer device kernel matching
     ``kernel_pattern`` (default: from the kernel's name) after ``kernel_index`` of them,
-    within ``outer_pid`` if given. Raises ``FuseError`` when that cannot be done safely;
-    no file is left behind then.
+    within ``outer_pid`` if given. Raises ``ArgumentError`` for an argument out of range
+    (before any work) and ``FuseError`` when the fusion cannot be done safely; no file is
+    left behind then.
     """
+    COUNT.check(kernel_index, "kernel_index")
+    for value, limit, name in (
+        (rank, RANK, "rank"),
+        (outer_pid, PID, "outer_pid"),
+        (step, STEP, "step"),
+        (window, WINDOW, "window"),
+    ):
+        if value is not None:
+            limit.check(value, name)
     with ExitStack() as stack:
         if store is None and isinstance(mega_kernel_trace, Store):
             store = mega_kernel_trace
@@ -108,9 +142,10 @@ def merge_chrome_traces(
             if any(v is not None for v in (run, step, window)):
                 raise FuseError("run, step and window select from a store, not from a trace file")
             mk_path = Path(mega_kernel_trace)
+        # The MegaKernel side is read first: a refusal there leaves the store as it was.
+        events, invocations, mk_summary = _mega_kernel_trace(mk_path)
         source = ingest_trace(store, framework_trace, rank=rank)
         described = find_source(store, source.source_id)
-        events, invocations, mk_summary = _mega_kernel_trace(mk_path)
         # A rank given now wins over the one stored when the trace was first loaded.
         rank = _rank(source.rank if rank is None else rank, invocations, framework_trace)
         kernels = sorted({i["kernel_name"] for i in invocations.to_pylist() if i["rank"] == rank})
@@ -118,7 +153,8 @@ def merge_chrome_traces(
             raise FuseError(
                 f"rank {rank} ran several kernels ({', '.join(kernels)}); give kernel_pattern"
             )
-        metadata = orjson.loads(described["metadata"]) if described["metadata"] else {}
+        # json, not orjson: the metadata may hold escaped lone surrogates and integers past 64 bits.
+        metadata = json.loads(described["metadata"]) if described["metadata"] else {}
         shift = 0
         if rebase_timestamps and described["first_ts_ns"] is not None:
             shift = described["first_ts_ns"] // 1000 * 1000
@@ -136,6 +172,7 @@ def merge_chrome_traces(
                     outer_pid=outer_pid,
                     allow_host_alignment=allow_host_alignment,
                     shift_ns=shift,
+                    mega_kernel_trace=str(mk_path),
                 )
         except duckdb.Error as exc:
             raise QueryError(f"alignment query failed: {exc}") from exc
@@ -180,9 +217,9 @@ def merge_chrome_traces(
 def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
     """A standalone MegaKernel trace's events (as ``trace_events`` columns), its
     invocations and its ``megaKernelCycleTrace`` object."""
-    trace = read_trace(path, args_keys=())
-    tables = [events_table(block, path) for block in trace.blocks]
-    summary = top_level_fields(trace).get("megaKernelCycleTrace")
+    with read_trace(path, args_keys=()) as trace:
+        tables = [events_table(block, path) for block in trace.blocks]
+        summary = top_level_fields(trace).get("megaKernelCycleTrace")
     if not isinstance(summary, dict) or summary.get("schemaVersion") != 1:
         raise FuseError(
             f"{path} is not a MegaKernel trace of schema v1 (no megaKernelCycleTrace); export "
@@ -191,27 +228,44 @@ def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
     if not tables:
         raise FuseError(f"{path} holds no event")
     entries = summary.get("invocations") or []
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise FuseError(f"{path}: megaKernelCycleTrace.invocations is not a list of objects")
     runs = sorted({str(e.get("runId")) for e in entries})
     if len(runs) > 1:
         raise FuseError(f"{path} holds {len(runs)} runs ({', '.join(runs)}); fuse one at a time")
-    for key in ("invocationId", "rank", "kernelName"):
-        if any(key not in e for e in entries):
-            raise FuseError(f"{path}: an invocation of its megaKernelCycleTrace has no {key!r}")
     invocations = pa.table(
         {
-            "rank": pa.array([e["rank"] for e in entries], pa.int32()),
-            "invocation_id": pa.array([e["invocationId"] for e in entries], pa.int64()),
-            "device": pa.array([e.get("deviceId") for e in entries], pa.int32()),
-            "direction": pa.array([e.get("direction") for e in entries], pa.string()),
-            "kernel_name": pa.array([e["kernelName"] for e in entries], pa.string()),
-            "step": pa.array([e.get("step") for e in entries], pa.int64()),
-            "frequency_mhz": pa.array([e.get("cycleFrequencyMHz") for e in entries], pa.float64()),
-            "frequency_source": pa.array(
-                [e.get("cycleFrequencySource") for e in entries], pa.string()
-            ),
+            column: pa.array(_invocation_values(path, entries, key, kind, required), dtype)
+            for key, column, dtype, kind, required in INVOCATION_FIELDS
         }
     )
     return pa.concat_tables(tables), invocations, summary
+
+
+def _invocation_values(
+    path: Path, entries: list[dict[str, Any]], key: str, kind: Range | type[str], required: bool
+) -> list[Any]:
+    """Every entry's ``key``, checked against its range or type, so that a hand-edited
+    summary is refused naming the entry and the field, never cast into a wrong value."""
+    values = []
+    for index, entry in enumerate(entries):
+        value = entry.get(key)
+        where = f"{path}: megaKernelCycleTrace.invocations[{index}].{key}"
+        if value is None:
+            if required:
+                raise FuseError(
+                    f"{path}: an invocation of its megaKernelCycleTrace has no {key!r} "
+                    f"(invocations[{index}])"
+                )
+        elif isinstance(kind, Range):
+            try:
+                value = kind.check(value, where)
+            except ArgumentError as exc:
+                raise FuseError(str(exc)) from None
+        elif not isinstance(value, str):
+            raise FuseError(f"{where} must be a string, got {value!r:.60}")
+        values.append(value)
+    return values
 
 
 def _rank(outer_rank: int | None, invocations: pa.Table, framework_trace: Any) -> int:
@@ -383,17 +437,17 @@ def _raw_pieces(path: Path, progress: tqdm) -> Iterator[tuple[int, bytes]]:
 
 def _rebased_text(path: Path, shift: int, splicer: _Splicer, progress: tqdm) -> None:
     """The outer text with every event's ``ts`` rewritten; prologue and epilogue edited."""
-    trace = read_trace(path, args_keys=())
-    wrote_prologue = False
-    for block in trace.blocks:
+    with read_trace(path, args_keys=()) as trace:
+        wrote_prologue = False
+        for block in trace.blocks:
+            if not wrote_prologue:
+                splicer.write(0, trace.prologue)
+                wrote_prologue = True
+            splicer.sink.write(_rebased(block, shift))
+            progress.update(int(block.stops[-1]))
         if not wrote_prologue:
             splicer.write(0, trace.prologue)
-            wrote_prologue = True
-        splicer.sink.write(_rebased(block, shift))
-        progress.update(int(block.stops[-1]))
-    if not wrote_prologue:
-        splicer.write(0, trace.prologue)
-    splicer.write(trace.text_bytes - len(trace.epilogue), trace.epilogue)
+        splicer.write(trace.text_bytes - len(trace.epilogue), trace.epilogue)
 
 
 def _write(
