@@ -6,7 +6,8 @@ by a trigger) with its task graph, so the trace carries dependency arrows as wel
 
 Baseline, measured in the same run on the first step of the same store: query the
 records with their names, build a dict per event, ``json.dump`` the trace. Goals:
-``export_chrome_trace`` >= 10x the baseline's events/s and >= 3 M events/s.
+``export_chrome_trace`` >= 10x the baseline's events/s and >= 3 M events/s; peak RSS of a
+process that opens the store and exports the whole run under 600 MB at 5 M records.
 
     .venv/bin/python bench/export.py [--records 5000000] [--repeat 3]
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -121,6 +124,32 @@ def baseline(store: Store, run_id: str, step: int, path: Path) -> int:
     return len(events)
 
 
+_CHILD = """
+import sys, time
+from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.storage.store import open_store
+began = time.perf_counter()
+trace = export_chrome_trace(open_store(sys.argv[1]), sys.argv[2], run=sys.argv[3])
+seconds = time.perf_counter() - began
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(trace.events, seconds, int(status["VmHWM"].split()[0]) * 1024)
+"""
+"""VmHWM, not ru_maxrss: the latter keeps the forking parent's peak across exec."""
+
+
+def peak_rss(store: Path, run_id: str, out: Path) -> tuple[int, float, int]:
+    """Events, seconds and peak resident bytes of a fresh process that opens the store
+    and exports the whole run (the store's own opening included)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(store), str(out), run_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    events, seconds, peak = done.stdout.split()
+    return int(events), float(seconds), int(peak)
+
+
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
     result = fn()
     return best(fn, repeat), result
@@ -178,6 +207,11 @@ def main() -> None:
         print(
             f"  detailed names: {detailed_s:6.2f} s; gzipped: {gz_s:6.2f} s "
             f"({gz.stat().st_size / 1e6:.0f} MB)"
+        )
+        events, seconds, peak = peak_rss(root / "store", run_id, out)
+        print(
+            f"fresh process, whole run: {events / seconds / 1e6:.2f} M events/s, "
+            f"peak RSS {peak / 2**20:.0f} MB (goal < 600 MB at 5 M records)"
         )
         print(
             f"ratio to baseline (same step): {small_rate / base_rate:.1f}x (goal >= 10); "

@@ -4,6 +4,7 @@ failure leaves no file behind and an older one at the path as it was."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,8 +15,19 @@ from multicore_profiler.errors import ProfileError
 @contextmanager
 def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[Path]:
     """The hidden path beside ``path`` to write; renamed to ``path`` when the block ends.
-    An ``OSError`` becomes ``error`` ("cannot write <what> to <path>: ...")."""
-    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+    The hidden file is created on entry, before the block does any work, so a path that
+    cannot be written (a missing or read-only directory, an existing directory or device)
+    fails first. An ``OSError`` becomes ``error`` ("cannot write <what> to <path>: ...").
+    """
+    try:
+        _check_target(path)
+        aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        aside.touch()
+    except OSError as exc:
+        raise error(f"cannot write {what} to {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise error(f"cannot write {what} to {path}: {exc}") from None
     try:
         yield aside
         os.replace(aside, path)
@@ -25,3 +37,22 @@ def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[
     except BaseException:
         aside.unlink(missing_ok=True)
         raise
+
+
+def _check_target(path: Path) -> None:
+    """Refuse a ``path`` that renaming a file onto would break or replace wrongly: an
+    existing directory, device, FIFO or socket (``ValueError``), or one whose directory is
+    missing (``OSError``)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        parent = path.parent
+        if not parent.is_dir():
+            raise OSError(
+                2, f"No such file or directory (the directory {parent} does not exist)"
+            ) from None
+        return
+    if stat.S_ISDIR(mode):
+        raise ValueError("it is a directory; give a file name")
+    if not stat.S_ISREG(mode):
+        raise ValueError("it exists and is not a regular file (a device, FIFO or socket)")

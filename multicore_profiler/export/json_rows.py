@@ -46,11 +46,35 @@ def _words(width: int) -> int:
     return -(-width // _WORD)
 
 
-def _digits(values: np.ndarray) -> int:
-    """Characters of the widest integer among ``values`` (minus sign included; at least 1)."""
+Span = tuple[int, int]
+"""The smallest and largest value a column can take: what fixes a part's width."""
+
+
+def span_of(values: np.ndarray) -> Span:
+    """The span of ``values`` (``(0, 0)`` when there are none)."""
     if values.size == 0:
-        return 1
-    return max(len(str(int(values.min()))), len(str(int(values.max()))))
+        return 0, 0
+    return int(values.min()), int(values.max())
+
+
+def joined(spans: Sequence[Span]) -> Span:
+    """The span covering every span of ``spans`` (of the chunks of one column)."""
+    return min(lo for lo, _ in spans), max(hi for _, hi in spans)
+
+
+def _digits(span: Span) -> int:
+    """Characters of the widest integer in ``span`` (minus sign included; at least 1)."""
+    return max(len(str(span[0])), len(str(span[1])))
+
+
+def _within(values: np.ndarray, span: Span | None) -> Span:
+    """``span``, else the span of ``values``; a value outside a given span is refused (it
+    would not fit the width the other chunks of its column are rendered at)."""
+    if span is None:
+        return span_of(values)
+    if values.size and (int(values.min()) < span[0] or int(values.max()) > span[1]):
+        raise ValueError(f"values outside their span {span}: {span_of(values)}")
+    return span
 
 
 def _render_integers(values: np.ndarray, out: np.ndarray) -> None:
@@ -156,21 +180,24 @@ class Row:
         self._parts.append(_keyed("text", literal, 0, 0))
         return self
 
-    def integers(self, key: str, values: np.ndarray) -> Row:
-        """``key`` (e.g. ``',"task_id":'``), then integers of any numpy integer type."""
+    def integers(self, key: str, values: np.ndarray, span: Span | None = None) -> Row:
+        """``key`` (e.g. ``',"task_id":'``), then integers of any numpy integer type, as wide
+        as the widest of ``span`` (default: of ``values``): chunks of one column rendered with
+        its whole span line up."""
         values = self._column(values)
         if values.dtype.kind not in "iu":
             raise TypeError(f"integers expected, got {values.dtype}")
-        chars = _digits(values)
+        chars = _digits(_within(values, span))
         self._parts.append(_keyed("int", key, chars, _words(chars), data=values))
         return self
 
-    def millis(self, key: str, units: np.ndarray) -> Row:
+    def millis(self, key: str, units: np.ndarray, span: Span | None = None) -> Row:
         """``key``, then fixed-point numbers of three decimals from integer thousandths
-        (``1500`` is ``1.5``): at least one decimal, trailing zeros written as spaces."""
+        (``1500`` is ``1.5``): at least one decimal, trailing zeros written as spaces; as wide
+        as the widest of ``span`` (default: of ``units``)."""
         units = self._column(units).astype(np.int64, copy=False)
-        whole = np.abs(units) // 1000
-        chars = _digits(whole) + (1 if units.size and units.min() < 0 else 0)
+        lo, hi = _within(units, span)
+        chars = len(str(max(abs(lo), abs(hi)) // 1000)) + (1 if lo < 0 else 0)
         self._parts.append(_keyed("millis", key, chars + 4, _words(chars) + 1, data=units))
         return self
 

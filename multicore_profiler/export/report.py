@@ -200,6 +200,29 @@ def write_report(
     ``invocation`` of the latest run (default: its first), and with ``base`` the
     comparison of those runs against the base runs."""
     output = Path(output)
+    with written_aside(output, ExportError, "the report") as aside:
+        page = _page(store, runs, base, invocation)
+        aside.write_text(page, encoding="utf-8")
+    return output
+
+
+_SCRIPT_SAFE = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+"""JSON escapes of what an HTML parser reads inside a script element (``</script>``,
+``<!--`` and ``<script`` change how it ends) and of the line separators old JavaScript
+refused in strings. They occur only inside JSON strings, where the escape means the same."""
+
+
+def script_json(data: Any) -> str:
+    """``data`` as JSON text that can stand in a ``<script>`` element as it is."""
+    return orjson.dumps(data).decode().translate(_SCRIPT_SAFE)
+
+
+def _page(
+    store: Store, runs: RunSelector | str, base: RunSelector | str | None, invocation: int | None
+) -> str:
+    """The report's HTML: the data of the selected runs in the page's script."""
     selected = store.select_runs(runs)
     latest = selected[-1]
     chosen = store.sql(
@@ -229,9 +252,5 @@ def write_report(
         "colors": {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(names)},
         "comparison": None if base is None else _comparison(store.compare(base, runs)),
     }
-    # In a script element, "</" could end it: JSON allows "<\\/" for the same text.
-    payload = orjson.dumps(data).decode().replace("</", "<\\/")
-    page = _PAGE.replace("__TITLE__", f"{len(selected)} run(s)").replace("__DATA__", payload)
-    with written_aside(output, ExportError, "the report") as aside:
-        aside.write_text(page, encoding="utf-8")
-    return output
+    page = _PAGE.replace("__TITLE__", f"{len(selected)} run(s)")
+    return page.replace("__DATA__", script_json(data))
