@@ -1,44 +1,153 @@
 """``mcprof``: the command line over a store.
 
 Every command takes ``--store PATH`` (default ``$MCPROF_STORE`` or ``./mcprof-store``).
-Errors print one line, ``mcprof: error: ...``, and exit with status 1 (2 for usage).
+Errors print one line, ``mcprof: error: ...``, and exit with status 1; a usage error (an
+unknown option, a missing argument, a value that is not a number or out of its range)
+exits with status 2 (``compare``'s errors all exit with 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import duckdb
-import numpy as np
 import orjson
 import pyarrow as pa
 from tqdm import tqdm
 
-from multicore_profiler.errors import DroppedRecordsWarning, FuseError, ProfileError
+from multicore_profiler.errors import (
+    ArgumentError,
+    DroppedRecordsWarning,
+    FuseError,
+    ProfileError,
+)
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.fuse.merge import merge_chrome_traces
 from multicore_profiler.ingest.abi import BufferLayout
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
-from multicore_profiler.ingest.decode import decode_buffers
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.decode import decode_buffers, read_buffer_file
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.ingest.schedule import schedule
+from multicore_profiler.limits import (
+    COUNT,
+    DAYS,
+    DESC_ID,
+    DEVICE,
+    FREQUENCY_MHZ,
+    HOURS,
+    INVOCATION_ID,
+    PID,
+    RANK,
+    SLOTS,
+    STEP,
+    WINDOW,
+    Range,
+)
+from multicore_profiler.storage.check import check_store
 from multicore_profiler.storage.compare import LEVELS, VERDICTS, Comparison
 from multicore_profiler.storage.kernel_rules import KernelRules
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.sql_policy import read_only_statement
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string
 from multicore_profiler.storage.store import Store, default_store_path, open_store
 from multicore_profiler.storage.vacuum import GRACE
 
 FORMATS = ("table", "csv", "json", "parquet")
+
+THRESHOLD = Range("a relative change of the median", 0, 100, integer=False)
+"""``compare --threshold``: 0 (any significant change) to 100 (a 100-fold change)."""
+ALPHA = Range("a significance level", 1e-9, 0.5, integer=False)
+"""``compare --alpha``: a p-value cut above 0.5 would call noise a change."""
+DEMO_STEPS = Range("a step count", 3, COUNT.high)
+"""``demo --steps``: the schedule records from step 2 on, so fewer record nothing."""
+LAUNCHES = Range("a launch count", 1, COUNT.high)
+SEED = Range("a seed", 0, 2**64 - 1)
+"""``demo --seed``: what ``torch.Generator.manual_seed`` takes."""
+
+
+def _one_line(text: str) -> str:
+    """A message as one line: its non-empty lines joined by ``; ``."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _text(text: str) -> str:
+    """The ``type`` of every argument that names none: the text as given, if it is text.
+    An argument that is not valid UTF-8 reaches Python with lone surrogates, which no SQL,
+    selector, name or label can hold (file paths, ``_path``, may)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not valid UTF-8 text (at character {exc.start})"
+        ) from None
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, ``mcprof: error: ...`` (exit 2),
+    like every other error: not the usage block and the subcommand's name; an argument
+    without a ``type`` is read by ``_text``. Subparsers are made of the same class
+    (``add_subparsers`` takes the parser's own)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("type", None, _text)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"mcprof: error: {_one_line(message)}\n")
+
+
+def _in(limits: Range) -> Callable[[str], int | float]:
+    """An argparse ``type`` reading a number of ``limits``: a value outside it is a usage
+    error naming the option, the value and the range."""
+
+    def parse(text: str) -> int | float:
+        try:
+            return limits.parse(text)
+        except ArgumentError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _location(text: str) -> str:
+    """An argparse ``type`` for a store or file location: not empty (which would mean the
+    working directory) and without NUL bytes (which no file name holds)."""
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a path or URI")
+    return text
+
+
+def _store_location(text: str) -> str:
+    """An argparse ``type`` for ``--store``: a location (``_location``) that is text, as
+    DuckDB reads the store's files by their names."""
+    return _text(_location(text))
+
+
+def _path(text: str) -> Path:
+    """An argparse ``type`` for a file argument, checked as ``_location``."""
+    return Path(_location(text))
+
+
+def _stage(text: str) -> tuple[int, str]:
+    """An argparse ``type`` reading ``DESC_ID=NAME`` (the id decimal or ``0x...``)."""
+    desc, sep, name = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(
+            f"a stage is DESC_ID=NAME (e.g. 0x30001=GMM1), got {text!r}"
+        )
+    return int(_in(DESC_ID)(desc)), _text(name)
 
 
 def _emit(table: pa.Table, fmt: str, output: Path | None) -> None:
@@ -97,6 +206,8 @@ def _kernel_rules(args: argparse.Namespace) -> KernelRules:
 
 
 def cmd_query(args: argparse.Namespace) -> None:
+    # One read-only statement, checked before the store opens: rows leave through -o only.
+    read_only_statement(args.sql, "the query")
     store = _store(args)
     store.use_kernel_rules(_kernel_rules(args))
     runs = list(args.run) + (store.select_runs(args.select) if args.select else [])
@@ -273,24 +384,15 @@ def cmd_report(args: argparse.Namespace) -> None:
     print(f"{path}: report of {args.run}" + (f" against {args.base}" if args.base else ""))
 
 
-def _stage_names(pairs: Sequence[str]) -> dict[int, str]:
-    names = {}
-    for pair in pairs:
-        desc, sep, name = pair.partition("=")
-        try:
-            names[int(desc, 0)] = name
-        except ValueError:
-            sep = ""
-        if not sep or not name:
-            raise ProfileError(f"--stage takes DESC_ID=NAME (e.g. 0x30001=GMM1), got {pair!r}")
+def _stage_names(pairs: Sequence[tuple[int, str]]) -> dict[int, str]:
+    """The ``--stage`` names by desc id; an id named twice, differently, is refused."""
+    names: dict[int, str] = {}
+    for desc, name in pairs:
+        if names.setdefault(desc, name) != name:
+            raise ArgumentError(
+                f"--stage names desc id {desc:#x} twice: {names[desc]!r} and {name!r}"
+            )
     return names
-
-
-def _read_buffer(path: Path) -> np.ndarray:
-    try:
-        return np.fromfile(path, dtype=np.uint8)
-    except OSError as exc:
-        raise ProfileError(f"cannot read buffer file {path}: {exc.strerror or exc}") from exc
 
 
 def cmd_ingest_buffer(args: argparse.Namespace) -> None:
@@ -302,48 +404,47 @@ def cmd_ingest_buffer(args: argparse.Namespace) -> None:
         soc=args.soc,
     )
     run_id = args.run and check_run_id(args.run)
+    # Read (regular files only, in bounded time) and decode before the store is touched.
+    frequency_hz = args.freq_mhz * 1e6
     decoded = decode_buffers(
-        [_read_buffer(p) for p in args.files], layout, frequency_hz=args.freq_mhz * 1e6
+        [read_buffer_file(path, layout) for path in args.files], layout, frequency_hz=frequency_hz
     )
     store = _store(args, create=True)
-    taken = store.sql(
-        "SELECT invocation_id FROM invocations WHERE run_id = $1 AND rank = $2 ORDER BY 1",
-        [run_id or "", args.rank],
-    )["invocation_id"].to_pylist()
-    first = (taken[-1] + 1 if taken else 0) if args.invocation is None else args.invocation
-    clash = sorted(set(taken) & set(range(first, first + decoded.buffers)))
-    if clash:
-        raise ProfileError(
-            f"run {run_id} already holds invocation(s) {clash} of rank {args.rank}; "
-            "leave out --invocation to append after them"
-        )
     known = (
         run_id is not None and store.sql("SELECT 1 FROM runs WHERE run_id = $1", [run_id]).num_rows
     )
     run = None if known else RunInfo.begin(run_id=run_id, label=args.label)
-    launches = Launches(
-        rank=args.rank,
-        device=args.device,
-        step=args.step,
-        first_invocation_id=first,
-        direction=args.direction,
+    run_id = run_id if run is None else run.run_id
+    step = ingest_buffers(
+        store,
+        decoded,
+        layout,
+        frequency_hz=frequency_hz,
+        run_id=run_id,
+        kernel=kernel,
+        launches=Launches(
+            rank=args.rank,
+            device=args.device,
+            step=args.step,
+            first_invocation_id=args.invocation,
+            direction=args.direction,
+        ),
+        new_run=run,
     )
-    invocations, cores, records = step_tables(decoded, kernel, launches)
-    if run is not None:
-        run_id = run.run_id
-        store.write_run(run)
-    try:
-        store.write_step(run_id, args.step, invocations=invocations, cores=cores, records=records)
-    except BaseException:
-        if run is not None:
-            store.write_run(run.finish("failed"))
-        raise
-    if run is not None:
-        store.write_run(run.finish())
     print(
-        f"run {run_id}: {decoded.buffers} invocation(s) from id {first}, "
+        f"run {run_id}: {decoded.buffers} invocation(s) from id {step.first_invocation_id}, "
         f"{int(decoded.record_counts.sum())} records, {int(decoded.dropped_counts.sum())} dropped"
     )
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Print each problem of the store's files as ``<file>: <check>: <reason>`` and the
+    summary on standard error; status 1 when a check failed."""
+    report = check_store(_store(args), args.run or None)
+    for problem in report.problems:
+        print(_one_line(str(problem)))
+    print(report.summary(), file=sys.stderr)
+    return 0 if report.ok else 1
 
 
 def cmd_compact(args: argparse.Namespace) -> None:
@@ -536,26 +637,28 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--store",
+        type=_store_location,
         default=default_store_path(),
         help="store directory or URI such as s3://bucket/prefix "
         "(default: $MCPROF_STORE or ./mcprof-store)",
     )
-    output = argparse.ArgumentParser(add_help=False)
+    output = _Parser(add_help=False)
     output.add_argument(
         "--format", choices=FORMATS, default="table", help="output format (default: table)"
     )
     output.add_argument(
-        "-o", "--output", type=Path, help="write to this file instead of standard output"
+        "-o", "--output", type=_path, help="write to this file instead of standard output"
     )
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mcprof",
         description="Intra-kernel profiles of MegaKernels, in a Parquet store queried with SQL.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.type = str  # the command's own parser reads its arguments, naming them
 
     runs = commands.add_parser("runs", parents=[common, output], help="list the runs in the store")
     runs.add_argument(
@@ -565,9 +668,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     runs.set_defaults(func=cmd_runs)
 
-    rules = argparse.ArgumentParser(add_help=False)
+    rules = _Parser(add_help=False)
     rules.add_argument(
-        "--rules", type=Path, help="kernel rules (TOML): families, steps, layers, segments"
+        "--rules", type=_path, help="kernel rules (TOML): families, steps, layers, segments"
     )
     rules.add_argument(
         "--steps",
@@ -616,13 +719,16 @@ def _parser() -> argparse.ArgumentParser:
         "invocations, family for kernels)",
     )
     compare.add_argument(
-        "--threshold", type=float, default=0.05, help="relative change of the median (0.05)"
+        "--threshold",
+        type=_in(THRESHOLD),
+        default=0.05,
+        help="relative change of the median (0.05)",
     )
-    compare.add_argument("--alpha", type=float, default=0.01, help="significance level (0.01)")
+    compare.add_argument("--alpha", type=_in(ALPHA), default=0.01, help="significance level (0.01)")
     compare.add_argument("--format", choices=("table", "json", "markdown", "csv"), default="table")
-    compare.add_argument("-o", "--output", type=Path, help="write to this file")
+    compare.add_argument("-o", "--output", type=_path, help="write to this file")
     compare.add_argument(
-        "--plot", type=Path, metavar="IMAGE", help="draw each group's durations (e.g. out.png)"
+        "--plot", type=_path, metavar="IMAGE", help="draw each group's durations (e.g. out.png)"
     )
     compare.add_argument(
         "--fail-on-regression", action="store_true", help="exit with status 1 if a group regressed"
@@ -637,9 +743,11 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--run", required=True, metavar="SELECTOR", help="e.g. commit:9c1e")
     report.add_argument("--base", metavar="SELECTOR", help="compare the runs against these")
     report.add_argument(
-        "--invocation", type=int, help="the invocation to draw (default: the latest run's first)"
+        "--invocation",
+        type=_in(INVOCATION_ID),
+        help="the invocation to draw (default: the latest run's first)",
     )
-    report.add_argument("-o", "--output", type=Path, required=True, help="the page (.html)")
+    report.add_argument("-o", "--output", type=_path, required=True, help="the page (.html)")
     report.set_defaults(func=cmd_report)
 
     kernels = commands.add_parser(
@@ -651,7 +759,7 @@ def _parser() -> argparse.ArgumentParser:
         "(wall) time in ms.",
     )
     kernels.add_argument("traces", nargs="+", metavar="TRACE_OR_SOURCE")
-    kernels.add_argument("--rank", type=int, help="rank of newly loaded traces")
+    kernels.add_argument("--rank", type=_in(RANK), help="rank of newly loaded traces")
     kernels.add_argument("--label", help="label of newly loaded traces")
     kernels.set_defaults(func=cmd_kernels)
 
@@ -663,23 +771,25 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument(
         "files",
         nargs="+",
-        type=Path,
+        type=_path,
         metavar="FILE",
         help="one buffer per file, one invocation each",
     )
     for name in ("aic-slots", "aiv-slots", "aic-capacity", "aiv-capacity"):
-        ingest.add_argument(f"--{name}", type=int, required=True)
+        ingest.add_argument(f"--{name}", type=_in(SLOTS), required=True)
     ingest.add_argument(
-        "--freq-mhz", type=float, required=True, help="cycle counter frequency in MHz"
+        "--freq-mhz", type=_in(FREQUENCY_MHZ), required=True, help="cycle counter frequency in MHz"
     )
-    ingest.add_argument("--rank", type=int, default=0)
-    ingest.add_argument("--device", type=int, default=0)
-    ingest.add_argument("--step", type=int, default=0)
+    ingest.add_argument("--rank", type=_in(RANK), default=0)
+    ingest.add_argument("--device", type=_in(DEVICE), default=0)
+    ingest.add_argument("--step", type=_in(STEP), default=0)
     ingest.add_argument("--kernel", default="MegaKernel", help="kernel name (default: MegaKernel)")
     ingest.add_argument("--run", help="add to this run (created if new; default: a new run)")
     ingest.add_argument("--label", help="label of a new run")
     ingest.add_argument(
-        "--invocation", type=int, help="id of the first invocation (default: next free one)"
+        "--invocation",
+        type=_in(INVOCATION_ID),
+        help="id of the first invocation (default: next free one)",
     )
     ingest.add_argument("--direction", default="forward")
     ingest.add_argument("--soc", help="SoC name, e.g. Ascend910B4")
@@ -688,10 +798,26 @@ def _parser() -> argparse.ArgumentParser:
         "--stage",
         action="append",
         default=[],
+        type=_stage,
         metavar="DESC_ID=NAME",
         help="name a stage id (repeatable)",
     )
     ingest.set_defaults(func=cmd_ingest_buffer)
+
+    check = commands.add_parser(
+        "check",
+        parents=[common],
+        help="verify every file of the store: checksums, schemas, counts, leftovers",
+        description="Read every file of the store (or of some runs) with its page checksums "
+        "verified; compare its schema with its table's and each invocation's record count with "
+        "its records; list orphan and leftover files. Print one line per problem, "
+        "<file>: <check>: <reason>, and a summary on standard error. Exit status: 1 when a "
+        "check failed, else 0. Nothing is changed.",
+    )
+    check.add_argument(
+        "--run", action="append", default=[], help="check only this run (repeatable)"
+    )
+    check.set_defaults(func=cmd_check)
 
     compact = commands.add_parser("compact", parents=[common], help="merge the small files of runs")
     compact.add_argument(
@@ -699,7 +825,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument(
         "--grace",
-        type=float,
+        type=_in(HOURS),
         default=GRACE.total_seconds() / 3600,
         metavar="HOURS",
         help="keep files hidden for good this long for queries still reading them "
@@ -712,9 +838,12 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common, output],
         help="remove whole runs by age or count (a dry run unless --apply)",
     )
-    gc.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest runs")
+    gc.add_argument("--keep-last", type=_in(COUNT), metavar="N", help="keep the N newest runs")
     gc.add_argument(
-        "--older-than", type=float, metavar="DAYS", help="remove runs last updated DAYS ago or more"
+        "--older-than",
+        type=_in(DAYS),
+        metavar="DAYS",
+        help="remove runs last updated DAYS ago or more",
     )
     gc.add_argument(
         "--label", action="append", default=[], help="only runs of this label (repeatable)"
@@ -730,15 +859,15 @@ def _parser() -> argparse.ArgumentParser:
         "invocation, rank, window or SQL condition, or of the rows of any query.",
     )
     export.add_argument(
-        "-o", "--output", type=Path, required=True, help="trace file (.json, or .json.gz)"
+        "-o", "--output", type=_path, required=True, help="trace file (.json, or .json.gz)"
     )
     export.add_argument(
         "--run", action="append", default=[], help="run id (repeatable; default: the latest run)"
     )
-    export.add_argument("--step", type=int)
-    export.add_argument("--invocation", type=int)
-    export.add_argument("--rank", type=int)
-    export.add_argument("--window", type=int, help="capture window index")
+    export.add_argument("--step", type=_in(STEP))
+    export.add_argument("--invocation", type=_in(INVOCATION_ID))
+    export.add_argument("--rank", type=_in(RANK))
+    export.add_argument("--window", type=_in(WINDOW), help="capture window index")
     export.add_argument(
         "--where", help="SQL condition over records_ns columns, e.g. \"stage = 'GMM1'\""
     )
@@ -757,9 +886,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Stream Chrome traces (.json or .json.gz) into the store's trace_events and "
         "trace_sources; print each file's source id. A file already there is not loaded again.",
     )
-    ingest_trace_cmd.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    ingest_trace_cmd.add_argument("files", nargs="+", type=_path, metavar="FILE")
     ingest_trace_cmd.add_argument(
-        "--rank", type=int, help="the traces' rank (default: their distributedInfo.rank)"
+        "--rank", type=_in(RANK), help="the traces' rank (default: their distributedInfo.rank)"
     )
     ingest_trace_cmd.add_argument("--label", help="a label for the traces")
     ingest_trace_cmd.add_argument(
@@ -773,29 +902,29 @@ def _parser() -> argparse.ArgumentParser:
         description="Align the MegaKernel invocations of a standalone trace (--trace) or of a "
         "run in the store (--run) to the outer trace's device kernels and write one fused trace.",
     )
-    fuse.add_argument("torch_trace", type=Path, metavar="TORCH_TRACE")
+    fuse.add_argument("torch_trace", type=_path, metavar="TORCH_TRACE")
     source = fuse.add_mutually_exclusive_group(required=True)
-    source.add_argument("--trace", type=Path, help="a MegaKernel trace from mcprof export")
+    source.add_argument("--trace", type=_path, help="a MegaKernel trace from mcprof export")
     source.add_argument("--run", help="a run in the store")
-    fuse.add_argument("--step", type=int, help="with --run: only this step")
-    fuse.add_argument("--window", type=int, help="with --run: only this capture window")
+    fuse.add_argument("--step", type=_in(STEP), help="with --run: only this step")
+    fuse.add_argument("--window", type=_in(WINDOW), help="with --run: only this capture window")
     fuse.add_argument(
         "--store",
-        type=Path,
+        type=_store_location,
         help="store (with --run, default $MCPROF_STORE or ./mcprof-store; with --trace the "
         "outer trace goes to a temporary store unless this is given)",
     )
     fuse.add_argument(
-        "-o", "--output", type=Path, required=True, help="fused trace (.json, or .json.gz)"
+        "-o", "--output", type=_path, required=True, help="fused trace (.json, or .json.gz)"
     )
-    fuse.add_argument("--rank", type=int, help="rank of the outer trace (default: its own)")
+    fuse.add_argument("--rank", type=_in(RANK), help="rank of the outer trace (default: its own)")
     fuse.add_argument(
         "--kernel-pattern", help="regex of the outer kernel's name (default: from the kernel's)"
     )
     fuse.add_argument(
-        "--kernel-index", type=int, default=0, help="skip this many matching kernels first"
+        "--kernel-index", type=_in(COUNT), default=0, help="skip this many matching kernels first"
     )
-    fuse.add_argument("--outer-pid", type=int, help="only align to kernels of this pid")
+    fuse.add_argument("--outer-pid", type=_in(PID), help="only align to kernels of this pid")
     fuse.add_argument(
         "--allow-host-alignment",
         action="store_true",
@@ -812,11 +941,11 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", parents=[common], help="profile the CPU reference MegaKernel into the store"
     )
-    demo.add_argument("--steps", type=int, default=10, help="steps to run (default 10)")
+    demo.add_argument("--steps", type=_in(DEMO_STEPS), default=10, help="steps to run (default 10)")
     demo.add_argument(
-        "--launches", type=int, default=2, help="kernel launches per step (default 2)"
+        "--launches", type=_in(LAUNCHES), default=2, help="kernel launches per step (default 2)"
     )
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=_in(SEED), default=0)
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -825,22 +954,54 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"mcprof: warning: {message}", file=sys.stderr)
 
 
+LIBRARY_ERRORS: tuple[type[Exception], ...] = (
+    OSError,
+    duckdb.Error,
+    pa.ArrowException,
+    ValueError,  # UnicodeError, json / orjson decode errors, numpy's conversions
+)
+"""What a library call raises on bad input or a bad environment (a missing file, a
+read-only store or output, corrupt bytes, text that is not UTF-8) when it escaped its
+conversion into a ``ProfileError`` at its source."""
+
+
+def _failure(exc: Exception) -> str:
+    """What failed, in words, for an exception that is not a ``ProfileError``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        names = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+        return f"{' -> '.join(names) + ': ' if names else ''}{exc.strerror}"
+    if isinstance(exc, LIBRARY_ERRORS):
+        return f"{type(exc).__name__}: {exc}"
+    return (
+        f"internal error: {type(exc).__name__}: {exc} (please report it; "
+        "MCPROF_DEBUG=1 shows the traceback)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``mcprof`` command; return its exit status."""
     args = _parser().parse_args(argv)
     with warnings.catch_warnings():
         warnings.simplefilter("always", DroppedRecordsWarning)
         warnings.showwarning = _show_warning
+        # The boundary: every error ends in one line, never a traceback. The library raises
+        # ProfileError for what it checks; LIBRARY_ERRORS that escaped a conversion are
+        # named with the command and, for an OSError, the file. Anything else is a bug of
+        # ours: one line too, marked "internal error" so that it is reported rather than
+        # taken for bad input. MCPROF_DEBUG=1 lets every error through with its traceback.
         try:
-            status = args.func(args)
-        except ProfileError as exc:
-            lines = (line.strip() for line in str(exc).splitlines())
-            print(f"mcprof: error: {'; '.join(line for line in lines if line)}", file=sys.stderr)
-            # compare keeps status 1 for "regressed": its errors are usage errors (2).
-            return getattr(args, "error_status", 1)
+            return args.func(args) or 0
         except KeyboardInterrupt:
             return 130
-    return status or 0
+        except Exception as exc:
+            if os.environ.get("MCPROF_DEBUG"):
+                raise
+            message = (
+                str(exc) if isinstance(exc, ProfileError) else f"{args.command}: {_failure(exc)}"
+            )
+    print(f"mcprof: error: {_one_line(message)}", file=sys.stderr)
+    # compare keeps status 1 for "regressed": its errors are usage errors (2).
+    return getattr(args, "error_status", 1)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ class Range:
         """The value written in ``text`` (integers also in hex, ``0x30001``), checked."""
         label = name or self.what
         try:
-            value: int | float = int(text, 0) if self.integer else float(text)
+            value: int | float = _integer(text) if self.integer else float(text)
         except ValueError:
             kind = "an integer" if self.integer else "a number"
             raise ArgumentError(f"{label} must be {kind} {self.bounds()}, got {text!r}") from None
@@ -66,11 +66,19 @@ class Range:
         return f"[{shown(self.low)} .. {shown(self.high)}{self.unit}]"
 
 
+def _integer(text: str) -> int:
+    """An integer in decimal (leading zeros allowed) or with a 0x, 0o or 0b prefix."""
+    prefixed = text.strip().lstrip("+-")[:2].lower() in ("0x", "0o", "0b")
+    return int(text, 0) if prefixed else int(text)
+
+
 RANK = Range("a rank", 0, INT32_MAX)
 DEVICE = Range("a device index", 0, INT32_MAX)
 STEP = Range("a step", 0, INT64_MAX)
 INVOCATION_ID = Range("an invocation id", 0, INT64_MAX)
 WINDOW = Range("a capture window index", 0, INT64_MAX)
+PID = Range("a process id", -(2**63), INT64_MAX)
+"""An outer trace's ``pid``, kept as the int64 of its ``trace_events`` column."""
 DESC_ID = Range("a desc id", 1, UINT32_MAX)
 COUNT = Range("a count", 0, INT64_MAX)
 SLOTS = Range("a slot count", 0, UINT32_MAX)

@@ -226,8 +226,6 @@ BUFFER_SIZE = "the buffer holds 2880 bytes but its layout BufferLayout(aic_slots
         (["query", "--format", "parquet", "SELECT 1"], "--format parquet writes a binary file"),
         (["query", "--format", "table", "-o", "x.txt", "SELECT 1"], "--format table prints to"),
         (["ingest", "--aic-slots", "3", "--freq-mhz", "50"], BUFFER_SIZE),
-        (["ingest", "--freq-mhz", "0"], "cycle frequency must be positive and finite, got 0.0 Hz"),
-        (["ingest", "--freq-mhz", "50", "--stage", "GMM1"], "--stage takes DESC_ID=NAME"),
         (["ingest", "--freq-mhz", "50", "--run", "a b"], "run id 'a b' is not valid"),
         (["ingest", "--aic-capacity", "20", "--freq-mhz", "50"], "aic_capacity must be a multiple"),
         (
@@ -246,6 +244,30 @@ def test_errors_print_one_line_and_exit_1(capsys, store_args, tmp_path, argv, me
     assert err.count("\n") == 1
     runs = run(capsys, "query", "--format", "csv", "SELECT run_id, status FROM runs", *store_args)
     assert runs[1] == "run_id,status\nr1,complete\n", "a failed command leaves no run behind"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--freq-mhz", "0"],
+            "argument --freq-mhz: a cycle frequency 0.0 MHz is out of range [0.001 .. 100000 MHz]",
+        ),
+        (
+            ["--freq-mhz", "50", "--stage", "GMM1"],
+            "argument --stage: a stage is DESC_ID=NAME (e.g. 0x30001=GMM1), got 'GMM1'",
+        ),
+    ],
+)
+def test_bad_option_values_are_usage_errors(capsys, store_args, tmp_path, argv, message) -> None:
+    """Values argparse reads (numbers in range, DESC_ID=NAME) are refused as usage errors."""
+    ingest(capsys, store_args, tmp_path, "--run", "r1")
+    with pytest.raises(SystemExit) as raised:
+        main(["ingest-buffer", str(tmp_path / "dump.bin"), *LAYOUT_ARGS, *argv, *store_args])
+    assert raised.value.code == 2
+    assert capsys.readouterr() == ("", f"mcprof: error: {message}\n")
+    runs = run(capsys, "query", "--format", "csv", "SELECT run_id, status FROM runs", *store_args)
+    assert runs[1] == "run_id,status\nr1,complete\n", "a refused command leaves no run behind"
 
 
 def test_a_missing_buffer_file_is_named(capsys, store_args, tmp_path) -> None:

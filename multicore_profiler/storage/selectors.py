@@ -8,7 +8,11 @@ A selector is text, the same in Python and on the command line: comma-separated 
 - ``tag:<key>=<value>`` (every tag term must hold);
 - ``since:<time>``, ``until:<time>``: the run's start, ISO 8601 (``2026-11-30`` or
   ``2026-11-30T08:00``; UTC unless it says otherwise), since inclusive, until exclusive;
-- ``latest:<N>``: of the runs the other terms select, the N that started last.
+- ``latest:<N>``: of the runs the other terms select, the N that started last (N from 1 to
+  2^63 - 1).
+
+Every term is checked here, when the text is read: a bad one is a ``SelectorError`` naming
+the term, never an error of the query it would have made.
 
 ``branch:main,latest:5`` is the five latest runs on main; ``commit:3f2a,commit:9c1e`` the runs
 of either commit.
@@ -16,13 +20,23 @@ of either commit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from multicore_profiler.errors import SelectorError
+from multicore_profiler.errors import ArgumentError, SelectorError
+from multicore_profiler.limits import COUNT
 
 _KEYS = ("run", "commit", "branch", "label", "tag", "since", "until", "latest")
+_LATEST = replace(COUNT, low=1)
+"""``latest:N``: a count of runs that SQL's ``LIMIT`` (a BIGINT) takes."""
+
+
+def _latest(text: str, term: str) -> int:
+    try:
+        return int(_LATEST.parse(text, "latest"))
+    except ArgumentError as exc:
+        raise SelectorError(f"selector term {term!r}: latest takes a count >= 1: {exc}") from None
 
 
 def _time(text: str, key: str) -> datetime:
@@ -74,9 +88,7 @@ class RunSelector:
             elif key in ("since", "until"):
                 found[key].append(_time(value, key))
             elif key == "latest":
-                if not value.isdigit() or int(value) < 1:
-                    raise SelectorError(f"selector term {term!r}: latest takes a count >= 1")
-                found[key].append(int(value))
+                found[key].append(_latest(value, term))
             else:
                 found[key].append(value)
         for key in ("since", "until", "latest"):

@@ -51,53 +51,60 @@ def read_only_statement(text: str, what: str = "the query") -> str:
     )
 
 
-def _explained(text: str) -> str:
-    """The statement an ``EXPLAIN [ANALYZE] [(options)] ...`` explains (ANALYZE runs it)."""
-    tokens = duckdb.tokenize(text)
-    index = 1  # past EXPLAIN
-    if index < len(tokens) and text[tokens[index][0] :].upper().startswith("ANALYZE"):
-        index += 1
-    if index < len(tokens) and text[tokens[index][0]] == "(":
-        depth = 0
-        while index < len(tokens):
-            token = text[tokens[index][0]]
-            depth += token == "("
-            depth -= token == ")"
-            index += 1
-            if depth == 0:
-                break
-    return text[tokens[index][0] :] if index < len(tokens) else ""
-
-
-def one_expression(text: str, what: str = "the condition") -> str:
-    """``text`` if it is one SQL expression that can stand in ``WHERE (...)``: no ``;``, no
-    parenthesis closed that it did not open, and nothing after a ``--`` comment that could
-    swallow what follows it; else ``StatementError``."""
-    if not text.strip():
-        raise StatementError(f"{what} is empty; give a SQL condition such as \"stage = 'GMM1'\"")
+def _tokens(text: str, what: str) -> tuple[bytes, list[tuple[int, str]]]:
+    """The UTF-8 bytes of ``text`` and its tokens: (byte offset, kind) from DuckDB's
+    tokenizer, which counts in bytes."""
     try:
         tokens = duckdb.tokenize(text)
     except duckdb.Error as exc:
         raise StatementError(f"{what} is not valid SQL: {exc}") from None
+    return text.encode(), [(position, kind.name) for position, kind in tokens]
+
+
+def _explained(text: str) -> str:
+    """The statement an ``EXPLAIN [ANALYZE] [(options)] ...`` explains (ANALYZE runs it)."""
+    data, tokens = _tokens(text, "the EXPLAIN")
+    index = 1  # past EXPLAIN
+    if index < len(tokens) and data[tokens[index][0] :].upper().startswith(b"ANALYZE"):
+        index += 1
+    if index < len(tokens) and data[tokens[index][0] : tokens[index][0] + 1] == b"(":
+        depth = 0
+        while index < len(tokens):
+            token = data[tokens[index][0] : tokens[index][0] + 1]
+            depth += token == b"("
+            depth -= token == b")"
+            index += 1
+            if depth == 0:
+                break
+    return data[tokens[index][0] :].decode() if index < len(tokens) else ""
+
+
+def one_expression(text: str, what: str = "the condition") -> str:
+    """``text`` if it is one SQL expression that can stand in ``WHERE (...)``: no ``;``, no
+    comment, no parenthesis closed that it did not open; else ``StatementError``."""
+    if not text.strip():
+        raise StatementError(f"{what} is empty; give a SQL condition such as \"stage = 'GMM1'\"")
+    data, tokens = _tokens(text, what)
+    ends = [position for position, _ in tokens[1:]] + [len(data)]
     depth = 0
-    for position, kind in tokens:
-        if kind.name == "comment":
-            raise StatementError(f"{what} holds a comment at character {position}; leave it out")
-        if kind.name != "operator":
+    for (position, kind), end in zip(tokens, ends, strict=True):
+        at = len(data[:position].decode(errors="ignore"))
+        if kind == "comment":
+            raise StatementError(f"{what} holds a comment at character {at}; leave it out")
+        if kind != "operator":
             continue
-        for char in text[position : position + 2]:
-            if char == ";":
+        for offset, char in enumerate(data[position:end].rstrip()):
+            if char == ord(";"):
                 raise StatementError(
-                    f"{what} holds a ';' at character {position}: it must be one expression"
+                    f"{what} holds a ';' at character {at + offset}: it must be one expression"
                 )
-        char = text[position]
-        depth += char == "("
-        depth -= char == ")"
-        if depth < 0:
-            raise StatementError(
-                f"{what} closes a parenthesis it did not open at character {position}: "
-                "it must be one expression"
-            )
+            depth += char == ord("(")
+            depth -= char == ord(")")
+            if depth < 0:
+                raise StatementError(
+                    f"{what} closes a parenthesis it did not open at character {at + offset}: "
+                    "it must be one expression"
+                )
     if depth:
         raise StatementError(f"{what} leaves {depth} parenthesis(es) open")
     # The whole text must parse as the condition of one SELECT, and as nothing else.

@@ -268,6 +268,8 @@ class Store:
                 list(pool.map(partial(self._verify, spec), new))
         elif new:
             self._verify(spec, new[0])
+        if new:  # the pages read to check them: hand them back rather than hold them
+            pa.default_memory_pool().release_unused()
         current = all(self._verified[path] for path in files)
         types = ", ".join(f"{sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
         return (
