@@ -66,6 +66,13 @@ class Range:
         return f"[{shown(self.low)} .. {shown(self.high)}{self.unit}]"
 
 
+def check_given(*checks: tuple[object, Range, str]) -> None:
+    """Check each ``(value, range, name)`` whose value is given (not None)."""
+    for value, limit, name in checks:
+        if value is not None:
+            limit.check(value, name)
+
+
 def _integer(text: str) -> int:
     """An integer in decimal (leading zeros allowed) or with a 0x, 0o or 0b prefix."""
     prefixed = text.strip().lstrip("+-")[:2].lower() in ("0x", "0o", "0b")

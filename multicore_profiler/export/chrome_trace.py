@@ -48,7 +48,7 @@ from multicore_profiler.ingest.abi import (
     MAX_TASK_TYPE,
     NO_OWNER,
 )
-from multicore_profiler.limits import INVOCATION_ID, RANK, STEP, WINDOW
+from multicore_profiler.limits import INVOCATION_ID, RANK, STEP, WINDOW, check_given
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.sql_policy import one_expression, read_only_statement
 from multicore_profiler.storage.sql_text import sql_string, sql_strings
@@ -163,14 +163,12 @@ def _check_arguments(
     """Refuse, before anything runs, a number out of its range, a ``where`` that is not one
     SQL expression and a ``query`` that is not one read-only statement
     (``ArgumentError``, ``StatementError``)."""
-    for value, limit, name in (
+    check_given(
         (step, STEP, "--step"),
         (invocation, INVOCATION_ID, "--invocation"),
         (rank, RANK, "--rank"),
         (window, WINDOW, "--window"),
-    ):
-        if value is not None:
-            limit.check(value, name)
+    )
     if where is not None:
         one_expression(where, "the --where condition")
     if query is not None:

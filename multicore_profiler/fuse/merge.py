@@ -50,6 +50,7 @@ from multicore_profiler.limits import (
     STEP,
     WINDOW,
     Range,
+    check_given,
 )
 from multicore_profiler.storage.store import Store, open_store
 
@@ -114,14 +115,12 @@ def merge_chrome_traces(
     left behind then.
     """
     COUNT.check(kernel_index, "kernel_index")
-    for value, limit, name in (
+    check_given(
         (rank, RANK, "rank"),
         (outer_pid, PID, "outer_pid"),
         (step, STEP, "step"),
         (window, WINDOW, "window"),
-    ):
-        if value is not None:
-            limit.check(value, name)
+    )
     with ExitStack() as stack:
         if store is None and isinstance(mega_kernel_trace, Store):
             store = mega_kernel_trace

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.decode import BufferLike, DecodedBuffers, decode_buffers
-from multicore_profiler.limits import DEVICE, INVOCATION_ID, RANK, STEP, WINDOW
+from multicore_profiler.limits import DEVICE, INVOCATION_ID, RANK, STEP, WINDOW, check_given
 from multicore_profiler.storage.claims import claimed_ids
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import INVOCATIONS
@@ -57,10 +57,10 @@ class Launches:
         RANK.check(self.rank, "rank")
         DEVICE.check(self.device, "device")
         STEP.check(self.step, "step")
-        if self.first_invocation_id is not None:
-            INVOCATION_ID.check(self.first_invocation_id, "the first invocation id")
-        if self.window_id is not None:
-            WINDOW.check(self.window_id, "window")
+        check_given(
+            (self.first_invocation_id, INVOCATION_ID, "the first invocation id"),
+            (self.window_id, WINDOW, "window"),
+        )
 
 
 @dataclass(frozen=True)
