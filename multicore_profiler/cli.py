@@ -56,6 +56,7 @@ from multicore_profiler.limits import (
 from multicore_profiler.storage.check import check_store
 from multicore_profiler.storage.compare import LEVELS, VERDICTS, Comparison
 from multicore_profiler.storage.kernel_rules import KernelRules
+from multicore_profiler.storage.location import os_reason
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.sql_policy import read_only_statement
@@ -968,8 +969,7 @@ conversion into a ``ProfileError`` at its source."""
 def _failure(exc: Exception) -> str:
     """What failed, in words, for an exception that is not a ``ProfileError``."""
     if isinstance(exc, OSError) and exc.strerror:
-        names = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
-        return f"{' -> '.join(names) + ': ' if names else ''}{exc.strerror}"
+        return os_reason(exc)
     if isinstance(exc, LIBRARY_ERRORS):
         return f"{type(exc).__name__}: {exc}"
     return (

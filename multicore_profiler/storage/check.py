@@ -24,14 +24,16 @@ import pyarrow.fs as pafs
 
 from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.catalog import LISTING_ORDER
-from multicore_profiler.storage.claims import CLAIM_NAME, utc
+from multicore_profiler.storage.claims import CLAIM_NAME
 from multicore_profiler.storage.compact import COMPACT_LOCK
 from multicore_profiler.storage.partitions import (
     ORPHAN_AGE,
     PARQUET_SUFFIX,
     CorruptFileError,
     check_run_id,
+    past_orphan_age,
     relative_path,
+    utc,
 )
 from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, TABLES, TableSpec
 from multicore_profiler.storage.store import MARKER
@@ -253,11 +255,9 @@ def _leftover(
     what: str = "a file a writer left half-written",
 ) -> None:
     """A dead writer's leftover once ``ORPHAN_AGE`` old; before, a write under way."""
-    moment = None if info.mtime is None else utc(info.mtime)
-    if moment is not None and moment < now - ORPHAN_AGE:
-        scan.problem(
-            relative, "leftover", f"{what} ({_age(moment, now)} old): 'mcprof compact' deletes it"
-        )
+    if past_orphan_age(info.mtime, now):
+        age = _age(utc(info.mtime), now)
+        scan.problem(relative, "leftover", f"{what} ({age} old): 'mcprof compact' deletes it")
     else:
         scan.in_progress += 1
 

@@ -43,7 +43,7 @@ import numpy as np
 from multicore_profiler.errors import ArgumentError, StoreError
 from multicore_profiler.limits import INT64_MAX, INVOCATION_ID, RANK
 from multicore_profiler.storage.location import StoreLocation, store_write
-from multicore_profiler.storage.partitions import ORPHAN_AGE, check_run_id
+from multicore_profiler.storage.partitions import check_run_id, past_orphan_age, utc
 from multicore_profiler.storage.schema import INVOCATIONS
 
 if TYPE_CHECKING:
@@ -97,16 +97,6 @@ def list_claims(location: StoreLocation, run_id: str, rank: int | None = None) -
     return found
 
 
-def is_stale(claim: Claim, now: datetime) -> bool:
-    """Whether a claim is a dead writer's: older than ``ORPHAN_AGE``."""
-    return claim.mtime is not None and claim.mtime < now - ORPHAN_AGE
-
-
-def utc(moment: datetime) -> datetime:
-    """A listing's modification time as an aware UTC time (some filesystems give naive)."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
-
-
 @contextmanager
 def claimed_ids(
     store: Store, run_id: str, rank: int, count: int, first: int | None = None
@@ -140,18 +130,18 @@ def claimed_ids(
         if first is not None:
             _refuse_committed(store, run_id, rank, start, last)
         own = _write_claim(location, run_id, rank, start, last)
-        clashes = [
-            c for c in _live(location, run_id, rank) if c.path != own and c.overlaps(start, last)
-        ]
-        if not clashes and not _committed(store, run_id, rank, start, last):
-            try:
+        try:
+            clashes = [
+                c
+                for c in _live(location, run_id, rank)
+                if c.path != own and c.overlaps(start, last)
+            ]
+            if not clashes and not _committed(store, run_id, rank, start, last):
                 yield start
-            finally:
-                with store_write(f"withdraw the claim {own}"):
-                    location.delete_file(own)
-            return
-        with store_write(f"withdraw the claim {own}"):
-            location.delete_file(own)
+                return
+        finally:  # after the commit, or to withdraw on a clash
+            with store_write(f"withdraw the claim {own}"):
+                location.delete_file(own)
         if first is not None:
             _refuse_committed(store, run_id, rank, start, last)
         time.sleep(random.uniform(0, 2 * delay))
@@ -166,7 +156,7 @@ def claimed_ids(
 
 def _live(location: StoreLocation, run_id: str, rank: int) -> list[Claim]:
     now = datetime.now(timezone.utc)
-    return [c for c in list_claims(location, run_id, rank) if not is_stale(c, now)]
+    return [c for c in list_claims(location, run_id, rank) if not past_orphan_age(c.mtime, now)]
 
 
 def _lowest_free(store: Store, run_id: str, rank: int, count: int, claims: list[Claim]) -> int:

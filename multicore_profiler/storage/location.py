@@ -44,10 +44,12 @@ def store_write(what: str) -> Iterator[None]:
 
 
 def os_reason(exc: OSError) -> str:
-    """An ``OSError`` as one line: the path it names (if any) and the reason."""
+    """An ``OSError`` as one line: the paths it names (if any: ``a -> b`` for a rename)
+    and the reason."""
     reason = exc.strerror or str(exc) or type(exc).__name__
-    where = exc.filename if exc.filename is not None else None
-    text = f"{where}: {reason}" if where is not None and str(where) not in reason else reason
+    names = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+    where = " -> ".join(names)
+    text = f"{where}: {reason}" if names and where not in reason else reason
     return " ".join(text.split())
 
 
@@ -139,7 +141,7 @@ class StoreLocation:
         return destination
 
     def write_bytes(self, relative: str, data: bytes) -> None:
-        """A small file written in one piece (the store's marker, a claim)."""
+        """A small file written in one piece (the store's marker)."""
         with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
             staged = Path(scratch) / "file"
             staged.write_bytes(data)

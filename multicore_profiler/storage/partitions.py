@@ -17,7 +17,7 @@ import re
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,6 +32,19 @@ PARQUET_SUFFIX = ".parquet"
 TMP_SUFFIX = ".tmp"
 ORPHAN_AGE = timedelta(days=1)
 """How old an uncommitted file (or a claim) must be to count as a dead writer's leftover."""
+
+
+def utc(moment: datetime) -> datetime:
+    """A listing's modification time as an aware UTC time (some filesystems give naive)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def past_orphan_age(mtime: datetime | None, now: datetime) -> bool:
+    """Whether a file listed with ``mtime`` is older than ``ORPHAN_AGE``: if its write never
+    committed, a dead writer's leftover rather than a write under way."""
+    return mtime is not None and utc(mtime) < now - ORPHAN_AGE
+
+
 VERIFIED_PARQUET = ds.ParquetFileFormat(
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
 )

@@ -39,7 +39,7 @@ from multicore_profiler.storage.kernel_rules import (
     build_kernel_tables,
     mentions_kernel_views,
 )
-from multicore_profiler.storage.location import StoreLocation, os_reason, store_write
+from multicore_profiler.storage.location import StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     VERIFIED_PARQUET,
     CorruptFileError,
@@ -289,11 +289,9 @@ class Store:
         self._verified[path] = set(table.schema.names) >= set(spec.schema.names)
         return table
 
-    def _verify(self, spec: TableSpec, path: str) -> bool:
-        """Check a file before DuckDB's reader, which checks no checksum, reads it; return
-        whether it has every column of its table."""
+    def _verify(self, spec: TableSpec, path: str) -> None:
+        """Check a file before DuckDB's reader, which checks no checksum, reads it."""
         self.verified_file(spec, path, keep=False)
-        return self._verified[path]
 
     def invocation_ids(self, run_id: str, rank: int) -> np.ndarray:
         """The invocation ids committed to (run, rank) by any write, shown or hidden since,
@@ -659,10 +657,8 @@ def _check_marker(location: StoreLocation) -> None:
     """Refuse a store whose marker is not ``{"format": FORMAT_VERSION}``, naming the
     marker and what is wrong with it."""
     marker = location.join(MARKER)
-    try:
+    with store_write(f"open the store at {location}"):
         data = location.read_bytes(MARKER)
-    except OSError as exc:
-        raise StoreError(f"cannot open the store at {location}: {os_reason(exc)}") from exc
     try:
         content = json.loads(data)
     except ValueError as exc:

@@ -28,13 +28,14 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from multicore_profiler.storage.catalog import LISTING_ORDER
-from multicore_profiler.storage.claims import is_stale, list_claims, utc
+from multicore_profiler.storage.claims import list_claims
 from multicore_profiler.storage.location import StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     ORPHAN_AGE,
     PARQUET_SUFFIX,
     TMP_SUFFIX,
     VERIFIED_PARQUET,
+    past_orphan_age,
     read_verified,
 )
 from multicore_profiler.storage.schema import (
@@ -210,11 +211,7 @@ def dead_files(
 def stale_leftovers(infos: Iterable[pafs.FileInfo], now: datetime) -> set[str]:
     """The paths of ``*.parquet.tmp`` files among ``infos`` older than ``ORPHAN_AGE``."""
     return {
-        i.path
-        for i in infos
-        if i.path.endswith(LEFTOVER_SUFFIX)
-        and i.mtime is not None
-        and utc(i.mtime) < now - ORPHAN_AGE
+        i.path for i in infos if i.path.endswith(LEFTOVER_SUFFIX) and past_orphan_age(i.mtime, now)
     }
 
 
@@ -238,6 +235,6 @@ def vacuum(
             if info.path in dead:
                 location.delete_file(info.path)
         for claim in list_claims(location, run_id):
-            if is_stale(claim, now):
+            if past_orphan_age(claim.mtime, now):
                 location.delete_file(claim.path)
     return files.without(dead)
