@@ -18,7 +18,7 @@ import math
 import os
 import stat
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -616,15 +616,20 @@ def _check_distances(
             )
 
 
+def _named(lossy: np.ndarray, name: Callable[[int, int], str], separator: str) -> str:
+    """The first eight of ``lossy`` (buffer, slot) positions named, and how many more."""
+    names = separator.join(name(int(b), int(s)) for b, s in lossy[:8])
+    return names + (f" and {len(lossy) - 8} more" if len(lossy) > 8 else "")
+
+
 def _warn_dropped(where: _Locator, dropped: np.ndarray) -> None:
     """Warn that full slots dropped records, naming up to 8 cores."""
     lossy = np.argwhere(dropped)
-    names = [f"{where.core(int(b), int(s))} ({dropped[b, s]})" for b, s in lossy[:8]]
-    more = f" and {len(lossy) - 8} more" if len(lossy) > 8 else ""
+    names = _named(lossy, lambda b, s: f"{where.core(b, s)} ({dropped[b, s]})", ", ")
     warnings.warn(
         DroppedRecordsWarning(
             f"device dropped {int(dropped.sum())} records on {len(lossy)} core(s): "
-            f"{', '.join(names)}{more}; their slots were full (plan a larger capacity)"
+            f"{names}; their slots were full (plan a larger capacity)"
         ),
         stacklevel=3,
     )
@@ -633,17 +638,19 @@ def _warn_dropped(where: _Locator, dropped: np.ndarray) -> None:
 def _warn_partial(where: _Locator, headers: np.ndarray, partial: np.ndarray) -> None:
     """Warn that slots that are not full count dropped records, naming up to 8 of them."""
     lossy = np.argwhere(partial)
-    names = [
-        f"{where(int(b), int(s))}: {headers['dropped_count'][b, s]} dropped, "
-        f"{headers['record_count'][b, s]} of {headers['record_capacity'][b, s]} records"
-        for b, s in lossy[:8]
-    ]
-    more = f" and {len(lossy) - 8} more" if len(lossy) > 8 else ""
+    names = _named(
+        lossy,
+        lambda b, s: (
+            f"{where(b, s)}: {headers['dropped_count'][b, s]} dropped, "
+            f"{headers['record_count'][b, s]} of {headers['record_capacity'][b, s]} records"
+        ),
+        "; ",
+    )
     warnings.warn(
         DroppedRecordsWarning(
             f"device dropped {int(headers['dropped_count'][partial].sum())} records on "
-            f"{len(lossy)} slot(s) that are not full ({'; '.join(names)}{more}); every record "
-            "written is kept, and the invocation lists the slots in partial_slots"
+            f"{len(lossy)} slot(s) that are not full ({names}); every record written is kept, "
+            "and the invocation lists the slots in partial_slots"
         ),
         stacklevel=3,
     )
