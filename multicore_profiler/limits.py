@@ -84,7 +84,9 @@ DEVICE = Range("a device index", 0, INT32_MAX)
 STEP = Range("a step", 0, INT64_MAX)
 INVOCATION_ID = Range("an invocation id", 0, INT64_MAX)
 WINDOW = Range("a capture window index", 0, INT64_MAX)
-PID = Range("a process id", -(2**63), INT64_MAX)
+INT64 = Range("a 64-bit integer", -(2**63), INT64_MAX)
+"""What an ``int64`` column holds (times in ns, ids of outer traces)."""
+PID = Range("a process id", INT64.low, INT64.high)
 """An outer trace's ``pid``, kept as the int64 of its ``trace_events`` column."""
 DESC_ID = Range("a desc id", 1, UINT32_MAX)
 COUNT = Range("a count", 0, INT64_MAX)

@@ -141,7 +141,7 @@ def test_any_number_literal_is_exact_or_refused_as_out_of_range(
 
     def stored() -> list[int | None]:
         with read_trace(path) as trace:
-            tables = [events_table(block, path) for block in trace.blocks]
+            tables = [events_table(block) for block in trace.blocks]
         return [value for table in tables for value in table["ts_ns"].to_pylist()]
 
     if None in expected:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from multicore_profiler.errors import ProfileError
+from multicore_profiler.storage.location import special_file
 
 
 @contextmanager
@@ -54,5 +55,6 @@ def _check_target(path: Path) -> None:
         return
     if stat.S_ISDIR(mode):
         raise ValueError("it is a directory; give a file name")
-    if not stat.S_ISREG(mode):
-        raise ValueError("it exists and is not a regular file (a device, FIFO or socket)")
+    kind = special_file(mode)
+    if kind is not None:
+        raise ValueError(f"it exists and is {kind}, not a regular file")

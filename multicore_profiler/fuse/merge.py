@@ -217,7 +217,7 @@ def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
     """A standalone MegaKernel trace's events (as ``trace_events`` columns), its
     invocations and its ``megaKernelCycleTrace`` object."""
     with read_trace(path, args_keys=()) as trace:
-        tables = [events_table(block, path) for block in trace.blocks]
+        tables = [events_table(block) for block in trace.blocks]
         summary = top_level_fields(trace).get("megaKernelCycleTrace")
     if not isinstance(summary, dict) or summary.get("schemaVersion") != 1:
         raise FuseError(

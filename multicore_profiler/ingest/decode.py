@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import stat
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from multicore_profiler.ingest.abi import (
     CoreType,
 )
 from multicore_profiler.limits import FREQUENCY_HZ, FREQUENCY_MHZ
+from multicore_profiler.storage.location import special_file
 
 BufferLike = Any
 """bytes, bytearray, memoryview, a contiguous numpy array or a contiguous CPU torch tensor."""
@@ -114,7 +114,7 @@ def read_buffer_file(
     """
     path = Path(path)
     try:
-        kind = _file_kind(os.stat(path).st_mode)
+        kind = special_file(os.stat(path).st_mode)
         if kind is not None:
             raise DecodeError(f"buffer file {path} is {kind}, not a regular file")
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
@@ -122,7 +122,7 @@ def read_buffer_file(
         raise DecodeError(f"cannot read buffer file {path}: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb", buffering=0) as file:
         info = os.fstat(fd)
-        kind = _file_kind(info.st_mode)
+        kind = special_file(info.st_mode)
         if kind is not None:
             raise DecodeError(f"buffer file {path} became {kind} while it was opened")
         if layout is not None:
@@ -140,22 +140,6 @@ def read_buffer_file(
             f"{'more' if size > info.st_size else size} when read"
         )
     return data[:size]
-
-
-_FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _file_kind(mode: int) -> str | None:
-    """What a file that is not a regular file is, in words; None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((name for test, name in _FILE_KINDS if test(mode)), "a special file")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from multicore_profiler.ingest.trace_scan import (
     read_trace,
     regular_file,
 )
-from multicore_profiler.limits import RANK
+from multicore_profiler.limits import INT64, RANK
 from multicore_profiler.storage.partitions import partition_dir, write_partition
 from multicore_profiler.storage.schema import TRACE_EVENTS, TRACE_SOURCES
 from multicore_profiler.storage.store import Store
@@ -71,7 +71,7 @@ class _Stats:
     rounded: int = 0
 
 
-_INT64 = "[-9223372036854775808 .. 9223372036854775807]"
+_INT64 = INT64.bounds()
 
 
 def _integers(block: EventBlock, key: str) -> pa.Array:
@@ -117,9 +117,9 @@ def _check_ends(block: EventBlock, ts: np.ndarray, dur: np.ndarray, has: np.ndar
         )
 
 
-def events_table(block: EventBlock, path: Path, stats: _Stats | None = None) -> pa.Table:
-    """The ``trace_events`` columns (but ``write_id``) of one block of events; ``path`` is
-    the file the block comes from (its messages name ``block.path``)."""
+def events_table(block: EventBlock, stats: _Stats | None = None) -> pa.Table:
+    """The ``trace_events`` columns (but ``write_id``) of one block of events (its messages
+    name the block's file, ``block.path``)."""
     stats = stats if stats is not None else _Stats()
     count = len(block)
     ts = _times(block, "ts", stats)
@@ -223,7 +223,7 @@ def _base_time(metadata: Mapping[str, Any], path: Path) -> int | None:
     base = metadata.get("baseTimeNanoseconds")
     if not isinstance(base, int) or isinstance(base, bool):
         return None
-    if not -(1 << 63) <= base < 1 << 63:
+    if not INT64.low <= base <= INT64.high:
         raise TraceFormatError(
             f"{path}: its baseTimeNanoseconds {base} is out of range: it must fit int64 {_INT64}"
         )
@@ -356,6 +356,6 @@ def _tables(trace: TraceText, path: Path, write_id: int, stats: _Stats) -> Itera
     """The ``trace_events`` tables of a trace's blocks, with a progress bar on a terminal."""
     with tqdm(desc=f"ingest {path.name}", unit="event", disable=None) as progress:
         for block in trace.blocks:
-            table = events_table(block, path, stats)
+            table = events_table(block, stats)
             yield table.add_column(0, "write_id", pa.repeat(pa.scalar(write_id), len(block)))
             progress.update(len(block))

@@ -25,7 +25,6 @@ import json
 import os
 import queue
 import re
-import stat
 import threading
 import zlib
 from collections.abc import Generator, Iterator
@@ -40,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from multicore_profiler.errors import TraceFormatError
+from multicore_profiler.storage.location import special_file
 
 BLOCK_BYTES = 4 << 20
 """Text read at once: a few dozen MB of temporaries per block, whatever the file's size;
@@ -321,8 +321,9 @@ def regular_file(path: Path) -> os.stat_result:
         status = path.stat()
     except OSError as exc:
         raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if not stat.S_ISREG(status.st_mode):
-        raise TraceFormatError(f"cannot read {path}: it is not a regular file")
+    kind = special_file(status.st_mode)
+    if kind is not None:
+        raise TraceFormatError(f"cannot read {path}: it is {kind}, not a regular file")
     return status
 
 

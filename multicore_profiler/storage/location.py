@@ -15,6 +15,7 @@ writer picks, and appears in one piece when its upload completes.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +52,24 @@ def os_reason(exc: OSError) -> str:
     where = " -> ".join(names)
     text = f"{where}: {reason}" if names and where not in reason else reason
     return " ".join(text.split())
+
+
+_SPECIAL_FILES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def special_file(mode: int) -> str | None:
+    """What a path of this ``st_mode`` is, in words (``a FIFO (named pipe)``), when it is
+    not a regular file; None for a regular file. Reading a FIFO waits for a writer for
+    ever, and renaming a file onto a device replaces it: inputs and outputs refuse both."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
 
 
 @dataclass(frozen=True)
