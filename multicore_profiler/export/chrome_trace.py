@@ -240,10 +240,6 @@ def _query_errors(described: str) -> Iterator[None]:
         raise ExportQueryError(f"cannot export {described}: {reason}") from None
 
 
-def _run(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    con.execute(sql)
-
-
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     return con.sql(sql).to_arrow_table()
 
@@ -338,11 +334,11 @@ def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str, scra
             f"{described} lacks the record column(s) {', '.join(missing)}; select them "
             "(e.g. SELECT * FROM records_ns WHERE ...)"
         )
-    _run(con, _CANDIDATES)
+    con.execute(_CANDIDATES)
     columns = ", ".join(f'q."{c}"::{t} AS {c}' for c, t in _RECORD_TYPES.items())
     kept = sql_string(str(scratch / "selected.parquet"))
-    _run(con, _SELECTED.format(columns=columns, selection=selection, path=kept))
-    _run(con, f"CREATE TEMP VIEW sel AS SELECT * FROM read_parquet({kept})")
+    con.execute(_SELECTED.format(columns=columns, selection=selection, path=kept))
+    con.execute(f"CREATE TEMP VIEW sel AS SELECT * FROM read_parquet({kept})")
     counts = _one(
         con,
         "SELECT count(*), count(*) - count(cand), "
@@ -700,7 +696,7 @@ def _plan(
     # Opening the store's files leaves freed Arrow buffers in the pool: give them back first.
     pa.default_memory_pool().release_unused()
     records = _select(con, selection, described, scratch)
-    _run(con, _INVOCATIONS)
+    con.execute(_INVOCATIONS)
     bad = con.execute(
         "SELECT run_id, rank, invocation_id, frequency_hz FROM inv "
         "WHERE NOT coalesce(frequency_hz > 0 AND isfinite(frequency_hz), false) ORDER BY ALL"
@@ -711,24 +707,23 @@ def _plan(
             f"invocation {invocation} of run {run_id} rank {rank} has cycle frequency "
             f"{frequency} Hz; cycles cannot become times without a positive frequency"
         )
-    _run(con, _SLOTS)
-    _run(con, _PROCESSES.format(run_step=RUN_PID_STEP))
-    _run(con, _TASK_STAGES)
-    _run(con, _GROUPS.format(rows=GROUP_ROWS))
+    con.execute(_SLOTS)
+    con.execute(_PROCESSES.format(run_step=RUN_PID_STEP))
+    con.execute(_TASK_STAGES)
+    con.execute(_GROUPS.format(rows=GROUP_ROWS))
     filed = _GroupFiles(scratch, "records")
     try:
         filed.add(con, _GROUPED)
     finally:
         filed.close()
     detail = ", owner_id, stage_task_index" if detailed else ""
-    _run(con, _KEYS.format(detail=detail, events=_events("sel")))
+    con.execute(_KEYS.format(detail=detail, events=_events("sel")))
     fallback = (
         f"desc_id BETWEEN {DESC_COMPUTE_FALLBACK} AND {DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE}"
     )
     values = _one(con, _SPANS.format(fallback=fallback, base=DESC_COMPUTE_FALLBACK))
     spans = _Spans(*(tuple(int(v) for v in values[i : i + 2]) for i in range(0, 18, 2)))
-    _run(
-        con,
+    con.execute(
         _NAMES.format(
             detail_keys=", k.owner_id, k.stage_task_index" if detailed else "",
             owner="k.owner_id" if detailed else "NULL",
@@ -736,7 +731,7 @@ def _plan(
             detailed="true" if detailed else "false",
         ),
     )
-    _run(con, _MOVED)
+    con.execute(_MOVED)
     names = _fetch(con, "SELECT DISTINCT name_code, name FROM names ORDER BY name_code")
     invocations = _fetch(con, "SELECT * EXCLUDE (stage_names) FROM inv ORDER BY inv_index")
     processes = _fetch(con, "SELECT * FROM proc ORDER BY pid")
