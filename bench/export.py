@@ -27,8 +27,8 @@ from pathlib import Path
 import pyarrow as pa
 from ingest import best, store_launches
 
+from multicore_profiler.abi import NO_OWNER
 from multicore_profiler.export.chrome_trace import export_chrome_trace
-from multicore_profiler.ingest.abi import NO_OWNER
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.store import Store, open_store
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from multicore_profiler.ingest.abi import CoreType
+from multicore_profiler.abi import CoreType
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel

@@ -18,15 +18,15 @@ traces does not load torch.
 from importlib import import_module
 from typing import Any
 
+from multicore_profiler.abi import BufferLayout, CoreType
+from multicore_profiler.analysis.outer_kernel_rules import KernelRules
 from multicore_profiler.errors import ProfileError
 from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
 from multicore_profiler.fuse.merge import MergedTrace, merge_chrome_traces
-from multicore_profiler.ingest.abi import BufferLayout, CoreType
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
 from multicore_profiler.ingest.outer_trace import TraceSource, ingest_trace
 from multicore_profiler.ingest.schedule import ProfilerAction, schedule
-from multicore_profiler.storage.kernel_rules import KernelRules
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.selectors import RunSelector
 from multicore_profiler.storage.store import Store, open_store

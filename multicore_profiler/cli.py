@@ -25,6 +25,9 @@ import orjson
 import pyarrow as pa
 from tqdm import tqdm
 
+from multicore_profiler.abi import BufferLayout
+from multicore_profiler.analysis.compare import LEVELS, VERDICTS, Comparison
+from multicore_profiler.analysis.outer_kernel_rules import KernelRules
 from multicore_profiler.errors import (
     ArgumentError,
     DroppedRecordsWarning,
@@ -33,7 +36,6 @@ from multicore_profiler.errors import (
 )
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.fuse.merge import merge_chrome_traces
-from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import decode_buffers, read_buffer_file
 from multicore_profiler.ingest.outer_trace import ingest_trace
@@ -54,8 +56,6 @@ from multicore_profiler.limits import (
     Range,
 )
 from multicore_profiler.storage.check import check_store
-from multicore_profiler.storage.compare import LEVELS, VERDICTS, Comparison
-from multicore_profiler.storage.kernel_rules import KernelRules
 from multicore_profiler.storage.location import os_reason
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.runs import RunInfo

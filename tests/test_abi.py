@@ -3,8 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from multicore_profiler.errors import LayoutError
-from multicore_profiler.ingest.abi import (
+from multicore_profiler.abi import (
     RECORD_DTYPE,
     SLOT_HEADER_DTYPE,
     BufferLayout,
@@ -13,6 +12,7 @@ from multicore_profiler.ingest.abi import (
     plan_capacity,
     task_record_count,
 )
+from multicore_profiler.errors import LayoutError
 
 
 def test_header_dtype_is_the_abi_byte_for_byte() -> None:

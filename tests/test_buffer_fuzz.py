@@ -14,8 +14,7 @@ from golden import AIC, AIV, GMM1, TASK7, TRIGGER, WAIT, Slot, pack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
-from multicore_profiler.ingest.abi import (
+from multicore_profiler.abi import (
     RECORD_BYTES,
     RECORD_DTYPE,
     SLOT_HEADER_BYTES,
@@ -23,6 +22,7 @@ from multicore_profiler.ingest.abi import (
     BufferLayout,
     CoreType,
 )
+from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel

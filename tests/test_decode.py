@@ -5,8 +5,8 @@ import pytest
 import torch
 from golden import AIC, AIV, NO_OWNER, TASK7, TRIGGER, WAIT, Slot, pack
 
+from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import DroppedRecordsWarning
-from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.decode import as_byte_array, decode_buffer, decode_buffers
 
 LAYOUT = BufferLayout(aic_slots=2, aiv_slots=3, aic_capacity=16, aiv_capacity=16)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from golden import AIC, AIV, Slot, pack
 
+from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import (
     BufferSizeError,
     DecodeError,
@@ -17,7 +18,6 @@ from multicore_profiler.errors import (
     RecordError,
     SlotError,
 )
-from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.decode import decode_buffer, decode_buffers
 
 LAYOUT = BufferLayout(aic_slots=2, aiv_slots=2, aic_capacity=16, aiv_capacity=16)

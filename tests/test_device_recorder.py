@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import DroppedRecordsWarning
-from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.decode import decode_buffer
 
 ROOT = Path(__file__).resolve().parent.parent

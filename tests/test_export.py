@@ -20,6 +20,7 @@ from golden import AIC, AIV, GMM1, NO_OWNER, TRIGGER, WAIT, Slot, pack
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler import cli
+from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import (
     DroppedRecordsWarning,
     ExportError,
@@ -28,7 +29,6 @@ from multicore_profiler.errors import (
     SessionError,
 )
 from multicore_profiler.export.chrome_trace import export_chrome_trace
-from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.schedule import schedule
 from multicore_profiler.ingest.session import mega_kernel_profile

@@ -22,11 +22,11 @@ from npu_trace import write_npu_trace
 from trace_checker import check_trace
 
 from multicore_profiler import cli
+from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import FuseError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.fuse.align import frequency_check, kernel_pattern_for
 from multicore_profiler.fuse.merge import merge_chrome_traces
-from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store

@@ -17,6 +17,7 @@ import pytest
 from golden import AIC, AIV, Slot, pack
 from hostile import refused, snapshot
 
+from multicore_profiler.abi import BufferLayout, check_frequency
 from multicore_profiler.cli import main
 from multicore_profiler.errors import (
     BufferSizeError,
@@ -26,10 +27,8 @@ from multicore_profiler.errors import (
     RecordError,
     SlotError,
 )
-from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.decode import (
-    check_frequency,
     decode_buffer,
     decode_buffers,
     read_buffer_file,

@@ -22,13 +22,13 @@ import pytest
 from hta_breakdown import gpu_kernel_breakdown
 
 from multicore_profiler import cli
-from multicore_profiler.errors import QueryError, RulesError
-from multicore_profiler.ingest.outer_trace import ingest_trace
-from multicore_profiler.storage.kernel_rules import (
+from multicore_profiler.analysis.outer_kernel_rules import (
     DEFAULT_FAMILIES,
     STEP_PATTERNS,
     KernelRules,
 )
+from multicore_profiler.errors import QueryError, RulesError
+from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.storage.store import Store
 
 DATA = Path(__file__).parent / "data"

@@ -13,8 +13,8 @@ import torch
 from fake_npu import FakeNpu, fake_torch_npu, install
 
 from multicore_profiler import Store, mega_kernel_profile
+from multicore_profiler.abi import DESC_WAIT_DEPENDENCY, BufferLayout, CoreType
 from multicore_profiler.errors import BackendError, FrequencyError
-from multicore_profiler.ingest.abi import DESC_WAIT_DEPENDENCY, BufferLayout, CoreType
 from multicore_profiler.kernels import (
     ProfileSpec,
     ProfileStage,

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pytest
 import torch
 
-from multicore_profiler.errors import ConfigError, DroppedRecordsWarning, SpecError
-from multicore_profiler.ingest.abi import (
+from multicore_profiler.abi import (
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
     NO_OWNER,
     CoreType,
 )
+from multicore_profiler.errors import ConfigError, DroppedRecordsWarning, SpecError
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer
 from multicore_profiler.kernels.reference import (
     COMBINE,

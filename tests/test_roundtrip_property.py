@@ -9,8 +9,8 @@ from golden import AIC, AIV, Slot, pack
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import DroppedRecordsWarning
-from multicore_profiler.ingest.abi import BufferLayout
 from multicore_profiler.ingest.buffers import Launches, ingest_buffers
 from multicore_profiler.storage.store import open_store
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from multicore_profiler.abi import NO_OWNER, BufferLayout
 from multicore_profiler.errors import ConfigError, SpecError
-from multicore_profiler.ingest.abi import NO_OWNER, BufferLayout
 from multicore_profiler.kernels import (
     CpuBackend,
     ProfileSpec,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from multicore_profiler.ingest.abi import BufferLayout, CoreType
+from multicore_profiler.abi import BufferLayout, CoreType
 from multicore_profiler.ingest.decode import decode_buffer
 from multicore_profiler.kernels.synthetic import (
     COMBINE,

@@ -36,11 +36,7 @@ import orjson
 import pyarrow as pa
 from tqdm import tqdm
 
-from multicore_profiler.errors import ExportError, QueryError
-from multicore_profiler.export.files import written_aside
-from multicore_profiler.export.json_rows import Row, Span, joined, span_of, strings
-from multicore_profiler.export.tracks import assign_lanes
-from multicore_profiler.ingest.abi import (
+from multicore_profiler.abi import (
     DESC_COMPUTE_FALLBACK,
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
@@ -48,6 +44,10 @@ from multicore_profiler.ingest.abi import (
     MAX_TASK_TYPE,
     NO_OWNER,
 )
+from multicore_profiler.errors import ExportError, QueryError
+from multicore_profiler.export.files import written_aside
+from multicore_profiler.export.json_rows import Row, Span, joined, span_of, strings
+from multicore_profiler.export.tracks import assign_lanes
 from multicore_profiler.limits import INVOCATION_ID, RANK, STEP, WINDOW, check_given
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.sql_policy import one_expression, read_only_statement

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from multicore_profiler.analysis.compare import Comparison
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.files import written_aside
-from multicore_profiler.storage.compare import Comparison
 
 _COLORS = {False: "#4c72b0", True: "#dd8452"}
 _VERDICT_COLORS = {"regressed": "#c44e52", "improved": "#55a868"}

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
+from multicore_profiler.analysis.compare import Comparison
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.files import written_aside
-from multicore_profiler.storage.compare import Comparison
 from multicore_profiler.storage.selectors import RunSelector
 from multicore_profiler.storage.store import Store
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from multicore_profiler.ingest.abi import BufferLayout
+from multicore_profiler.abi import BufferLayout
 from multicore_profiler.ingest.decode import BufferLike, DecodedBuffers, decode_buffers
 from multicore_profiler.limits import DEVICE, INVOCATION_ID, RANK, STEP, WINDOW, check_given
 from multicore_profiler.storage.claims import claimed_ids

@@ -14,28 +14,17 @@ records and one copy per field.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from multicore_profiler.errors import (
-    ArgumentError,
-    BufferSizeError,
-    DecodeError,
-    DroppedRecordsWarning,
-    EmptyBufferError,
-    FrequencyError,
-    RecordError,
-    SlotError,
-)
-from multicore_profiler.ingest.abi import (
+from multicore_profiler.abi import (
     DESC_TERMINATE_TASK,
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
@@ -46,8 +35,16 @@ from multicore_profiler.ingest.abi import (
     SLOT_HEADER_DTYPE,
     BufferLayout,
     CoreType,
+    check_frequency,
 )
-from multicore_profiler.limits import FREQUENCY_HZ, FREQUENCY_MHZ
+from multicore_profiler.errors import (
+    BufferSizeError,
+    DecodeError,
+    DroppedRecordsWarning,
+    EmptyBufferError,
+    RecordError,
+    SlotError,
+)
 from multicore_profiler.storage.location import special_file
 
 BufferLike = Any
@@ -76,29 +73,6 @@ def as_byte_array(buffer: BufferLike) -> np.ndarray:
         return np.frombuffer(buffer, dtype=np.uint8)
     except (TypeError, ValueError) as exc:
         raise DecodeError(f"cannot read a {type(buffer).__name__} as a byte buffer: {exc}") from exc
-
-
-_FREQUENCY_RANGES = {"Hz": (FREQUENCY_HZ, 1.0), "MHz": (FREQUENCY_MHZ, 1e6)}
-
-
-def check_frequency(frequency: float, *, unit: Literal["Hz", "MHz"] = "Hz") -> float:
-    """Return a cycle frequency given in ``unit`` as a float in Hz, or raise
-    ``FrequencyError``: it must be a positive finite number within ``limits.FREQUENCY_HZ``
-    (1 kHz to 100 GHz), since a value outside (MHz given as Hz, 1e-320) makes every later
-    time wrong or infinite. The message names the value and the range in ``unit``."""
-    try:
-        value = float(frequency)
-    except (TypeError, ValueError):
-        raise FrequencyError(f"cycle frequency must be a number, got {frequency!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise FrequencyError(
-            f"cycle frequency must be positive and finite, got {frequency!r} {unit}"
-        )
-    bounds, scale = _FREQUENCY_RANGES[unit]
-    try:
-        return float(bounds.check(value, "cycle frequency")) * scale
-    except ArgumentError as exc:
-        raise FrequencyError(str(exc)) from None
 
 
 def read_buffer_file(

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from multicore_profiler.abi import CoreType
 from multicore_profiler.errors import DroppedRecordsWarning, SessionError
-from multicore_profiler.ingest.abi import CoreType
 from multicore_profiler.ingest.pool import BufferPool
 from multicore_profiler.ingest.schedule import ProfilerAction, Schedule
 from multicore_profiler.ingest.writer import CapturedCall, StepBatch, StepWriter, WriterStats

@@ -28,8 +28,8 @@ import numpy as np
 import orjson
 import torch
 
+from multicore_profiler.abi import check_frequency
 from multicore_profiler.errors import BackendError, FrequencyError
-from multicore_profiler.ingest.decode import check_frequency
 
 SOC_FREQUENCIES: tuple[tuple[str, float], ...] = (
     ("ascend910b*", 50e6),

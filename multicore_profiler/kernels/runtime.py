@@ -25,8 +25,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from multicore_profiler.abi import BufferLayout, CoreType, TaskShape
 from multicore_profiler.errors import ConfigError, SessionError
-from multicore_profiler.ingest.abi import BufferLayout, CoreType, TaskShape
 from multicore_profiler.kernels.backend import Backend
 from multicore_profiler.kernels.spec import ProfileMetadata, ProfileSpec, fallback_desc_ids
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from multicore_profiler.errors import SpecError
-from multicore_profiler.ingest.abi import (
+from multicore_profiler.abi import (
     DESC_COMPUTE_FALLBACK,
     MAX_TASK_TYPE,
     NO_OWNER,
     RESERVED_DESC_IDS,
 )
+from multicore_profiler.errors import SpecError
 
 TaskMatcher = Callable[[np.ndarray], np.ndarray]
 """Takes the structured task array, returns one boolean per task."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from multicore_profiler.ingest.abi import (
+from multicore_profiler.abi import (
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
     BufferLayout,

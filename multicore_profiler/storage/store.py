@@ -30,15 +30,15 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from multicore_profiler.errors import IntegrityError, QueryError, SelectorError, StoreError
-from multicore_profiler.storage.catalog import FileCatalog
-from multicore_profiler.storage.compact import CompactionReport, compact
-from multicore_profiler.storage.compare import Comparison, compare
-from multicore_profiler.storage.kernel_rules import (
+from multicore_profiler.analysis.compare import Comparison, compare
+from multicore_profiler.analysis.outer_kernel_rules import (
     KernelRules,
     build_kernel_tables,
     mentions_kernel_views,
 )
+from multicore_profiler.errors import IntegrityError, QueryError, SelectorError, StoreError
+from multicore_profiler.storage.catalog import FileCatalog
+from multicore_profiler.storage.compact import CompactionReport, compact
 from multicore_profiler.storage.location import StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     VERIFIED_PARQUET,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from multicore_profiler.abi import NO_OWNER, CoreType
 from multicore_profiler.errors import ConfigError
-from multicore_profiler.ingest.abi import NO_OWNER, CoreType
 from multicore_profiler.kernels.runtime import new_tasks
 from multicore_profiler.kernels.spec import ProfileSpec, ProfileStage
 

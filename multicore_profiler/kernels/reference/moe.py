@@ -25,12 +25,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from multicore_profiler.errors import ConfigError
-from multicore_profiler.ingest.abi import (
+from multicore_profiler.abi import (
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
     CoreType,
 )
+from multicore_profiler.errors import ConfigError
 from multicore_profiler.kernels.backend import Backend, CpuBackend
 from multicore_profiler.kernels.reference.graph import (
     COMBINE,

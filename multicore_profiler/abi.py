@@ -1,4 +1,5 @@
-"""Device ABI v1: the byte layout of a MegaKernel profile buffer and its capacity plan.
+"""Device ABI v1: the byte layout of a MegaKernel profile buffer, its capacity plan and
+the cycle frequencies a host may decode it at.
 
 A buffer has no global header. It is ``aic_slots`` AIC slots followed by
 ``aiv_slots`` AIV slots; a slot is a 64-byte header and ``capacity`` 32-byte
@@ -9,13 +10,15 @@ compatible with mindspore-ai/hyper-parallel's MegaKernel profiling.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
-from multicore_profiler.errors import LayoutError
+from multicore_profiler.errors import ArgumentError, FrequencyError, LayoutError
+from multicore_profiler.limits import FREQUENCY_HZ, FREQUENCY_MHZ
 
 SLOT_HEADER_BYTES = 64
 RECORD_BYTES = 32
@@ -221,3 +224,26 @@ class BufferLayout:
     def new_buffer(self) -> np.ndarray:
         """A zeroed buffer of this layout, as a kernel receives it before its launch."""
         return np.zeros(self.total_bytes, dtype=np.uint8)
+
+
+_FREQUENCY_RANGES = {"Hz": (FREQUENCY_HZ, 1.0), "MHz": (FREQUENCY_MHZ, 1e6)}
+
+
+def check_frequency(frequency: float, *, unit: Literal["Hz", "MHz"] = "Hz") -> float:
+    """Return a cycle frequency given in ``unit`` as a float in Hz, or raise
+    ``FrequencyError``: it must be a positive finite number within ``limits.FREQUENCY_HZ``
+    (1 kHz to 100 GHz), since a value outside (MHz given as Hz, 1e-320) makes every later
+    time wrong or infinite. The message names the value and the range in ``unit``."""
+    try:
+        value = float(frequency)
+    except (TypeError, ValueError):
+        raise FrequencyError(f"cycle frequency must be a number, got {frequency!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise FrequencyError(
+            f"cycle frequency must be positive and finite, got {frequency!r} {unit}"
+        )
+    bounds, scale = _FREQUENCY_RANGES[unit]
+    try:
+        return float(bounds.check(value, "cycle frequency")) * scale
+    except ArgumentError as exc:
+        raise FrequencyError(str(exc)) from None

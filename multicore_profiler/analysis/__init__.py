@@ -1,0 +1,1 @@
+"""Named SQL analyses over the store: record analyses, outer-kernel analyses, comparison."""
