@@ -317,7 +317,7 @@ class KernelRules:
         )
         con.execute(self._family_macro())
         con.execute(self._step_view())
-        con.execute(resources.files(__package__).joinpath("kernels.sql").read_text())
+        con.execute(resources.files(__package__).joinpath("outer_kernels.sql").read_text())
 
     def _family_macro(self) -> str:
         arms = " ".join(
