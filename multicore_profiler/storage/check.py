@@ -26,6 +26,7 @@ from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.catalog import LISTING_ORDER
 from multicore_profiler.storage.claims import CLAIM_NAME
 from multicore_profiler.storage.compact import COMPACT_LOCK
+from multicore_profiler.storage.location import MARKER
 from multicore_profiler.storage.partitions import (
     ORPHAN_AGE,
     PARQUET_SUFFIX,
@@ -36,12 +37,11 @@ from multicore_profiler.storage.partitions import (
     utc,
 )
 from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, TABLES, TableSpec
-from multicore_profiler.storage.store import MARKER
 from multicore_profiler.storage.swap import JOURNAL_DIR, LOCK_FILE
 from multicore_profiler.storage.vacuum import LEFTOVER_SUFFIX, SNAPSHOT_TABLES, RunFiles, dead_files
 
 if TYPE_CHECKING:
-    from multicore_profiler.storage.store import Store
+    from multicore_profiler.storage.handle import StoreHandle
 
 CHECKS = ("checksum", "parquet", "schema", "counts", "orphan", "leftover", "layout")
 """What a problem can be: a page failing its CRC; a file that is not readable Parquet;
@@ -144,7 +144,7 @@ class _Scan:
 
 
 def check_store(
-    store: Store, runs: list[str] | None = None, *, now: datetime | None = None
+    store: StoreHandle, runs: list[str] | None = None, *, now: datetime | None = None
 ) -> CheckReport:
     """Check every file of ``store`` (of the runs ``runs`` only, when given); ``now`` is
     the time leftovers' ages are judged by. ``StoreError`` naming a run with no file."""
@@ -171,7 +171,7 @@ def check_store(
     )
 
 
-def _listing(store: Store, runs: list[str] | None) -> list[pafs.FileInfo]:
+def _listing(store: StoreHandle, runs: list[str] | None) -> list[pafs.FileInfo]:
     """Every file of the selection: the whole store, or the runs' partitions (their
     claims included); ``StoreError`` naming a run without any file."""
     location = store.location
@@ -188,7 +188,9 @@ def _listing(store: Store, runs: list[str] | None) -> list[pafs.FileInfo]:
     return sorted(found, key=lambda i: i.path)
 
 
-def _classify(store: Store, scan: _Scan, info: pafs.FileInfo, relative: str, now: datetime) -> None:
+def _classify(
+    store: StoreHandle, scan: _Scan, info: pafs.FileInfo, relative: str, now: datetime
+) -> None:
     """Check one listed file by where it lies and what it is."""
     parts = relative.split("/")
     if len(parts) == 1 and parts[0] in (LOCK_FILE, COMPACT_LOCK, MARKER):
@@ -268,7 +270,7 @@ def _age(moment: datetime, now: datetime) -> str:
 
 
 def _data_file(
-    store: Store,
+    store: StoreHandle,
     scan: _Scan,
     spec: TableSpec,
     info: pafs.FileInfo,
@@ -316,7 +318,7 @@ def _data_file(
     scan.rows.setdefault(spec.name, []).append(rows)
 
 
-def _orphans(store: Store, scan: _Scan, run_id: str, now: datetime) -> None:
+def _orphans(store: StoreHandle, scan: _Scan, run_id: str, now: datetime) -> None:
     """Report the run's good files of writes never committed, once ``ORPHAN_AGE`` old:
     the vacuum's leftovers of a death (it is given no grace, so files hidden for good by
     a tombstone are not reported: they are no problem, only waiting for the vacuum)."""
@@ -354,7 +356,7 @@ def _orphans(store: Store, scan: _Scan, run_id: str, now: datetime) -> None:
         )
 
 
-def _counts(store: Store, scan: _Scan) -> None:
+def _counts(store: StoreHandle, scan: _Scan) -> None:
     """Report each invocation a view shows whose counts disagree with the records and
     cores rows that belong to it."""
     invocations = scan.rows.get(INVOCATIONS.name)

@@ -47,7 +47,7 @@ from multicore_profiler.storage.partitions import check_run_id, past_orphan_age,
 from multicore_profiler.storage.schema import INVOCATIONS
 
 if TYPE_CHECKING:
-    from multicore_profiler.storage.store import Store
+    from multicore_profiler.storage.handle import StoreHandle
 
 ATTEMPTS = 40
 """Claims a writer makes before it gives up (each after a random backoff)."""
@@ -99,7 +99,7 @@ def list_claims(location: StoreLocation, run_id: str, rank: int | None = None) -
 
 @contextmanager
 def claimed_ids(
-    store: Store, run_id: str, rank: int, count: int, first: int | None = None
+    store: StoreHandle, run_id: str, rank: int, count: int, first: int | None = None
 ) -> Iterator[int]:
     """Hold ``count`` invocation ids of (run, rank) for one write; yield the first.
 
@@ -159,7 +159,9 @@ def _live(location: StoreLocation, run_id: str, rank: int) -> list[Claim]:
     return [c for c in list_claims(location, run_id, rank) if not past_orphan_age(c.mtime, now)]
 
 
-def _lowest_free(store: Store, run_id: str, rank: int, count: int, claims: list[Claim]) -> int:
+def _lowest_free(
+    store: StoreHandle, run_id: str, rank: int, count: int, claims: list[Claim]
+) -> int:
     """The lowest first id of ``count`` ids free of committed ids and of ``claims``: the
     first gap wide enough between taken ranges, else past them all."""
     ids = store.invocation_ids(run_id, rank)
@@ -175,13 +177,13 @@ def _lowest_free(store: Store, run_id: str, rank: int, count: int, claims: list[
     return int(before[wide[0]]) + 1 if len(wide) else int(lasts.max()) + 1
 
 
-def _committed(store: Store, run_id: str, rank: int, first: int, last: int) -> list[int]:
+def _committed(store: StoreHandle, run_id: str, rank: int, first: int, last: int) -> list[int]:
     """The committed ids of (run, rank) in ``first`` .. ``last``."""
     ids = store.invocation_ids(run_id, rank)
     return ids[(ids >= first) & (ids <= last)].tolist()
 
 
-def _refuse_committed(store: Store, run_id: str, rank: int, first: int, last: int) -> None:
+def _refuse_committed(store: StoreHandle, run_id: str, rank: int, first: int, last: int) -> None:
     """``StoreError`` naming the ids of ``first`` .. ``last`` that are committed, if any."""
     taken = _committed(store, run_id, rank, first, last)
     if taken:

@@ -47,7 +47,7 @@ from multicore_profiler.storage.swap import recover, swap
 from multicore_profiler.storage.vacuum import GRACE, run_files, stale_leftovers, vacuum
 
 if TYPE_CHECKING:
-    from multicore_profiler.storage.store import Store
+    from multicore_profiler.storage.handle import StoreHandle
 
 COMPACT_LOCK = ".mcprof.compact.lock"
 _KEYED = (CORES, RECORDS)
@@ -94,7 +94,7 @@ def _merged(location: StoreLocation, files: list[Path], spec: TableSpec) -> Iter
 
 
 def compact(
-    store: Store,
+    store: StoreHandle,
     run_ids: Sequence[str] | None = None,
     *,
     grace: timedelta = GRACE,
@@ -120,7 +120,7 @@ def compact(
     return report
 
 
-def _sweep(store: Store, now: datetime) -> int:
+def _sweep(store: StoreHandle, now: datetime) -> int:
     """Delete the day-old ``*.parquet.tmp`` files of the tables not partitioned by run
     (the outer traces'); return how many."""
     location = store.location
@@ -137,7 +137,7 @@ def _sweep(store: Store, now: datetime) -> int:
 
 
 def _compact_local(
-    store: Store, run_ids: Sequence[str] | None, now: datetime, grace: timedelta
+    store: StoreHandle, run_ids: Sequence[str] | None, now: datetime, grace: timedelta
 ) -> CompactionReport:
     """Vacuum, then merge each partition's committed files in one journaled swap."""
     root = store.root
@@ -185,7 +185,7 @@ def _compact_local(
     )
 
 
-def _known_runs(store: Store, run_ids: Sequence[str] | None) -> list[str]:
+def _known_runs(store: StoreHandle, run_ids: Sequence[str] | None) -> list[str]:
     """``run_ids`` (default: every run in the store), each checked to be there
     (``StoreError`` naming those that are not)."""
     present = store.sql(
@@ -200,7 +200,7 @@ def _known_runs(store: Store, run_ids: Sequence[str] | None) -> list[str]:
 
 
 def _compact_remote(
-    store: Store, run_ids: list[str], now: datetime, grace: timedelta
+    store: StoreHandle, run_ids: list[str], now: datetime, grace: timedelta
 ) -> CompactionReport:
     """Vacuum each run, then rewrite and supersede its writes (see ``supersede``)."""
     deleted = partitions = before = after = rows = 0

@@ -30,6 +30,9 @@ from multicore_profiler.errors import StoreError
 OBJECT_STORES = ("s3", "gcs")
 """Filesystems whose directories are only key prefixes: nothing to create."""
 
+MARKER = "mcprof-store.json"
+"""The file that makes a directory (or prefix) a store; it holds the format version."""
+
 
 @contextmanager
 def store_write(what: str) -> Iterator[None]:

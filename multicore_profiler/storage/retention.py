@@ -27,7 +27,7 @@ from multicore_profiler.storage.location import store_write
 from multicore_profiler.storage.schema import CORES, DISCARDS, INVOCATIONS, RECORDS, RUNS, TASKS
 
 if TYPE_CHECKING:
-    from multicore_profiler.storage.store import Store
+    from multicore_profiler.storage.handle import StoreHandle
 
 REMOVAL_ORDER = (INVOCATIONS, CORES, RECORDS, TASKS, DISCARDS, RUNS)
 """Tables holding a run's rows, in the order a removal deletes them."""
@@ -60,7 +60,7 @@ class GcPlan:
 
 
 def plan_gc(
-    store: Store,
+    store: StoreHandle,
     *,
     keep_last: int | None = None,
     older_than: timedelta | None = None,
@@ -109,7 +109,7 @@ def plan_gc(
     return GcPlan(chosen, kept=len(rows) - len(chosen))
 
 
-def collect(store: Store, plan: GcPlan) -> GcPlan:
+def collect(store: StoreHandle, plan: GcPlan) -> GcPlan:
     """Remove the runs of ``plan``; return it as applied."""
     location = store.location
     with store_write(f"remove runs from the store at {store.uri}"), ExitStack() as stack:

@@ -30,16 +30,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from multicore_profiler.analysis.compare import Comparison, compare
-from multicore_profiler.analysis.outer_kernel_rules import (
-    KernelRules,
-    build_kernel_tables,
-    mentions_kernel_views,
-)
 from multicore_profiler.errors import IntegrityError, QueryError, SelectorError, StoreError
+from multicore_profiler.extension import Extensible
 from multicore_profiler.storage.catalog import FileCatalog
 from multicore_profiler.storage.compact import CompactionReport, compact
-from multicore_profiler.storage.location import StoreLocation, store_write
+from multicore_profiler.storage.location import MARKER, StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     VERIFIED_PARQUET,
     CorruptFileError,
@@ -61,17 +56,19 @@ from multicore_profiler.storage.schema import (
     TableSpec,
 )
 from multicore_profiler.storage.selectors import RunSelector
+from multicore_profiler.storage.sql_modules import InstalledModules
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string, sql_strings
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
 from multicore_profiler.storage.vacuum import GRACE
 
 STORE_ENV = "MCPROF_STORE"
 DEFAULT_STORE = "mcprof-store"
-MARKER = "mcprof-store.json"
 FORMAT_VERSION = 1
 
 _PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64(), "source_id": pa.string()}
 _HIVE_TYPES = {"run_id": "VARCHAR", "step": "BIGINT", "source_id": "VARCHAR"}
+OUTER_KERNEL_RULES = "outer_kernel_rules"
+"""The SQL module whose setting is the outer-kernel rules (see ``analysis``)."""
 PLAN_CHECKS_KEPT = 1024
 """Query texts whose reader choice is remembered (see ``Store.sql``)."""
 VERIFY_THREADS = os.cpu_count() or 1
@@ -95,8 +92,9 @@ def _empty_table(spec: TableSpec) -> pa.Table:
     return pa.schema(fields).empty_table()
 
 
-class Store:
-    """A multicore_profiler store, local or remote; see ``open_store``."""
+class Store(Extensible):
+    """A multicore_profiler store, local or remote; see ``open_store``. Higher rooms add
+    methods (``compare``) with ``Store.extend``."""
 
     def __init__(
         self,
@@ -136,11 +134,7 @@ class Store:
                 f"CREATE VIEW raw_{spec.name} AS {_with_empty(spec, f'empty_{spec.name}')}"
             )
         self._db.execute(resources.files(__package__).joinpath("views.sql").read_text())
-        # The kernel-level views are installed by the first query that names one: most
-        # uses of a store never do, and installing them costs a tenth of a second.
-        self._kernel_rules = KernelRules()
-        self._kernel_views_installed = False
-        self._kernel_tables_of: list[tuple[str, int]] | None = None
+        self._modules = InstalledModules()
 
     @property
     def location(self) -> StoreLocation:
@@ -164,19 +158,27 @@ class Store:
             raise StoreError(f"the store at {self.uri} is remote: it has no file lock")
         return self._lock
 
-    @property
-    def kernel_rules(self) -> KernelRules:
-        """The rules the kernel-level views (``kernels``, ``steps``, ...) apply now."""
-        return self._kernel_rules
-
-    def use_kernel_rules(self, rules: KernelRules | None = None) -> None:
-        """Apply ``rules`` (default: the built-in ones) to the kernel-level views of this
-        ``Store`` object, for every query after this call."""
-        rules = KernelRules() if rules is None else rules
+    def setting(self, module: str) -> Any:
+        """The setting a configurable SQL module uses in this ``Store`` object."""
         with self._views:
-            rules.check(self._db)
-            self._kernel_rules = rules
-            self._kernel_views_installed = False
+            return self._modules.setting(module)
+
+    def configure(self, module: str, setting: Any | None = None) -> None:
+        """Give a configurable SQL module a setting (default: its own default) for every
+        query of this ``Store`` object after this call; it is checked first."""
+        with self._views:
+            self._modules.configure(self._db, module, setting)
+
+    @property
+    def kernel_rules(self) -> Any:
+        """The ``OuterKernelRules`` the outer-kernel views (``kernels``, ``steps``, ...)
+        apply now."""
+        return self.setting(OUTER_KERNEL_RULES)
+
+    def use_kernel_rules(self, rules: Any | None = None) -> None:
+        """Apply ``OuterKernelRules`` (default: the built-in ones) to the outer-kernel views
+        of this ``Store`` object, for every query after this call."""
+        self.configure(OUTER_KERNEL_RULES, rules)
 
     def gc(
         self,
@@ -358,31 +360,19 @@ class Store:
             cached = self._datasets[spec.name] = (files, dataset)
         return cached[1]
 
-    def _build_kernel_tables(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Install the kernel-level views (which builds their tables) if they are not, else
-        rebuild their tables if the committed traces changed since they were built."""
-        committed = con.execute(
-            "SELECT source_id, write_id FROM trace_sources ORDER BY ALL"
-        ).fetchall()
-        if not self._kernel_views_installed:
-            self._kernel_rules.install(con)
-            self._kernel_views_installed = True
-        elif committed != self._kernel_tables_of:
-            build_kernel_tables(con)
-        self._kernel_tables_of = committed
-
     @contextmanager
     def reading(
         self,
         *,
-        kernel_views: bool = False,
+        modules: Sequence[str] = (),
         runs: Sequence[str] | None = None,
         files: Mapping[str, Sequence[str]] | None = None,
     ) -> Iterator[duckdb.DuckDBPyConnection]:
         """A DuckDB cursor over the store's current views, for work of several statements
         (temporary tables included): the files it reads stay in place until it closes. A
         read that fails on a corrupt file raises a ``CorruptFileError`` naming it.
-        With ``kernel_views``, the kernel-level tables hold the traces committed now. With
+        The SQL modules named in ``modules`` are installed, with what they need, their tables
+        holding what is committed now (as for a query naming them in ``sql``). With
         ``runs``, the views hold those runs only, and listing and reading cost what they
         would in a store of those runs alone. With ``files`` too (paths by table, listed
         before in commit order, committing tables first), the tables named there read
@@ -390,13 +380,14 @@ class Store:
         compaction, then sees one snapshot of those runs."""
         if files is not None and runs is None:
             raise StoreError("reading given files needs the runs they belong to (runs=...)")
-        with self._reading(kernel_views, runs, files) as (cursor, _):
+        with self._reading(None, modules, runs, files) as (cursor, _):
             yield cursor
 
     @contextmanager
     def _reading(
         self,
-        kernel_views: bool,
+        query: str | None,
+        modules: Sequence[str],
         runs: Sequence[str] | None,
         files: Mapping[str, Sequence[str]] | None = None,
     ) -> Iterator[tuple[duckdb.DuckDBPyConnection, frozenset[str]]]:
@@ -413,8 +404,7 @@ class Store:
                                 raise self._culprit(runs) or QueryError(
                                     f"cannot read the store's files: {exc}"
                                 ) from exc
-                            if kernel_views:
-                                self._build_kernel_tables(cursor)
+                            self._modules.prepare(cursor, query, modules)
                         yield cursor, datasets
                     except (duckdb.Error, pa.ArrowException) as exc:
                         # Whoever reads through the cursor: a file that cannot be read is
@@ -442,7 +432,7 @@ class Store:
         prune. Raises ``QueryError`` with DuckDB's reason when the query cannot run.
         """
         try:
-            with self._reading(mentions_kernel_views(query), runs) as (cursor, datasets):
+            with self._reading(query, (), runs) as (cursor, datasets):
                 if datasets and self._location.is_local:
                     # The plan, hence the choice, is the same for every run of one text.
                     key = (query, datasets)
@@ -480,15 +470,6 @@ class Store:
             total = self.sql(f"SELECT count(*) AS n FROM {table}").to_pylist()[0]["n"]
             raise SelectorError(f"selector {selector} selects none of the {total} {of} in {self}")
         return ids
-
-    def compare(
-        self,
-        base: RunSelector | str | Sequence[str],
-        head: RunSelector | str | Sequence[str],
-        **options: Any,
-    ) -> Comparison:
-        """Compare the records of two sets of runs group by group; see ``compare``."""
-        return compare(self, base, head, **options)
 
     def write_run(self, run: RunInfo) -> None:
         """Record a run's current state (a newer row for the same run supersedes older ones)."""

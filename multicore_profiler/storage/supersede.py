@@ -32,7 +32,7 @@ from multicore_profiler.storage.schema import DISCARDS, INVOCATIONS, TABLES, Tab
 from multicore_profiler.storage.vacuum import RunFiles
 
 if TYPE_CHECKING:
-    from multicore_profiler.storage.store import Store
+    from multicore_profiler.storage.handle import StoreHandle
 
 _PLAN = """
 CREATE TEMP TABLE superseded AS
@@ -86,7 +86,7 @@ class Rewrite:
     written: int = 0
     """Rows and files the rewrite has written so far."""
 
-    def write(self, store: Store) -> None:
+    def write(self, store: StoreHandle) -> None:
         """Write the merged files: rows of the superseded writes, under their fresh ids.
         Nothing shows them until ``commit``."""
         location = store.location
@@ -105,7 +105,7 @@ class Rewrite:
             write_partition(location, spec, values, rows)
             self.written += 1
 
-    def commit(self, store: Store, now: datetime) -> None:
+    def commit(self, store: StoreHandle, now: datetime) -> None:
         """Supersede the old writes by their rewrites: one file, read whole or not at all."""
         count = self.writes.num_rows
         rows = pa.table(
@@ -163,7 +163,7 @@ class Rewrite:
                 yield table
 
 
-def plan_rewrite(store: Store, run_id: str, files: RunFiles) -> Rewrite | None:
+def plan_rewrite(store: StoreHandle, run_id: str, files: RunFiles) -> Rewrite | None:
     """The rewrite of the run's writes not yet rewritten, or None when there are none."""
     with store.reading(runs=[run_id], files=files.listed) as cursor:
         cursor.register("file_writes", files.writes)

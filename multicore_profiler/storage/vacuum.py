@@ -48,7 +48,7 @@ from multicore_profiler.storage.schema import (
 )
 
 if TYPE_CHECKING:
-    from multicore_profiler.storage.store import Store
+    from multicore_profiler.storage.handle import StoreHandle
 
 GRACE = timedelta(hours=1)
 """How long files hidden by a tombstone stay for queries that listed them before it."""
@@ -188,7 +188,7 @@ never was and the file is older than ``written_before``."""
 
 
 def dead_files(
-    store: Store, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
+    store: StoreHandle, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
 ) -> set[str]:
     """The run's files a vacuum at ``now`` deletes."""
     listed = [i for spec in WRITTEN_TABLES for i in files.infos[spec.name]]
@@ -216,7 +216,7 @@ def stale_leftovers(infos: Iterable[pafs.FileInfo], now: datetime) -> set[str]:
 
 
 def vacuum(
-    store: Store, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
+    store: StoreHandle, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
 ) -> RunFiles:
     """Delete the run's dead files (see ``dead_files``), its day-old ``*.parquet.tmp``
     files and its day-old claims; return the files left."""

@@ -1,0 +1,80 @@
+"""The analysis room's SQL modules, registered with the store's module registry.
+
+Each module is one file under ``analysis/sql/`` (one topic), with the modules it needs
+and, for the outer-kernel modules, the tables it materializes. A query that names a view
+of a module makes the store install it first (see ``storage/sql_modules.py``).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from multicore_profiler.analysis.outer_kernel_rules import (
+    RULES_NAMES,
+    OuterKernelRules,
+    check_setting,
+    install_setting,
+)
+from multicore_profiler.storage.sql_modules import Setting, SqlModule, register
+
+
+def _sql(path: str) -> str:
+    """The text of one file under ``analysis/sql/``."""
+    return resources.files(__package__).joinpath("sql", path).read_text()
+
+
+# Record analyses: the MegaKernel's records in ns, named, summarized, and its task DAG.
+register(
+    SqlModule("units", _sql("units.sql")),
+    SqlModule("records.names", _sql("records/names.sql")),
+    SqlModule(
+        "records.records_ns", _sql("records/records_ns.sql"), needs=("units", "records.names")
+    ),
+    SqlModule(
+        "records.stage_stats",
+        _sql("records/stage_stats.sql"),
+        needs=("records.records_ns", "records.names"),
+    ),
+    SqlModule("records.run_summary", _sql("records/run_summary.sql")),
+)
+
+# Outer-kernel analyses: the rules (a setting per store), then one module per topic. The
+# materialized tables are built in this order: device_ops, op_launches, step_periods,
+# kernels, step_islands; each again when the committed traces change.
+_TRACES_COMMITTED = "SELECT source_id, write_id FROM trace_sources ORDER BY ALL"
+register(
+    SqlModule(
+        "outer_kernel_rules",
+        setting=Setting(default=OuterKernelRules, check=check_setting, install=install_setting),
+        defines=RULES_NAMES,
+    ),
+    SqlModule(
+        "outer_kernels.device_ops",
+        _sql("outer_kernels/device_ops.sql"),
+        needs=("outer_kernel_rules",),
+        materialized=("device_ops", "op_launches"),
+        freshness=_TRACES_COMMITTED,
+    ),
+    SqlModule(
+        "outer_kernels.steps",
+        _sql("outer_kernels/steps.sql"),
+        needs=("outer_kernel_rules", "outer_kernels.device_ops"),
+        materialized=("step_periods", "kernels", "step_islands"),
+        freshness=_TRACES_COMMITTED,
+    ),
+    SqlModule(
+        "outer_kernels.collectives",
+        _sql("outer_kernels/collectives.sql"),
+        needs=("outer_kernel_rules", "outer_kernels.steps"),
+    ),
+    SqlModule(
+        "outer_kernels.layers",
+        _sql("outer_kernels/layers.sql"),
+        needs=("outer_kernel_rules", "outer_kernels.steps"),
+    ),
+    SqlModule(
+        "outer_kernels.step_pairs",
+        _sql("outer_kernels/step_pairs.sql"),
+        needs=("outer_kernels.steps", "outer_kernels.collectives"),
+    ),
+)

@@ -1,0 +1,191 @@
+"""Named SQL modules over the store's views, and which of them a store has installed.
+
+A module is one topic of SQL (views, macros, tables) with the modules it needs, as in
+Perfetto's trace-processor stdlib. Rooms above storage (``analysis``) register theirs with
+``register``; storage imports none of them (the package imports every room on its first
+import, so registration is done before a store opens). A store installs a module, after
+what it needs, when a query names anything the module defines; modules that only define
+views and macros (DuckDB keeps their text: creating them costs microseconds) are installed
+with the first read. A materialized module's tables are built on install and rebuilt when
+its ``freshness`` query says the data under them changed; a module with a ``Setting`` (the
+outer-kernel rules) is configured per store.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from multicore_profiler.errors import StoreError
+
+_CREATED = re.compile(
+    r"(?im)^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(?:VIEW|TABLE|MACRO)\s+(\w+)"
+)
+_NAME_TOKENS = (duckdb.token_type.identifier, duckdb.token_type.keyword)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How a store configures a module: the value a new store uses, how a value is
+    checked (raising a ``ProfileError``), and how it is installed before the module's SQL."""
+
+    default: Callable[[], Any]
+    check: Callable[[duckdb.DuckDBPyConnection, Any], None]
+    install: Callable[[duckdb.DuckDBPyConnection, Any], None]
+
+
+@dataclass(frozen=True)
+class SqlModule:
+    """One named module: its statements, the modules it needs, the tables it materializes
+    (each ``CREATE OR REPLACE TABLE t AS SELECT * FROM _live_t``, rebuilt in this order when
+    the result of ``freshness`` changes) and its setting, if it takes one. ``defines`` adds
+    names a setting's install creates; the names its SQL creates are found in the SQL."""
+
+    name: str
+    sql: str = ""
+    needs: tuple[str, ...] = ()
+    materialized: tuple[str, ...] = ()
+    freshness: str | None = None
+    setting: Setting | None = None
+    defines: tuple[str, ...] = ()
+    names: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        created = {name.lower() for name in _CREATED.findall(self.sql)}
+        object.__setattr__(self, "names", frozenset(created | {n.lower() for n in self.defines}))
+
+    @property
+    def lazy(self) -> bool:
+        """Whether it waits for a query that names it (it builds tables or takes a setting)."""
+        return bool(self.materialized) or self.setting is not None
+
+
+class ModuleRegistry:
+    """Every registered module, by name, in registration order (needs first)."""
+
+    def __init__(self) -> None:
+        self._modules: dict[str, SqlModule] = {}
+
+    def register(self, *modules: SqlModule) -> None:
+        """Add modules; each needs only modules registered before it, and defines names no
+        other module defines."""
+        for module in modules:
+            if module.name in self._modules:
+                raise StoreError(f"SQL module {module.name!r} is registered twice")
+            unknown = [need for need in module.needs if need not in self._modules]
+            if unknown:
+                raise StoreError(f"SQL module {module.name!r} needs unregistered {unknown}")
+            for other in self._modules.values():
+                shared = module.names & other.names
+                if shared:
+                    raise StoreError(
+                        f"SQL modules {other.name!r} and {module.name!r} both define "
+                        f"{sorted(shared)}"
+                    )
+            self._modules[module.name] = module
+
+    def get(self, name: str) -> SqlModule:
+        """The module of that name; ``StoreError`` naming the known ones if none."""
+        try:
+            return self._modules[name]
+        except KeyError:
+            raise StoreError(f"no SQL module {name!r}; known: {', '.join(self._modules)}") from None
+
+    def eager(self) -> list[SqlModule]:
+        """The modules installed with the first read, in install order."""
+        return self.closure(m.name for m in self._modules.values() if not m.lazy)
+
+    def named_in(self, query: str) -> list[SqlModule]:
+        """The modules a query needs (those defining a name it mentions, and what they
+        need), in install order. Names are read with DuckDB's tokenizer, so a name inside
+        a string or a comment does not count."""
+        try:
+            tokens = duckdb.tokenize(query)
+        except duckdb.Error:
+            return []
+        names = set()
+        for (start, kind), following in zip(tokens, [*tokens[1:], (len(query), None)], strict=True):
+            if kind in _NAME_TOKENS:
+                names.add(query[start : following[0]].strip().strip('"').lower())
+        return self.closure(m.name for m in self._modules.values() if m.names & names)
+
+    def closure(self, names: Iterable[str]) -> list[SqlModule]:
+        """The named modules and every module they need, in registration order."""
+        wanted: set[str] = set()
+        stack = list(names)
+        while stack:
+            module = self.get(stack.pop())
+            if module.name not in wanted:
+                wanted.add(module.name)
+                stack.extend(module.needs)
+        return [m for m in self._modules.values() if m.name in wanted]
+
+    def dependents(self, name: str) -> list[str]:
+        """The module and every module that needs it, directly or not."""
+        found = [name]
+        for module in self._modules.values():
+            if any(need in found for need in module.needs):
+                found.append(module.name)
+        return found
+
+
+REGISTRY = ModuleRegistry()
+register = REGISTRY.register
+
+
+class InstalledModules:
+    """Which modules one store's database holds, as of which freshness, with the settings
+    it uses. The caller serializes calls (the store holds its view lock)."""
+
+    def __init__(self, registry: ModuleRegistry = REGISTRY) -> None:
+        self._registry = registry
+        self._installed: dict[str, Any] = {}
+        self._settings: dict[str, Any] = {}
+
+    def setting(self, name: str) -> Any:
+        """The setting of a configurable module in this store (its default until set)."""
+        module = self._configurable(name)
+        if name not in self._settings:
+            self._settings[name] = module.setting.default()
+        return self._settings[name]
+
+    def configure(self, con: duckdb.DuckDBPyConnection, name: str, value: Any | None) -> None:
+        """Check and take a module's setting (``None``: its default); the module and the
+        modules needing it are installed again by the next query that names them."""
+        module = self._configurable(name)
+        value = module.setting.default() if value is None else value
+        module.setting.check(con, value)
+        self._settings[name] = value
+        for dependent in self._registry.dependents(name):
+            self._installed.pop(dependent, None)
+
+    def prepare(
+        self, con: duckdb.DuckDBPyConnection, query: str | None = None, modules: Sequence[str] = ()
+    ) -> None:
+        """Install, on ``con``, the eager modules, those ``query`` names and ``modules``,
+        each after what it needs; rebuild materialized tables whose data changed."""
+        wanted = {m.name for m in self._registry.eager() if m.name not in self._installed}
+        if query is not None:
+            wanted.update(m.name for m in self._registry.named_in(query))
+        wanted.update(modules)
+        for module in self._registry.closure(wanted):
+            fresh = con.execute(module.freshness).fetchall() if module.freshness else None
+            if module.name not in self._installed:
+                if module.setting is not None:
+                    module.setting.install(con, self.setting(module.name))
+                if module.sql:
+                    con.execute(module.sql)
+            elif fresh != self._installed[module.name]:
+                for table in module.materialized:
+                    con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM _live_{table}")
+            self._installed[module.name] = fresh
+
+    def _configurable(self, name: str) -> SqlModule:
+        module = self._registry.get(name)
+        if module.setting is None:
+            raise StoreError(f"SQL module {name!r} takes no setting")
+        return module
