@@ -1,36 +1,49 @@
-# make demo: create .venv, install, and profile the CPU reference MegaKernel into ./mcprof-store.
-# make test: install if needed, then lint, check formatting and run the tests.
+# make demo: create .venv, install the package and torch, and profile the CPU reference
+#            MegaKernel into ./mcprof-store.
+# make test: install the dev extras too if needed, then lint, check formatting, check the
+#            import layers and run the tests.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+BASE := $(VENV)/.installed
+DEV := $(VENV)/.installed-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint layers bench clean
 
-$(STAMP): pyproject.toml
+# What the demo needs: the package and torch.
+$(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first, so that installing the project never fetches a CUDA one.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(BASE)
 
-demo: $(STAMP)
+# What the checks and benchmarks add: pytest, ruff, import-linter, Spark, the S3 server, HTA.
+$(DEV): $(BASE) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(DEV)
+
+demo: $(BASE)
 	$(BIN)/mcprof demo
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The contracts in pyproject.toml: each room imports only the rooms below it.
+layers: $(DEV)
+	$(BIN)/lint-imports --no-cache
+
 # The HTML report's test opens the page in a headless Chromium; the Spark test needs Java.
-test: lint
+test: lint layers
 	command -v chromium >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
 	command -v java >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openjdk-17-jre-headless)
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
+bench: $(DEV)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/export.py
