@@ -6,7 +6,8 @@ The public API: the capture session (``mega_kernel_profile``, ``schedule``,
 decoded launches as a step of a run, ``export_chrome_trace`` for timelines of the
 store's records, ``ingest_trace`` to load torch.profiler / kineto and torch_npu traces
 into the store, ``merge_chrome_traces`` to fuse a MegaKernel's tracks into such a trace,
-``KernelRules`` for the kernel-level views of those traces (``Store.use_kernel_rules``),
+``OuterKernelRules`` (alias ``KernelRules``) for the outer-kernel views of those traces
+(``Store.use_kernel_rules``),
 ``RunInfo``, ``RunSelector`` (which runs a listing or comparison is about), and
 ``ProfileError``, the base of every error raised on bad input. Kernel authors find specs,
 RuntimeConfig and the launch hook in ``multicore_profiler.kernels``.
@@ -19,7 +20,7 @@ from importlib import import_module
 from typing import Any
 
 from multicore_profiler.abi import BufferLayout, CoreType
-from multicore_profiler.analysis.outer_kernel_rules import KernelRules
+from multicore_profiler.analysis.outer_kernel_rules import KernelRules, OuterKernelRules
 from multicore_profiler.errors import ProfileError
 from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
 from multicore_profiler.fuse.merge import MergedTrace, merge_chrome_traces
@@ -41,6 +42,7 @@ __all__ = [
     "Launches",
     "MegaKernelProfile",
     "MergedTrace",
+    "OuterKernelRules",
     "ProfileError",
     "ProfilerAction",
     "RunInfo",

@@ -1,16 +1,22 @@
-"""Rules of the kernel-level views over outer traces: kernel families, steps, layers, segments.
+"""Rules of the outer-kernel views over outer traces: kernel families, steps, layers, segments.
 
-``KernelRules`` holds them: an ordered list of (family, regex on the kernel name), first
-match wins and anything else is ``rest``; the regex of the step annotations, whose named
-groups become step details; the family sequence of a layer; and which families make a
-compute segment between collectives ``moe``, ``attn`` and so on. ``KernelRules.load``
-reads them from a TOML file. A store applies them with ``Store.use_kernel_rules``.
+"Outer kernels" are the CUDA / NPU kernels of an outer (torch.profiler / kineto, torch_npu)
+trace, not the MegaKernel. ``OuterKernelRules`` holds their rules: an ordered list of
+(family, regex on the kernel name), first match wins and anything else is ``rest``; the
+regex of the step annotations, whose named groups become step details; the family sequence
+of a layer; and which families make a compute segment between collectives ``moe``,
+``attn`` and so on. ``OuterKernelRules.load`` reads them from a TOML file. They are the
+setting of the SQL module ``outer_kernel_rules`` (see ``analysis/registry.py``): a store
+applies them with ``Store.use_kernel_rules`` (``store.configure("outer_kernel_rules", rules)``).
 
 The rules live in the store's DuckDB as tables (``kernel_family_rules``,
 ``layer_sequence``, ``segment_kind_rules``), and the regexes are compiled into two
 generated pieces of SQL: the macro ``kernel_family(name)`` and the view
-``step_annotations``. Constant regexes are compiled once by DuckDB; joining names to a
-table of pattern strings would compile each pattern again for every row (about 60x slower).
+``step_annotations``; ``OuterKernelRules.install`` creates these and nothing else. The
+views over them (``device_ops``, ``kernels``, ``steps``, ...) are the SQL modules of
+``analysis/sql/outer_kernels/``. Constant regexes are compiled once by DuckDB; joining
+names to a table of pattern strings would compile each pattern again for every row (about
+60x slower).
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -117,42 +122,6 @@ DEFAULT_SEGMENT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """A segment takes the first kind one of whose family globs matches a family it holds;
 else ``compute`` when it holds kernels, ``idle`` when it holds none."""
 
-KERNEL_TABLES = ("device_ops", "op_launches", "step_periods", "kernels", "step_islands")
-"""The kernel-level relations kept as tables, built in this order from their ``_live_`` views."""
-
-KERNEL_VIEWS = (
-    *KERNEL_TABLES,
-    "kernel_family",
-    "collective_op",
-    "step_annotations",
-    "kernel_family_rules",
-    "layer_sequence",
-    "segment_kind_rules",
-    "steps",
-    "step_family_totals",
-    "collectives",
-    "segments",
-    "layer_stages",
-    "layer_spans",
-    "step_pairs",
-    "rank_pairs",
-    "rank_pair",
-)
-_MENTIONS_KERNEL_VIEWS = re.compile(r"(?i)\b(" + "|".join(KERNEL_VIEWS) + r")\b")
-
-
-def mentions_kernel_views(query: str) -> bool:
-    """Whether SQL text names a kernel-level view, macro or rules table (so they must be
-    installed and their tables current)."""
-    return _MENTIONS_KERNEL_VIEWS.search(query) is not None
-
-
-def build_kernel_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Rebuild the kernel-level tables from the traces now committed in the store."""
-    for name in KERNEL_TABLES:
-        con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM _live_{name}")
-
-
 _FAMILY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 
 
@@ -166,8 +135,8 @@ def _family_name(name: Any, where: str) -> str:
 
 
 @dataclass(frozen=True)
-class KernelRules:
-    """What the kernel-level views need to know beyond the trace: see the module's doc.
+class OuterKernelRules:
+    """What the outer-kernel views need to know beyond the trace: see the module's doc.
 
     ``families``: (family, regex) pairs in order, first match wins (RE2 syntax, searched
     anywhere in the name unless anchored). ``steps``: the regex of step annotations, or a
@@ -224,12 +193,12 @@ class KernelRules:
                 f"step pattern {self.steps!r} is not a valid regular expression: {exc}"
             ) from exc
 
-    def with_families(self, families: Iterable[tuple[str, str]]) -> KernelRules:
+    def with_families(self, families: Iterable[tuple[str, str]]) -> OuterKernelRules:
         """These rules with ``families`` matched first, before the current ones."""
-        return KernelRules((*families, *self.families), self.steps, self.layers, self.segments)
+        return OuterKernelRules((*families, *self.families), self.steps, self.layers, self.segments)
 
     @classmethod
-    def load(cls, path: Path | str) -> KernelRules:
+    def load(cls, path: Path | str) -> OuterKernelRules:
         """Read rules from a TOML file (see ``docs/kernels.md``): ``[[family]]`` tables
         (``name``, ``pattern``) matched before the defaults (unless ``default_families =
         false``), and optional ``steps``, ``layers`` and ``[[segment]]`` (``kind``,
@@ -244,7 +213,7 @@ class KernelRules:
         return cls.from_mapping(document, where=str(path))
 
     @classmethod
-    def from_mapping(cls, document: Mapping[str, Any], *, where: str = "rules") -> KernelRules:
+    def from_mapping(cls, document: Mapping[str, Any], *, where: str = "rules") -> OuterKernelRules:
         """Rules from the parsed form of a rules file (see ``load``)."""
         allowed = {"family", "default_families", "steps", "layers", "segment"}
         extra = sorted(set(document) - allowed)
@@ -292,8 +261,9 @@ class KernelRules:
         _check_regex(con, self.steps, "step pattern")
 
     def install(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Create or replace the rules tables, the generated SQL and the kernel views on
-        ``con``, and build their tables from the traces committed now."""
+        """Create or replace, on ``con``, the rules tables, the macro ``kernel_family`` and
+        the view ``step_annotations`` (the modules of ``analysis/sql/outer_kernels/`` read
+        them)."""
         self.check(con)
         con.execute(
             "CREATE OR REPLACE TABLE kernel_family_rules "
@@ -317,7 +287,6 @@ class KernelRules:
         )
         con.execute(self._family_macro())
         con.execute(self._step_view())
-        con.execute(resources.files(__package__).joinpath("outer_kernels.sql").read_text())
 
     def _family_macro(self) -> str:
         arms = " ".join(
@@ -362,6 +331,33 @@ SELECT source_id, rank, event_index, name, pid, tid, ts_ns, coalesce(dur_ns, 0) 
 FROM trace_events
 WHERE ph = 'X' AND ts_ns IS NOT NULL AND is_host_event(cat, task_type)
     AND regexp_matches(name, {pattern})"""
+
+
+KernelRules = OuterKernelRules
+"""The former name of ``OuterKernelRules`` (``multicore_profiler.KernelRules``), kept as an
+alias: it is the same class."""
+
+RULES_NAMES = (
+    "kernel_family_rules",
+    "layer_sequence",
+    "segment_kind_rules",
+    "kernel_family",
+    "step_annotations",
+)
+"""What ``OuterKernelRules.install`` creates: the rules tables, the macro and the view."""
+
+
+def check_setting(con: duckdb.DuckDBPyConnection, rules: Any) -> None:
+    """Refuse (``RulesError``) a setting of the ``outer_kernel_rules`` module that is not an
+    ``OuterKernelRules`` or holds a pattern DuckDB cannot compile."""
+    if not isinstance(rules, OuterKernelRules):
+        raise RulesError(f"outer-kernel rules must be OuterKernelRules, got {rules!r}")
+    rules.check(con)
+
+
+def install_setting(con: duckdb.DuckDBPyConnection, rules: OuterKernelRules) -> None:
+    """Install a setting of the ``outer_kernel_rules`` module (see ``OuterKernelRules.install``)."""
+    rules.install(con)
 
 
 def _tables(document: Mapping[str, Any], key: str, where: str) -> Sequence[Mapping[str, Any]]:

@@ -96,8 +96,13 @@ class ModuleRegistry:
             raise StoreError(f"no SQL module {name!r}; known: {', '.join(self._modules)}") from None
 
     def eager(self) -> list[SqlModule]:
-        """The modules installed with the first read, in install order."""
-        return self.closure(m.name for m in self._modules.values() if not m.lazy)
+        """The modules installed with the first read, in install order: those neither
+        lazy themselves nor needing a lazy one."""
+        waiting: set[str] = set()
+        for module in self._modules.values():  # a module's needs come before it
+            if module.lazy or waiting.intersection(module.needs):
+                waiting.add(module.name)
+        return [m for m in self._modules.values() if m.name not in waiting]
 
     def named_in(self, query: str) -> list[SqlModule]:
         """The modules a query needs (those defining a name it mentions, and what they

@@ -1,0 +1,85 @@
+"""The statistics of a run comparison: each group's base sample against its head sample.
+
+Per side: count, median and p90 (linear interpolation, as DuckDB's ``quantile_cont``).
+Between the sides: the relative change of the median (head / base - 1) with a percentile
+bootstrap interval, a two-sided Mann-Whitney U p-value (scipy, imported on first use: it
+takes a second, which only comparisons pay), and the time added per unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BOOTSTRAP_SAMPLES = 5000
+"""Each side's sample is bootstrapped from at most this many values (a random subset):
+the interval's width then no longer depends on how many records a group has."""
+
+
+@dataclass(frozen=True)
+class Described:
+    """One side's sample in a group, summarized (``None`` where the side has none)."""
+
+    count: int
+    median_ns: float | None
+    p90_ns: float | None
+
+
+def describe(sample: np.ndarray | None) -> Described:
+    """Count, median and p90 of a sample, or of a side that has none."""
+    if sample is None:
+        return Described(0, None, None)
+    return Described(int(sample.size), float(np.median(sample)), float(np.quantile(sample, 0.9)))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Base against head in one group: the relative change of the median with its interval
+    (``None`` when the base median is 0), and the Mann-Whitney p-value."""
+
+    change: float | None
+    change_low: float | None
+    change_high: float | None
+    p_value: float
+
+
+def bootstrap(
+    base: np.ndarray, head: np.ndarray, level: float, resamples: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """A percentile bootstrap interval of median(head) / median(base) - 1."""
+    medians = []
+    for sample in (base, head):
+        if sample.size > BOOTSTRAP_SAMPLES:
+            sample = rng.choice(sample, BOOTSTRAP_SAMPLES, replace=False)
+        draws = rng.integers(0, sample.size, (resamples, sample.size))
+        medians.append(np.median(sample[draws], axis=1))
+    ratio = medians[1] / medians[0] - 1
+    tail = (1 - level) / 2
+    low, high = np.quantile(ratio, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def difference(
+    base: np.ndarray, head: np.ndarray, alpha: float, resamples: int, rng: np.random.Generator
+) -> Difference:
+    """Test head against base: the interval is at level 1 - alpha, drawn from ``rng``."""
+    from scipy.stats import mannwhitneyu
+
+    p_value = float(mannwhitneyu(head, base).pvalue)
+    base_median, head_median = np.median(base), np.median(head)
+    # A relative change needs a base above zero (waits that did not wait have none).
+    if not base_median > 0:
+        return Difference(None, None, None, p_value)
+    low, high = bootstrap(base, head, 1 - alpha, resamples, rng)
+    return Difference(float(head_median / base_median - 1), low, high, p_value)
+
+
+def impact_ns(base: np.ndarray | None, head: np.ndarray | None, units: dict[bool, int]) -> float:
+    """Time added per unit (invocation or trace; ``units`` by side, ``True``: head): the
+    median's change for each head sample; for a group on one side only, all its time."""
+    if head is None:
+        return -float(np.median(base)) * base.size / units[False]
+    if base is None:
+        return float(np.median(head)) * head.size / units[True]
+    return float(np.median(head) - np.median(base)) * head.size / units[True]

@@ -1,0 +1,140 @@
+-- Steps of the outer traces: step_periods, the kernels view (each device op with its step
+-- and launch), step_islands (union intervals per step), steps and step_family_totals.
+-- Needs: outer_kernel_rules (the view step_annotations), outer_kernels.device_ops.
+--
+-- step_periods, kernels and step_islands are tables, each built here from its _live_ view
+-- and rebuilt in this order, after device_ops and op_launches, when the committed traces
+-- change.
+
+-- Steps with a GPU period: from the first GPU activity of the step's own launches (host
+-- calls inside the annotation, on its thread) to the next step's; the last step of a
+-- trace has no successor and is left out. Numbered by period in each source from 0.
+CREATE OR REPLACE VIEW _live_step_periods AS
+WITH own AS (
+    SELECT a.source_id, a.event_index, min(o.ts_ns) AS start_ns,
+        count(DISTINCT o.event_index) AS own_launches
+    FROM op_launches l
+    ASOF JOIN step_annotations a
+        ON l.source_id = a.source_id AND l.launch_pid = a.pid AND l.launch_tid = a.tid
+        AND l.launch_ts_ns >= a.ts_ns
+    JOIN device_ops o ON o.source_id = l.source_id AND o.event_index = l.event_index
+    WHERE l.launch_ts_ns <= a.ts_ns + a.dur_ns
+    GROUP BY ALL
+), ordered AS (
+    SELECT a.*, own.start_ns, own.own_launches,
+        lead(own.start_ns) OVER w AS end_ns,
+        row_number() OVER w - 1 AS step_index
+    FROM step_annotations a JOIN own USING (source_id, event_index)
+    WINDOW w AS (PARTITION BY a.source_id ORDER BY own.start_ns, a.ts_ns, a.event_index)
+)
+SELECT
+    source_id, rank, step_index, name AS step_name, step_number, phase, tokens, requests,
+    details, event_index AS annotation_index, pid AS annotation_pid, tid AS annotation_tid,
+    ts_ns AS annotation_ts_ns, dur_ns AS annotation_dur_ns,
+    start_ns, end_ns, end_ns - start_ns AS period_ns, own_launches
+FROM ordered
+WHERE end_ns IS NOT NULL;
+CREATE OR REPLACE TABLE step_periods AS SELECT * FROM _live_step_periods;
+
+-- One row per device op (kind kernel, memcpy or memset) of every trace: its family, the
+-- step whose period it starts in (NULL outside every period) and where it was launched.
+CREATE OR REPLACE VIEW _live_kernels AS
+WITH first_launch AS (
+    SELECT * FROM op_launches
+    QUALIFY row_number() OVER (
+        PARTITION BY source_id, event_index ORDER BY linked_by, launch_ts_ns) = 1
+)
+SELECT
+    o.source_id, o.rank,
+    CASE WHEN o.ts_ns < s.end_ns THEN s.step_index END AS step_index,
+    CASE WHEN o.ts_ns < s.end_ns THEN s.step_name END AS step_name,
+    o.event_index, o.kind, o.name, o.family, o.pid, o.tid, o.stream, o.device,
+    o.ts_ns, o.dur_ns, o.end_ns, o.correlation, o.task_type,
+    l.launch_pid, l.launch_tid, l.launch_ts_ns, l.launch_name
+FROM device_ops o
+LEFT JOIN first_launch l USING (source_id, event_index)
+ASOF LEFT JOIN step_periods s ON o.source_id = s.source_id AND o.ts_ns >= s.start_ns;
+CREATE OR REPLACE TABLE kernels AS SELECT * FROM _live_kernels;
+
+-- Islands of GPU time in each step: the union of device-op intervals clipped to the step's
+-- period, per group: each family, '*' (every op) and '~collective' (every op but the
+-- collectives). An op runs into every step its interval overlaps.
+CREATE OR REPLACE VIEW _live_step_islands AS
+WITH spans AS (
+    SELECT o.source_id, o.family, o.ts_ns, o.end_ns,
+        coalesce(first.step_index, 0) AS first_step, last.step_index AS last_step
+    FROM device_ops o
+    ASOF LEFT JOIN step_periods first
+        ON o.source_id = first.source_id AND o.ts_ns >= first.start_ns
+    ASOF JOIN step_periods last ON o.source_id = last.source_id AND o.end_ns > last.start_ns
+    WHERE o.end_ns > o.ts_ns
+), stepped AS (
+    SELECT source_id, family, ts_ns, end_ns,
+        unnest(generate_series(first_step, last_step)) AS step_index
+    FROM spans
+), clipped AS (
+    SELECT x.source_id, x.step_index, x.family,
+        greatest(x.ts_ns, p.start_ns) AS lo, least(x.end_ns, p.end_ns) AS hi
+    FROM stepped x JOIN step_periods p USING (source_id, step_index)
+), grouped AS (
+    SELECT source_id, step_index, unnest([family, '*',
+        CASE WHEN family <> 'collective' THEN '~collective' END]) AS grp, lo, hi
+    FROM clipped
+    WHERE hi > lo
+), flagged AS (
+    SELECT *,
+        coalesce(lo > max(hi) OVER (
+            PARTITION BY source_id, step_index, grp ORDER BY lo, hi
+            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), true) AS opens
+    FROM grouped
+    WHERE grp IS NOT NULL
+), numbered AS (
+    SELECT *,
+        sum(opens::INTEGER) OVER (
+            PARTITION BY source_id, step_index, grp ORDER BY lo, hi ROWS UNBOUNDED PRECEDING
+        ) AS island
+    FROM flagged
+)
+SELECT source_id, step_index, grp, island, min(lo) AS start_ns, max(hi) AS end_ns
+FROM numbered
+GROUP BY ALL;
+CREATE OR REPLACE TABLE step_islands AS SELECT * FROM _live_step_islands;
+
+-- One row per step with a GPU period: the annotation and its details, the period, the
+-- device ops that start in it (launches, summed time) and the union of every op's time
+-- in it (busy); idle is the rest of the period.
+CREATE OR REPLACE VIEW steps AS
+WITH launched AS (
+    SELECT source_id, step_index, count(*) AS launches, sum(dur_ns) AS kernel_ns
+    FROM kernels WHERE step_index IS NOT NULL GROUP BY ALL
+), busy AS (
+    SELECT source_id, step_index, sum(end_ns - start_ns) AS busy_ns
+    FROM step_islands WHERE grp = '*' GROUP BY ALL
+)
+SELECT p.*,
+    coalesce(l.launches, 0) AS launches,
+    coalesce(l.kernel_ns, 0)::BIGINT AS kernel_ns,
+    coalesce(b.busy_ns, 0)::BIGINT AS busy_ns,
+    (p.period_ns - coalesce(b.busy_ns, 0))::BIGINT AS idle_ns
+FROM step_periods p
+LEFT JOIN launched l USING (source_id, step_index)
+LEFT JOIN busy b USING (source_id, step_index);
+
+-- Per step and kernel family: launches and summed time of the family's ops that start in
+-- the step, and the union (wall) time of its ops clipped to the period, with its share.
+CREATE OR REPLACE VIEW step_family_totals AS
+WITH launched AS (
+    SELECT source_id, step_index, family, count(*) AS launches, sum(dur_ns) AS kernel_ns
+    FROM kernels WHERE step_index IS NOT NULL GROUP BY ALL
+), unions AS (
+    SELECT source_id, step_index, grp AS family, sum(end_ns - start_ns) AS union_ns
+    FROM step_islands WHERE grp NOT IN ('*', '~collective') GROUP BY ALL
+)
+SELECT s.source_id, s.rank, s.step_index, s.step_name, family,
+    coalesce(l.launches, 0) AS launches,
+    coalesce(l.kernel_ns, 0)::BIGINT AS kernel_ns,
+    coalesce(u.union_ns, 0)::BIGINT AS union_ns,
+    coalesce(u.union_ns, 0) / s.period_ns AS period_share
+FROM launched l
+FULL JOIN unions u USING (source_id, step_index, family)
+JOIN step_periods s USING (source_id, step_index);
