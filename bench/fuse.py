@@ -8,6 +8,8 @@ written as text, in the fixture's own pretty-printed kineto layout. The MegaKern
 run of ``--invocations`` launches (default 8) of the simulated MoE MegaKernel (32 experts x
 52 tiles on 48 AIC and 48 AIV workers: 18,368 records a launch, 146,944 for 8), exported
 to a standalone Chrome trace; invocation i aligns to the i-th NCCL SendRecv device kernel.
+The scale case is measured twice: with that trace file as the MegaKernel side, and with the
+run in its store (a store selection, which the fuser reads as a ``Timeline``).
 
 Every measured piece of work runs in a fresh process, so its peak RSS is its own (``VmHWM``:
 ``ru_maxrss`` of a child spawned by ``vfork`` carries the parent's peak); wall times are the best
@@ -145,9 +147,10 @@ def write_trace(template: Template, path: Path, repetitions: int) -> int:
     return path.stat().st_size
 
 
-def build_mega_kernel_trace(root: Path, invocations: int) -> tuple[Path, int, int]:
+def build_mega_kernel_trace(root: Path, invocations: int) -> tuple[Path, int, int, Path, str]:
     """A store with one run of ``invocations`` simulated MoE launches and their task graph,
-    exported to a standalone trace; return its path, its record count and its event count."""
+    exported to a standalone trace; return its path, its record count, its event count, the
+    store and the run."""
     from export import CONFIG_ID, task_graph
     from ingest import store_launches
 
@@ -157,7 +160,8 @@ def build_mega_kernel_trace(root: Path, invocations: int) -> tuple[Path, int, in
     kernel = SimulatedMoeKernel(
         experts=32, tiles=52, aic_workers=48, aiv_workers=48, aic_slots=48, aiv_slots=48
     )
-    store = open_store(root / "mega-kernel-store")
+    store_dir = root / "mega-kernel-store"
+    store = open_store(store_dir)
     run_id = store_launches(
         store,
         kernel,
@@ -169,7 +173,7 @@ def build_mega_kernel_trace(root: Path, invocations: int) -> tuple[Path, int, in
     exported = export_chrome_trace(store, root / "mega_kernel.json", run=run_id)
     records = invocations * kernel.records_per_launch
     assert exported.records == records, (exported.records, records)
-    return exported.path, exported.records, exported.events
+    return exported.path, exported.records, exported.events, store_dir, run_id
 
 
 def peak_rss() -> float:
@@ -207,13 +211,23 @@ def child(kind: str, *paths: str) -> dict[str, Any]:
         }
     from multicore_profiler import ingest_trace, merge_chrome_traces, open_store
 
-    trace, mega_kernel, out, store_dir, pattern = paths
+    # "ours": the MegaKernel side is its exported trace file; "selection": the run in its
+    # store, which the fuser reads as a store selection.
+    if kind == "selection":
+        trace, mk_store, run_id, out, store_dir, pattern = paths
+        selection = {"run": run_id}
+        mega_kernel: Any = open_store(mk_store, create=False)
+    else:
+        trace, mega_kernel, out, store_dir, pattern = paths
+        selection = {}
     store = open_store(store_dir)
     began = time.perf_counter()
     source = ingest_trace(store, trace)
     ingested = time.perf_counter()
     rss_ingest = peak_rss()
-    merged = merge_chrome_traces(trace, mega_kernel, out, store=store, kernel_pattern=pattern)
+    merged = merge_chrome_traces(
+        trace, mega_kernel, out, store=store, kernel_pattern=pattern, **selection
+    )
     done = time.perf_counter()
     report = merged.report
     return {
@@ -328,7 +342,9 @@ def bench(args: argparse.Namespace, root: Path) -> None:
     doubled_size = write_trace(template, doubled, 2)
 
     began = time.perf_counter()
-    mega_kernel, records, mk_events = build_mega_kernel_trace(root, args.invocations)
+    mega_kernel, records, mk_events, mk_store, run_id = build_mega_kernel_trace(
+        root, args.invocations
+    )
     print(
         f"MegaKernel trace: {args.invocations} invocations, {records:,} records, "
         f"{mk_events:,} events, {mega_kernel.stat().st_size / 1e6:.0f} MB in "
@@ -351,7 +367,18 @@ def bench(args: argparse.Namespace, root: Path) -> None:
     scale, scale_rss = repeated(
         "ours", args.repeat, [out, store], doubled, mega_kernel, out, store, args.kernel_pattern
     )
-    for name, result in (("ours", ours), ("scale", scale)):
+    selection, selection_rss = repeated(
+        "selection",
+        args.repeat,
+        [out, store],
+        doubled,
+        mk_store,
+        run_id,
+        out,
+        store,
+        args.kernel_pattern,
+    )
+    for name, result in (("ours", ours), ("scale", scale), ("store selection", selection)):
         print(
             f"{name}: ingest {result['ingest']:.2f} s + fuse {result['fuse']:.2f} s; "
             f"{result['events']:,} events ingested (new={result['new']}), "
@@ -378,6 +405,26 @@ def bench(args: argparse.Namespace, root: Path) -> None:
             doubled_size,
             doubled_events,
             scale_rss,
+            hyper,
+        )
+    )
+    print(
+        row(
+            "scale, from the store: ingest+fuse",
+            selection["wall"],
+            doubled_size,
+            doubled_events,
+            selection_rss,
+            hyper,
+        )
+    )
+    print(
+        row(
+            "  of which merge_chrome_traces",
+            selection["fuse"],
+            doubled_size,
+            doubled_events,
+            None,
             hyper,
         )
     )

@@ -3,14 +3,15 @@
 The public API: the capture session (``mega_kernel_profile``, ``schedule``,
 ``ProfilerAction``), ``open_store`` (and ``Store``), the device buffer decoder
 (``BufferLayout``, ``decode_buffer``, ``decode_buffers``), ``ingest_buffers`` to write
-decoded launches as a step of a run, ``export_chrome_trace`` for timelines of the
-store's records, ``ingest_trace`` to load torch.profiler / kineto and torch_npu traces
-into the store, ``merge_chrome_traces`` to fuse a MegaKernel's tracks into such a trace,
-``OuterKernelRules`` (alias ``KernelRules``) for the outer-kernel views of those traces
-(``Store.use_kernel_rules``),
-``RunInfo``, ``RunSelector`` (which runs a listing or comparison is about), and
-``ProfileError``, the base of every error raised on bad input. Kernel authors find specs,
-RuntimeConfig and the launch hook in ``multicore_profiler.kernels``.
+decoded launches as a step of a run, ``export_chrome_trace`` for timelines of the store's
+records (``RecordSelection``, ``open_timeline`` and ``Timeline`` underneath,
+``chrome_trace_handler`` for ``on_trace_ready``), ``ingest_trace`` to load torch.profiler /
+kineto and torch_npu traces into the store, ``merge_chrome_traces`` to fuse a MegaKernel's
+tracks into such a trace, ``OuterKernelRules`` (alias ``KernelRules``) for the
+outer-kernel views of those traces (``Store.use_kernel_rules``), ``RunInfo``,
+``RunSelector`` (which runs a listing or comparison is about), and ``ProfileError``, the
+base of every error raised on bad input. Kernel authors find specs, RuntimeConfig and the
+launch hook in ``multicore_profiler.kernels``.
 
 The capture session needs torch, so it is imported on first use: reading stores and
 traces does not load torch.
@@ -19,10 +20,14 @@ traces does not load torch.
 from importlib import import_module
 from typing import Any
 
+# Every room is imported here, so the SQL modules of analysis are registered and the
+# methods higher rooms give lower rooms' classes (extension.py) are in place before use.
 from multicore_profiler.abi import BufferLayout, CoreType
 from multicore_profiler.analysis.outer_kernel_rules import KernelRules, OuterKernelRules
 from multicore_profiler.errors import ProfileError
 from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
+from multicore_profiler.export.handlers import chrome_trace_handler
+from multicore_profiler.export.timeline import RecordSelection, Timeline, open_timeline
 from multicore_profiler.fuse.merge import MergedTrace, merge_chrome_traces
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
@@ -45,10 +50,13 @@ __all__ = [
     "OuterKernelRules",
     "ProfileError",
     "ProfilerAction",
+    "RecordSelection",
     "RunInfo",
     "RunSelector",
     "Store",
+    "Timeline",
     "TraceSource",
+    "chrome_trace_handler",
     "decode_buffer",
     "decode_buffers",
     "export_chrome_trace",
@@ -57,6 +65,7 @@ __all__ = [
     "mega_kernel_profile",
     "merge_chrome_traces",
     "open_store",
+    "open_timeline",
     "schedule",
 ]
 

@@ -378,7 +378,7 @@ def test_a_bug_is_one_line_marked_internal_unless_debugging(capsys, place, monke
     def broken(args) -> None:
         raise KeyError("oops")
 
-    monkeypatch.setattr(cli, "cmd_runs", broken)
+    monkeypatch.setattr(cli.runs, "cmd_runs", broken)
     message = mcprof_refused(capsys, place, "runs", status=1)
     assert message == (
         "runs: internal error: KeyError: 'oops' (please report it; MCPROF_DEBUG=1 shows the "

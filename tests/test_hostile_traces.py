@@ -440,7 +440,7 @@ def test_a_reader_closed_before_its_first_block_closes_its_file(tmp_path: Path) 
 def test_cli_ingest_trace_rank_past_32_bits_is_a_usage_error_leaving_nothing(
     capsys, store: Store
 ) -> None:
-    """cli.py checks ``--rank`` with ``limits.RANK`` as it parses (exit 2); the API checks
+    """The CLI checks ``--rank`` with ``limits.RANK`` as it parses (exit 2); the API checks
     the same range (``test_bad_arguments_are_refused_before_anything_is_written``)."""
     path = str(DATA / "mi250_minitoy_train.json.gz")
     argv = ("ingest-trace", "--store", str(store.root), path, "--rank", "100000000000")

@@ -36,6 +36,7 @@ register(
         needs=("records.records_ns", "records.names"),
     ),
     SqlModule("records.run_summary", _sql("records/run_summary.sql")),
+    SqlModule("records.task_edges", _sql("records/task_edges.sql")),
 )
 
 # Outer-kernel analyses: the rules (a setting per store), then one module per topic. The

@@ -119,7 +119,12 @@ def _place_minus(out: np.ndarray, rows: np.ndarray) -> None:
 def strings(values: Sequence[str]) -> np.ndarray:
     """A table of JSON strings, one row each, padded with spaces after the closing quote;
     for ``Row.lookup``."""
-    encoded = [orjson.dumps(value) for value in values]
+    return texts([orjson.dumps(value) for value in values])
+
+
+def texts(encoded: Sequence[bytes]) -> np.ndarray:
+    """A table of JSON texts given encoded (a number, a string with its quotes), one row
+    each, padded with spaces after it; for ``Row.lookup``."""
     table = np.full((len(encoded), max(map(len, encoded), default=0)), ord(" "), np.uint8)
     for row, text in enumerate(encoded):
         table[row, : len(text)] = np.frombuffer(text, np.uint8)

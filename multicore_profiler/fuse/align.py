@@ -10,21 +10,27 @@ them longer than the gaps between their kernels) go to lanes: threads of their o
 that every thread's slices still nest or follow one another. Each choice that needs a
 second look (a duration fallback, host alignment, an invocation longer than its kernel,
 a lane) is written down for the report.
+
+The MegaKernel side (``MegaKernelSide``) gives the slices as the ``internal`` table and
+renders the added events: a standalone trace's events scanned from its text
+(``TraceSide``, which copies each slice's ``args``), or a store selection's ``Timeline``
+(``fuse.merge.TimelineSide``, rendered by the exporter's own renderer).
 """
 
 from __future__ import annotations
 
 import heapq
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.errors import FuseError
-from multicore_profiler.export.chrome_trace import CORE_NAMES, LANE_TID_STEP
+from multicore_profiler.export.timeline import CORE_NAMES, LANE_TID_STEP, US_TEXT_MACRO
 from multicore_profiler.limits import COUNT
 from multicore_profiler.storage.sql_text import sql_strings
 
@@ -52,23 +58,44 @@ def kernel_pattern_for(kernel_name: str) -> str:
     return "(?i)" + "_?".join(re.escape(word.lower()) for word in words)
 
 
+@dataclass(frozen=True)
+class AddedEvents:
+    """The added events' JSON text (thread metadata, slices, arrows): chunks of whole
+    events, each event preceded by ``,\\n``, made as they are written (once); and how
+    many events there are."""
+
+    chunks: Iterable[bytes]
+    count: int
+
+
 @dataclass
 class Alignment:
-    """What the writer needs: the added JSON lines, how many records they carry, and the
+    """What the writer needs: the added events, how many records they carry, and the
     ``megaKernelTraceMerge`` report."""
 
-    lines: pa.ChunkedArray
-    """One JSON object per added event (thread metadata, slices, arrows), each preceded
-    by ``,\\n``."""
+    added: AddedEvents
     records: int
     report: dict[str, Any]
 
 
-_US = """
-CREATE OR REPLACE TEMP MACRO us_text(ns) AS
-    CASE WHEN ns < 0 THEN '-' ELSE '' END || (abs(ns) // 1000)::VARCHAR || '.'
-    || lpad((abs(ns) % 1000)::VARCHAR, 3, '0')
-"""
+class MegaKernelSide(Protocol):
+    """Where the MegaKernel's slices and arrows come from: a standalone trace (``TraceSide``)
+    or a store selection's ``Timeline`` (``fuse.merge``)."""
+
+    def install(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Create ``internal`` (one row per slice: rank, invocation_id, core_type, block_id,
+        track (its tid), ts_ns, dur_ns) and ``spans`` (``_SPANS``) on ``con``."""
+
+    def flow_rows(self, con: duckdb.DuckDBPyConnection) -> int:
+        """The arrows' events (two an arrow) of the invocations in ``pairs``."""
+
+    def events(
+        self, con: duckdb.DuckDBPyConnection, shift_ns: int, flow_offset: int
+    ) -> AddedEvents:
+        """The added events: ``tracks``' thread names and sort indexes, then the slices of
+        the invocations in ``pairs`` on their threads by time, then their arrows by time
+        (ids raised by ``flow_offset``); every time shifted back by ``shift_ns``."""
+
 
 _INTERNAL = """
 CREATE TEMP TABLE internal AS
@@ -272,8 +299,72 @@ def _count(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | No
     return int(con.execute(sql, params or {}).fetchall()[0][0])
 
 
+@dataclass(frozen=True)
+class TraceSide:
+    """The MegaKernel side read from a standalone trace, whose events (as ``trace_events``
+    columns) are registered on the cursor as ``mk``: the slices' ids come from their
+    ``args``, and the added events copy each slice's ``args`` text."""
+
+    name: str
+    """The trace, as messages name it."""
+
+    def install(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(_INTERNAL)
+        unreadable = con.execute(
+            "SELECT event_index FROM internal WHERE rank IS NULL OR invocation_id IS NULL "
+            "OR core_type IS NULL OR block_id IS NULL OR track IS NULL OR ts_ns IS NULL "
+            "OR dur_ns IS NULL ORDER BY event_index LIMIT 1"
+        ).fetchall()
+        if unreadable:
+            raise FuseError(
+                f"{self.name}: event {unreadable[0][0]}, a MegaKernelInternal slice, lacks "
+                "an integer tid, ts, dur or args.rank, invocation_id, core_type or block_id in "
+                "range; export the trace again (mcprof export)"
+            )
+        con.execute(_SPANS)
+        con.execute(_FLOWS)
+
+    def flow_rows(self, con: duckdb.DuckDBPyConnection) -> int:
+        return _count(
+            con,
+            "SELECT count(*) FROM internal_flows f SEMI JOIN pairs p "
+            "ON f.rank = p.rank AND f.invocation_id = p.invocation_id",
+        )
+
+    def events(
+        self, con: duckdb.DuckDBPyConnection, shift_ns: int, flow_offset: int
+    ) -> AddedEvents:
+        lines = con.sql(_LINES, params={"shift": shift_ns, "flow_offset": flow_offset})
+        column = lines.to_arrow_table()["line"]
+        return AddedEvents(_text_chunks(column), len(column) - column.null_count)
+
+
+def install_slices(con: duckdb.DuckDBPyConnection, internal: pa.Table) -> None:
+    """``internal`` (columns as ``MegaKernelSide.install`` says) and its ``spans`` on
+    ``con``, from the slices of a side that has them at hand."""
+    con.register("mcprof_internal", internal)
+    try:
+        con.execute("CREATE TEMP TABLE internal AS SELECT * FROM mcprof_internal")
+    finally:
+        con.unregister("mcprof_internal")
+    con.execute(_SPANS)
+
+
+def _text_chunks(lines: pa.ChunkedArray) -> Iterator[bytes]:
+    """The text of ``lines``, a chunk of it per Arrow chunk, straight from the buffers (one
+    copy at a time, as the writer asks for it)."""
+    for chunk in lines.chunks:
+        if len(chunk) == 0:
+            continue
+        chunk = chunk.cast(pa.large_string())
+        offsets = np.frombuffer(chunk.buffers()[1], np.int64)
+        first, last = offsets[chunk.offset], offsets[chunk.offset + len(chunk)]
+        yield bytes(memoryview(chunk.buffers()[2])[first:last])
+
+
 def align(
     con: duckdb.DuckDBPyConnection,
+    side: MegaKernelSide,
     *,
     source_id: str,
     rank: int,
@@ -283,27 +374,13 @@ def align(
     outer_pid: int | None,
     allow_host_alignment: bool,
     shift_ns: int,
-    mega_kernel_trace: str = "the MegaKernel trace",
 ) -> Alignment:
-    """Align the invocations in ``mk`` / ``mk_invocations`` (registered on ``con``) of
-    ``rank`` to the kernels of trace ``source_id``; raise ``FuseError`` where that
-    cannot be done safely (``mega_kernel_trace`` names the MegaKernel side in messages)."""
+    """Align the invocations of ``rank`` in ``mk_invocations`` (registered on ``con``),
+    whose slices ``side`` gives, to the kernels of trace ``source_id``; raise ``FuseError``
+    where that cannot be done safely."""
     COUNT.check(kernel_index, "kernel_index")
-    con.execute(_US)
-    con.execute(_INTERNAL)
-    unreadable = con.execute(
-        "SELECT event_index FROM internal WHERE rank IS NULL OR invocation_id IS NULL "
-        "OR core_type IS NULL OR block_id IS NULL OR track IS NULL OR ts_ns IS NULL "
-        "OR dur_ns IS NULL ORDER BY event_index LIMIT 1"
-    ).fetchall()
-    if unreadable:
-        raise FuseError(
-            f"{mega_kernel_trace}: event {unreadable[0][0]}, a MegaKernelInternal slice, lacks "
-            "an integer tid, ts, dur or args.rank, invocation_id, core_type or block_id in "
-            "range; export the trace again (mcprof export)"
-        )
-    con.execute(_SPANS)
-    con.execute(_FLOWS)
+    con.execute(US_TEXT_MACRO)
+    side.install(con)
     con.execute(_INVOCATIONS, {"rank": rank})
     invocations = _count(con, "SELECT count(*) FROM inv")
     if invocations == 0:
@@ -382,19 +459,14 @@ def align(
         "WHERE source_id = $source AND cat = 'MegaKernelInternal'",
         {"source": source_id},
     )
-    lines = con.sql(_LINES, params={"shift": shift_ns, "flow_offset": flow_offset})
-    lines = lines.to_arrow_table()["line"]
-    flows = _count(
-        con,
-        "SELECT count(*) FROM internal_flows f SEMI JOIN pairs p "
-        "ON f.rank = p.rank AND f.invocation_id = p.invocation_id",
-    )
+    added = side.events(con, shift_ns, flow_offset)
+    flows = side.flow_rows(con)
     pairs = con.sql("SELECT * FROM pairs ORDER BY first_ns").to_arrow_table().to_pylist()
     tracks = con.sql("SELECT * FROM tracks ORDER BY pid_text, tid").to_arrow_table()
     expected = 2 * tracks.num_rows + sum(p["events"] for p in pairs) + flows
-    if len(lines) != expected or lines.null_count:
+    if added.count != expected:
         raise FuseError(
-            f"only {len(lines) - lines.null_count} of the {expected} events to add (thread "
+            f"only {added.count} of the {expected} events to add (thread "
             "metadata, slices, arrows) could be placed in the outer trace; nothing was written"
         )
     overlaps = _overlap_entries(con, overlapped)
@@ -450,7 +522,7 @@ def align(
         "frequencyCheck": frequency,
         "warnings": warnings,
     }
-    return Alignment(lines, events, report)
+    return Alignment(added, events, report)
 
 
 def _refuse_unnamed_processes(con: duckdb.DuckDBPyConnection) -> None:

@@ -1,13 +1,14 @@
 """Offline fusion: a MegaKernel's AIC/AIV tracks added to a torch.profiler or torch_npu trace.
 
 ``merge_chrome_traces`` loads the outer trace into a store (``ingest_trace``; a file
-already there is not loaded again), reads the MegaKernel's standalone trace
-(schema v1, or exported on the fly from a store selection), aligns them in SQL
-(``align``) and writes the fused trace by streaming the outer file's text
-through: every outer event is copied as it was written, the added threads and
-events go before the events array's end, and the ``megaKernelTraceMerge`` report
-goes in at the top (and under ``metadata``). With ``rebase_timestamps`` each
-outer ``ts`` is rewritten, exactly, in integer ns.
+already there is not loaded again), takes the MegaKernel's side from a store selection's
+``Timeline`` (or reads a standalone trace of schema v1), aligns them in SQL (``align``)
+and writes the fused trace by streaming the outer file's text through: every outer
+event is copied as it was written, the added threads and events go before the events
+array's end, and the ``megaKernelTraceMerge`` report goes in at the top (and under
+``metadata``). A timeline's slices are written by the exporter's own renderer
+(``chrome_trace.core_fragments`` / ``event_args``), shifted onto their outer kernels.
+With ``rebase_timestamps`` each outer ``ts`` is rewritten, exactly, in integer ns.
 """
 
 from __future__ import annotations
@@ -30,9 +31,32 @@ import pyarrow.compute as pc
 from tqdm import tqdm
 
 from multicore_profiler.errors import ArgumentError, FuseError, QueryError
-from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.export.chrome_trace import (
+    CATEGORY,
+    FLOW_NAME,
+    core_fragments,
+    event_args,
+    flow_end_ts,
+    metadata_event,
+)
 from multicore_profiler.export.files import written_aside
-from multicore_profiler.fuse.align import align
+from multicore_profiler.export.json_rows import Row, strings, texts
+from multicore_profiler.export.timeline import (
+    LayoutChanged,
+    RecordSelection,
+    Spans,
+    Timeline,
+    numpy_column,
+    open_timeline,
+    us_text,
+)
+from multicore_profiler.fuse.align import (
+    AddedEvents,
+    MegaKernelSide,
+    TraceSide,
+    align,
+    install_slices,
+)
 from multicore_profiler.ingest.outer_trace import (
     events_table,
     find_source,
@@ -121,28 +145,27 @@ def merge_chrome_traces(
         (step, STEP, "step"),
         (window, WINDOW, "window"),
     )
+    from_store = isinstance(mega_kernel_trace, Store)
+    if not from_store and any(v is not None for v in (run, step, window)):
+        raise FuseError("run, step and window select from a store, not from a trace file")
     with ExitStack() as stack:
         if store is None and isinstance(mega_kernel_trace, Store):
             store = mega_kernel_trace
         if store is None:
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="mcprof-fuse-"))
             store = stack.enter_context(open_store(Path(scratch) / "store"))
-        if isinstance(mega_kernel_trace, Store):
-            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="mcprof-fuse-"))
-            exported = export_chrome_trace(
-                mega_kernel_trace,
-                Path(scratch) / "mega_kernel.json",
-                run=run,
-                step=step,
-                window=window,
-            )
-            mk_path = exported.path
-        else:
-            if any(v is not None for v in (run, step, window)):
-                raise FuseError("run, step and window select from a store, not from a trace file")
-            mk_path = Path(mega_kernel_trace)
         # The MegaKernel side is read first: a refusal there leaves the store as it was.
-        events, invocations, mk_summary = _mega_kernel_trace(mk_path)
+        side: MegaKernelSide
+        events: pa.Table | None = None
+        mk_path: Path | None = None
+        if isinstance(mega_kernel_trace, Store):
+            selection = RecordSelection(run=run, step=step, window=window)
+            side = TimelineSide.read(mega_kernel_trace, selection)
+            invocations, mk_summary = side.invocation_table(), side.metadata
+        else:
+            mk_path = Path(mega_kernel_trace)
+            events, invocations, mk_summary = _mega_kernel_trace(mk_path)
+            side = TraceSide(str(mk_path))
         source = ingest_trace(store, framework_trace, rank=rank)
         described = find_source(store, source.source_id)
         # A rank given now wins over the one stored when the trace was first loaded.
@@ -159,10 +182,12 @@ def merge_chrome_traces(
             shift = described["first_ts_ns"] // 1000 * 1000
         try:
             with store.reading() as con:
-                con.register("mk", events)
+                if events is not None:
+                    con.register("mk", events)
                 con.register("mk_invocations", invocations)
                 alignment = align(
                     con,
+                    side,
                     source_id=source.source_id,
                     rank=rank,
                     kernel_name=kernels[0] if kernels else "",
@@ -171,7 +196,6 @@ def merge_chrome_traces(
                     outer_pid=outer_pid,
                     allow_host_alignment=allow_host_alignment,
                     shift_ns=shift,
-                    mega_kernel_trace=str(mk_path),
                 )
         except duckdb.Error as exc:
             raise QueryError(f"alignment query failed: {exc}") from exc
@@ -183,7 +207,7 @@ def merge_chrome_traces(
             "events": source.events,
         }
         report["megaKernelTrace"] = {
-            "path": str(mk_path) if not isinstance(mega_kernel_trace, Store) else None,
+            "path": None if from_store else str(mk_path),
             "selection": mk_summary.get("selection"),
             "cycleFrequencyMHz": mk_summary.get("cycleFrequencyMHz"),
         }
@@ -191,7 +215,7 @@ def merge_chrome_traces(
         report["rebase"] = {
             "applied": bool(rebase_timestamps),
             "shiftNs": shift,
-            "shiftUs": _us_text(np.array([shift]), np.array([False]))[0].as_py(),
+            "shiftUs": us_text(np.array([shift]))[0].as_py(),
             "baseTimeNanoseconds": (
                 {"before": base_time, "after": base_time + shift}
                 if isinstance(base_time, int)
@@ -204,12 +228,12 @@ def merge_chrome_traces(
             Path(framework_trace),
             layout,
             metadata,
-            alignment.lines,
+            alignment.added,
             report,
             shift if rebase_timestamps else None,
         )
         return MergedTrace(
-            Path(output), source.source_id, alignment.records, len(alignment.lines), report
+            Path(output), source.source_id, alignment.records, alignment.added.count, report
         )
 
 
@@ -283,16 +307,262 @@ def _rank(outer_rank: int | None, invocations: pa.Table, framework_trace: Any) -
     return outer_rank
 
 
-def _us_text(ns: np.ndarray, quoted: np.ndarray) -> pa.Array:
-    """Microseconds with three decimals from integer ns, as JSON numbers or strings."""
-    magnitude = np.abs(ns)
-    text = pc.binary_join_element_wise(
-        pc.cast(pa.array(magnitude // 1000), pa.string()),
-        pc.utf8_lpad(pc.cast(pa.array(magnitude % 1000), pa.string()), 3, "0"),
-        ".",
-    )
-    text = pc.if_else(pa.array(ns < 0), pc.binary_join_element_wise("-", text, ""), text)
-    return pc.if_else(pa.array(quoted), pc.binary_join_element_wise('"', text, '"', ""), text)
+@dataclass
+class TimelineSide:
+    """The MegaKernel side as a store selection's ``Timeline``, read whole: its slices and
+    arrows by value (no trace text to scan), written into the outer trace by the
+    exporter's renderer at the widths the standalone export of the selection has."""
+
+    slices: pa.Table
+    flows: dict[str, np.ndarray]
+    """Every arrow, in the export's order: its wait's invocation (``inv_index``), source
+    tid and ts, target tid, ts and end."""
+    cores: pa.Table
+    names: np.ndarray
+    spans: Spans
+    invocations: pa.Table
+    metadata: dict[str, Any]
+
+    @classmethod
+    def read(cls, store: Store, selection: RecordSelection) -> TimelineSide:
+        """The timeline of ``selection`` in ``store``, read to its end."""
+        with open_timeline(store, selection) as timeline:
+            try:
+                slices, flows = _collected(timeline)
+            except LayoutChanged:
+                slices, flows = _collected(timeline)
+            assert timeline.metadata is not None
+            return cls(
+                slices,
+                flows,
+                timeline.cores,
+                strings(timeline.names),
+                timeline.spans,
+                timeline.invocations,
+                timeline.metadata,
+            )
+
+    def invocation_table(self) -> pa.Table:
+        """The invocations as ``INVOCATION_FIELDS`` columns, as a standalone trace has them."""
+        inv = self.invocations
+        values = {
+            "rank": inv["rank"],
+            "invocation_id": inv["invocation_id"],
+            "device": inv["device"],
+            "direction": inv["direction"],
+            "kernel_name": inv["kernel_name"],
+            "step": inv["step"],
+            "frequency_mhz": pc.divide(inv["frequency_hz"], 1e6),
+            "frequency_source": inv["frequency_source"],
+        }
+        return pa.table(
+            {column: values[column].cast(dtype) for _, column, dtype, _, _ in INVOCATION_FIELDS}
+        )
+
+    def install(self, con: duckdb.DuckDBPyConnection) -> None:
+        core = numpy_column(self.slices, "core")
+        ts = numpy_column(self.slices, "ts_ns")
+
+        def of_core(name: str, dtype: type) -> np.ndarray:
+            return numpy_column(self.cores, name)[core].astype(dtype)
+
+        internal = pa.table(
+            {
+                "rank": of_core("rank", np.int32),
+                "invocation_id": of_core("invocation_id", np.int64),
+                "core_type": of_core("core_type", np.int32),
+                "block_id": of_core("block_id", np.int64),
+                "track": numpy_column(self.slices, "tid").astype(np.int64),
+                "ts_ns": ts,
+                "dur_ns": numpy_column(self.slices, "end_ns") - ts,
+            }
+        )
+        install_slices(con, internal)
+
+    def flow_rows(self, con: duckdb.DuckDBPyConnection) -> int:
+        pair_of_invocation = self._pair_of_invocation(_pairs(con))
+        return 2 * int((pair_of_invocation[self.flows["inv_index"]] >= 0).sum())
+
+    def _pair_of_invocation(self, pairs: pa.Table) -> np.ndarray:
+        """The row of ``pairs`` each invocation aligns to, -1 if none."""
+        row = {
+            key: number
+            for number, key in enumerate(
+                zip(pairs["rank"].to_pylist(), pairs["invocation_id"].to_pylist(), strict=True)
+            )
+        }
+        keys = zip(
+            self.invocations["rank"].to_pylist(),
+            self.invocations["invocation_id"].to_pylist(),
+            strict=True,
+        )
+        return np.array([row.get(key, -1) for key in keys], dtype=np.int64)
+
+    def events(
+        self, con: duckdb.DuckDBPyConnection, shift_ns: int, flow_offset: int
+    ) -> AddedEvents:
+        pairs = _pairs(con)
+        tracks = con.sql(
+            "SELECT pid_text, kernel_name, lane, track, tid, sort_index, thread_name "
+            "FROM tracks ORDER BY tid, pid_text"
+        ).to_arrow_table()
+        threads = _ThreadsOf(pairs, tracks)
+        pair_of_invocation = self._pair_of_invocation(pairs)
+        slices = self._slice_rows(threads, pair_of_invocation, pairs, shift_ns)
+        flows = self._flow_rows(threads, pair_of_invocation, pairs, shift_ns, flow_offset)
+        chunks = _chain(
+            [threads.metadata_text()],
+            (chunk.tobytes() for rows in (slices, flows) for chunk in rows.chunks()),
+        )
+        return AddedEvents(chunks, 2 * tracks.num_rows + len(slices) + len(flows))
+
+    def _slice_rows(
+        self,
+        threads: _ThreadsOf,
+        pair_of_invocation: np.ndarray,
+        pairs: pa.Table,
+        shift_ns: int,
+    ) -> Row:
+        """The aligned invocations' slices on their threads, by thread, time, then their
+        order in the export."""
+        core = numpy_column(self.slices, "core")
+        pair = pair_of_invocation[numpy_column(self.cores, "inv_index")[core]]
+        index = np.flatnonzero(pair >= 0)
+        pair = pair[index]
+        tid, found = threads.tid(pair, numpy_column(self.slices, "tid")[index])
+        index, pair, tid = index[found], pair[found], tid[found]
+        outer_ts = numpy_column(pairs, "outer_ts_ns")
+        first = numpy_column(pairs, "first_ns")
+        ts = outer_ts[pair] + numpy_column(self.slices, "ts_ns")[index] - first[pair]
+        order = np.lexsort((index, ts, tid))
+        index, pair, tid, ts = index[order], pair[order], tid[order], ts[order]
+        slices = self.slices.take(pa.array(index))
+        dur = numpy_column(slices, "end_ns") - numpy_column(slices, "ts_ns")
+        rows = (
+            Row(len(index))
+            .lookup(',\n{"name":', self.names, numpy_column(slices, "name"))
+            .lookup(f',"ph":"X","cat":"{CATEGORY}","pid":', threads.pid_texts, pair)
+            .integers(',"tid":', tid)
+            .millis(',"ts":', ts - shift_ns)
+            .millis(',"dur":', dur)
+        )
+        return (
+            event_args(rows, slices, self.spans, core_fragments(self.cores, with_track=False))
+            .lookup(',"parent_kernel":', strings(pairs["outer_name"].to_pylist()), pair)
+            .millis(',"parent_kernel_ts":', outer_ts[pair] - shift_ns)
+            .millis(',"parent_kernel_dur":', numpy_column(pairs, "outer_dur_ns")[pair])
+            .text("}}")
+        )
+
+    def _flow_rows(
+        self,
+        threads: _ThreadsOf,
+        pair_of_invocation: np.ndarray,
+        pairs: pa.Table,
+        shift_ns: int,
+        flow_offset: int,
+    ) -> Row:
+        """The aligned invocations' arrows (``s`` then ``f``), by time, then their order in
+        the export."""
+        flows = self.flows
+        arrows = np.flatnonzero(pair_of_invocation[flows["inv_index"]] >= 0)
+        number = np.repeat(arrows, 2)
+        phase = np.tile(np.array([0, 1]), len(arrows))
+        pair = pair_of_invocation[flows["inv_index"]][number]
+        source_ts = flows["source_ts"][arrows]
+        end_ts = flow_end_ts(source_ts, flows["target_ts"][arrows], flows["target_end"][arrows])
+        track = np.empty(len(number), np.int64)
+        track[0::2], track[1::2] = flows["source_tid"][arrows], flows["target_tid"][arrows]
+        at = np.empty(len(number), np.int64)
+        at[0::2], at[1::2] = source_ts, end_ts
+        tid, found = threads.tid(pair, track)
+        number, phase, pair, tid, at = (a[found] for a in (number, phase, pair, tid, at))
+        ts = numpy_column(pairs, "outer_ts_ns")[pair] + at - numpy_column(pairs, "first_ns")[pair]
+        order = np.lexsort((2 * number + phase, ts))
+        number, phase, pair, tid, ts = (a[order] for a in (number, phase, pair, tid, ts))
+        return (
+            Row(len(number))
+            .lookup(',\n{"ph":', strings(["s", "f"]), phase)
+            .integers(',"id":', number + 1 + flow_offset)
+            .lookup(f',"cat":"{CATEGORY}","name":"{FLOW_NAME}","pid":', threads.pid_texts, pair)
+            .integers(',"tid":', tid)
+            .millis(',"ts":', ts - shift_ns)
+            .optional(phase == 1, Row(len(number)).text(',"bp":"e"'))
+            .text("}")
+        )
+
+
+class _ThreadsOf:
+    """The added threads (``tracks``) of the aligned invocations (``pairs``): which thread a
+    slice of a pair's invocation goes to, by its MegaKernel track."""
+
+    def __init__(self, pairs: pa.Table, tracks: pa.Table) -> None:
+        self.tracks = tracks
+        groups: dict[tuple[Any, ...], int] = {}
+
+        def group(table: pa.Table) -> np.ndarray:
+            keys = zip(
+                table["pid_text"].to_pylist(),
+                table["kernel_name"].to_pylist(),
+                table["lane"].to_pylist(),
+                strict=True,
+            )
+            return np.array([groups.setdefault(key, len(groups)) for key in keys], np.int64)
+
+        self._pair_group = group(pairs)
+        keys = group(tracks) << 32 | numpy_column(tracks, "track").astype(np.int64)
+        order = np.argsort(keys, kind="stable")
+        self._keys = keys[order]
+        self._tids = numpy_column(tracks, "tid").astype(np.int64)[order]
+        self.pid_texts = texts([text.encode() for text in pairs["pid_text"].to_pylist()])
+        """Each pair's pid as JSON text, for ``Row.lookup``."""
+
+    def tid(self, pair: np.ndarray, track: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The added thread of each (pair, MegaKernel track), and whether there is one."""
+        keys = self._pair_group[pair] << 32 | track.astype(np.int64)
+        if len(self._keys) == 0:
+            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        return self._tids[at], self._keys[at] == keys
+
+    def metadata_text(self) -> bytes:
+        """The threads' names, then their sort indexes, by tid."""
+        tracks = self.tracks.to_pylist()
+        events = [
+            metadata_event(
+                kind, orjson.Fragment(t["pid_text"].encode()), t["tid"], {key: t[column]}
+            )
+            for kind, key, column in (
+                ("thread_name", "name", "thread_name"),
+                ("thread_sort_index", "sort_index", "sort_index"),
+            )
+            for t in tracks
+        ]
+        return b"".join(b",\n" + orjson.dumps(event) for event in events)
+
+
+def _pairs(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """The aligned invocations (``align``'s ``pairs``), by invocation id."""
+    return con.sql(
+        "SELECT rank, invocation_id, pid_text, kernel_name, lane, outer_ts_ns, first_ns, "
+        "outer_name, outer_dur_ns FROM pairs ORDER BY invocation_id"
+    ).to_arrow_table()
+
+
+def _collected(timeline: Timeline) -> tuple[pa.Table, dict[str, np.ndarray]]:
+    """One pass over ``timeline``'s groups: every slice, and every arrow (``TimelineSide``)."""
+    slices, flows = [], []
+    for group in timeline.groups():
+        slices.append(group.slices)
+        if group.flows is not None:
+            flows.append(group.flows)
+    columns = ("inv_index", "source_tid", "source_ts", "target_tid", "target_ts", "target_end")
+    return pa.concat_tables(slices), {
+        c: np.concatenate([numpy_column(f, c) for f in flows]).astype(np.int64)
+        if flows
+        else np.zeros(0, np.int64)
+        for c in columns
+    }
 
 
 def _segments(
@@ -337,24 +607,20 @@ def _rebased(block: EventBlock, shift: int) -> bytes:
     start, stop = block.span("ts")
     numbers = block.numbers("ts", 3)
     rows = np.flatnonzero(start >= 0)
-    values = _us_text(numbers.value[rows] - shift, numbers.quoted[rows])
+    values = us_text(numbers.value[rows] - shift, numbers.quoted[rows])
     return _splice(block.text[: int(block.stops[-1])], start[rows], stop[rows], values)
 
 
-def _lines(lines: pa.ChunkedArray, leading: bool) -> Iterator[bytes]:
-    """The added events' text, straight from the Arrow buffers; without the first
-    separator when no outer event precedes them."""
-    for chunk in lines.chunks:
-        if len(chunk) == 0:
+def _added_text(chunks: Iterable[bytes], leading: bool) -> Iterator[bytes]:
+    """The added events' text; without the first separator when no outer event precedes
+    them."""
+    for chunk in chunks:
+        if not chunk:
             continue
-        chunk = chunk.cast(pa.large_string())
-        offsets = np.frombuffer(chunk.buffers()[1], np.int64)
-        first, last = offsets[chunk.offset], offsets[chunk.offset + len(chunk)]
-        data = memoryview(chunk.buffers()[2])[first:last]
         if not leading:
-            data = data[2:]
+            chunk = chunk[2:]
             leading = True
-        yield bytes(data)
+        yield chunk
 
 
 def _edits(
@@ -454,13 +720,13 @@ def _write(
     framework_trace: Path,
     layout: dict[str, Any],
     metadata: dict[str, Any],
-    lines: pa.ChunkedArray,
+    added_events: AddedEvents,
     report: dict[str, Any],
     shift: int | None,
 ) -> None:
     """Write the fused trace aside, then rename it into place; nothing is left on failure."""
     report_bytes = orjson.dumps(report)
-    added: Iterable[bytes] = _lines(lines, layout["events"] > 0)
+    added: Iterable[bytes] = _added_text(added_events.chunks, layout["events"] > 0)
     if layout["form"] == "array":
         entry = (
             b'{"name":"'
@@ -469,7 +735,7 @@ def _write(
             + report_bytes
             + b"}"
         )
-        separator = b",\n" if layout["events"] > 0 or len(lines) else b""
+        separator = b",\n" if layout["events"] > 0 or added_events.count else b""
         added = _chain(added, [separator + entry])
     edits = _edits(layout, metadata, report_bytes, added, shift)
     with (

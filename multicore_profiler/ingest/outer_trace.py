@@ -4,6 +4,8 @@
 block's events into Arrow columns with exact integer-ns times, and writes them as
 one file of the ``trace_events`` table; the ``trace_sources`` row, written last,
 commits it. A file already in the store (same SHA-256) is not loaded again.
+``resolve_trace`` takes what a user names a trace by: a file, or a source id (or a unique
+prefix of one) already in the store.
 
 Every number is kept exactly or refused: times must fit int64 ns, integer fields
 (``pid``, ``tid``, ``args.correlation``, ...) int64. Arguments are checked before anything
@@ -278,6 +280,13 @@ def find_source(store: Store, source_id: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+def _known_source(row: Mapping[str, Any]) -> TraceSource:
+    """The ``TraceSource`` of a ``trace_sources`` row: a trace already in the store."""
+    return TraceSource(
+        row["source_id"], Path(row["path"]), row["event_count"], row["rank"], row["form"], False
+    )
+
+
 def ingest_trace(
     store: Store,
     path: str | os.PathLike[str],
@@ -307,14 +316,7 @@ def ingest_trace(
     source_id = source_id_of(sha256)
     known = find_source(store, source_id)
     if known is not None:
-        return TraceSource(
-            source_id,
-            Path(known["path"]),
-            known["event_count"],
-            known["rank"],
-            known["form"],
-            False,
-        )
+        return _known_source(known)
     write_id = secrets.randbits(63)
     stats = _Stats()
     written = None
@@ -350,6 +352,38 @@ def ingest_trace(
         _remove(store, written, source_id)
         raise
     return TraceSource(source_id, path, trace.events, rank, trace.form, True)
+
+
+SOURCE_PREFIX_MIN = 4
+"""The fewest characters of a source id that name a trace already in the store."""
+
+
+def resolve_trace(
+    store: Store,
+    item: str | os.PathLike[str],
+    *,
+    rank: int | None = None,
+    label: str | None = None,
+) -> TraceSource:
+    """The trace ``item`` names: a trace file (loaded into the store by ``ingest_trace``,
+    with ``rank`` and ``label``, if it is not there yet) or the source id, or a unique
+    prefix of at least ``SOURCE_PREFIX_MIN`` characters of one, of a trace already in the
+    store. ``new`` tells whether this call loaded it.
+
+    Raises ``ArgumentError`` when ``item`` is neither, or is a prefix of several source
+    ids (or too short to be one), and what ``ingest_trace`` raises for a file.
+    """
+    if Path(item).is_file():
+        return ingest_trace(store, item, rank=rank, label=label)
+    prefix = os.fspath(item)
+    found = store.sql(
+        "SELECT * FROM trace_sources WHERE starts_with(source_id, $1) ORDER BY source_id",
+        [prefix.lower()],
+    ).to_pylist()
+    if len(found) != 1 or len(prefix) < SOURCE_PREFIX_MIN:
+        problem = "names several" if len(found) > 1 else "is neither a trace file nor"
+        raise ArgumentError(f"{prefix!r} {problem} the source id of a trace in {store.uri}")
+    return _known_source(found[0])
 
 
 def _tables(trace: TraceText, path: Path, write_id: int, stats: _Stats) -> Iterator[pa.Table]:

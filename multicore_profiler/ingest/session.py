@@ -23,12 +23,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from multicore_profiler.abi import CoreType
 from multicore_profiler.errors import DroppedRecordsWarning, SessionError
+from multicore_profiler.extension import Extensible
 from multicore_profiler.ingest.pool import BufferPool
 from multicore_profiler.ingest.schedule import ProfilerAction, Schedule
 from multicore_profiler.ingest.writer import CapturedCall, StepBatch, StepWriter, WriterStats
@@ -40,9 +41,6 @@ from multicore_profiler.kernels.runtime import (
 )
 from multicore_profiler.storage.runs import RunInfo, new_run_id
 from multicore_profiler.storage.store import Store, open_store
-
-if TYPE_CHECKING:
-    from multicore_profiler.export.chrome_trace import ExportedTrace
 
 RUN_ID_ENV = "MCPROF_RUN_ID"
 _PACKAGE = "multicore_profiler."
@@ -124,8 +122,9 @@ def _dropped(buffer: np.ndarray, config: RuntimeConfig) -> int:
     )
 
 
-class MegaKernelProfile:
-    """An open capture session; see ``mega_kernel_profile``."""
+class MegaKernelProfile(Extensible):
+    """An open capture session; see ``mega_kernel_profile``. Its ``export_chrome_trace``
+    comes from ``export`` (``export/handlers.py``), which ingest does not import."""
 
     def __init__(
         self,
@@ -347,31 +346,6 @@ class MegaKernelProfile:
         self._window = None
         if ready and self._on_trace_ready is not None:
             self._on_trace_ready(self)
-
-    def export_chrome_trace(
-        self, path: str | os.PathLike[str], *, detailed_task_names: bool | None = None
-    ) -> ExportedTrace:
-        """Write the Chrome Trace of the last window that ended (this rank's records) to
-        ``path``; names are detailed if the session asked for it (or ``detailed_task_names``
-        says so). See ``export_chrome_trace`` for the format."""
-        # Imported here: export reads the store that ingest writes, not the other way round.
-        from multicore_profiler.export.chrome_trace import export_chrome_trace
-
-        if not self.windows:
-            raise SessionError(
-                "no capture window has ended yet: call step() past a window's last active "
-                "step, or leave the session"
-            )
-        return export_chrome_trace(
-            self.store,
-            path,
-            run=self.run_id,
-            rank=self.rank,
-            window=self.windows[-1].index,
-            detailed_task_names=(
-                self.detailed_task_names if detailed_task_names is None else detailed_task_names
-            ),
-        )
 
     # The sink protocol: what prepare_call and PreparedCall call.
 

@@ -1,0 +1,106 @@
+"""``mcprof``: the command line over a store.
+
+Every command takes ``--store PATH`` (default ``$MCPROF_STORE`` or ``./mcprof-store``).
+Errors print one line, ``mcprof: error: ...``, and exit with status 1; a usage error (an
+unknown option, a missing argument, a value that is not a number or out of its range)
+exits with status 2 (``compare``'s errors all exit with 2).
+
+Each command (or group of commands) is a module here that adds its parser
+(``register``) and calls the library; this module assembles them and runs one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+
+import duckdb
+import pyarrow as pa
+
+from multicore_profiler.cli import (
+    compare,
+    demo,
+    export,
+    fuse,
+    ingest,
+    maintenance,
+    outer_kernels,
+    runs,
+)
+from multicore_profiler.cli.arguments import Parser, parents
+from multicore_profiler.cli.output import one_line, warn
+from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
+from multicore_profiler.storage.location import os_reason
+
+COMMANDS = (runs, compare, outer_kernels, ingest, maintenance, export, fuse, demo)
+"""The command modules, in the order ``mcprof --help`` lists their commands."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The parser of every command, made for each run (defaults read the environment)."""
+    parser = Parser(
+        prog="mcprof",
+        description="Intra-kernel profiles of MegaKernels, in a Parquet store queried with SQL.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.type = str  # the command's own parser reads its arguments, naming them
+    shared = parents()
+    for command in COMMANDS:
+        command.register(commands, shared)
+    return parser
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    warn([message])
+
+
+LIBRARY_ERRORS: tuple[type[Exception], ...] = (
+    OSError,
+    duckdb.Error,
+    pa.ArrowException,
+    ValueError,  # UnicodeError, json / orjson decode errors, numpy's conversions
+)
+"""What a library call raises on bad input or a bad environment (a missing file, a
+read-only store or output, corrupt bytes, text that is not UTF-8) when it escaped its
+conversion into a ``ProfileError`` at its source."""
+
+
+def _failure(exc: Exception) -> str:
+    """What failed, in words, for an exception that is not a ``ProfileError``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return os_reason(exc)
+    if isinstance(exc, LIBRARY_ERRORS):
+        return f"{type(exc).__name__}: {exc}"
+    return (
+        f"internal error: {type(exc).__name__}: {exc} (please report it; "
+        "MCPROF_DEBUG=1 shows the traceback)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``mcprof`` command; return its exit status."""
+    args = _parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DroppedRecordsWarning)
+        warnings.showwarning = _show_warning
+        # The boundary: every error ends in one line, never a traceback. The library raises
+        # ProfileError for what it checks; LIBRARY_ERRORS that escaped a conversion are
+        # named with the command and, for an OSError, the file. Anything else is a bug of
+        # ours: one line too, marked "internal error" so that it is reported rather than
+        # taken for bad input. MCPROF_DEBUG=1 lets every error through with its traceback.
+        try:
+            return args.func(args) or 0
+        except KeyboardInterrupt:
+            return 130
+        except Exception as exc:
+            if os.environ.get("MCPROF_DEBUG"):
+                raise
+            message = (
+                str(exc) if isinstance(exc, ProfileError) else f"{args.command}: {_failure(exc)}"
+            )
+    print(f"mcprof: error: {one_line(message)}", file=sys.stderr)
+    # compare keeps status 1 for "regressed": its errors are usage errors (2).
+    return getattr(args, "error_status", 1)

@@ -1,0 +1,7 @@
+"""``python -m multicore_profiler.cli``: the ``mcprof`` command."""
+
+import sys
+
+from multicore_profiler.cli import main
+
+sys.exit(main())

@@ -1,0 +1,105 @@
+"""``mcprof fuse``: a MegaKernel's AIC/AIV tracks added to an outer torch.profiler or
+torch_npu trace."""
+
+from __future__ import annotations
+
+import argparse
+
+from multicore_profiler.cli.arguments import (
+    Parents,
+    add_record_selection,
+    in_range,
+    path,
+    selection_arguments,
+    store_location,
+)
+from multicore_profiler.cli.output import warn
+from multicore_profiler.fuse.merge import merge_chrome_traces
+from multicore_profiler.limits import COUNT, PID, RANK
+from multicore_profiler.storage.store import default_store_path, open_store
+
+SELECTION = ("run", "step", "window")
+"""What selects the MegaKernel's records of a store for fusion."""
+
+
+def cmd_fuse(args: argparse.Namespace) -> None:
+    """Write the fused trace and say what was added where."""
+    if args.trace is not None:
+        store = open_store(args.store) if args.store is not None else None
+        mega_kernel = args.trace
+    else:
+        store = open_store(args.store or default_store_path(), create=False)
+        mega_kernel = store
+    merged = merge_chrome_traces(
+        args.torch_trace,
+        mega_kernel,
+        args.output,
+        store=store,
+        **selection_arguments(args, SELECTION),
+        rank=args.rank,
+        kernel_pattern=args.kernel_pattern,
+        kernel_index=args.kernel_index,
+        outer_pid=args.outer_pid,
+        allow_host_alignment=args.allow_host_alignment,
+        rebase_timestamps=args.rebase,
+    )
+    report = merged.report
+    warn(report["warnings"])
+    counts = report["counts"]
+    first = report["invocations"][0]["outerKernel"]
+    name = first["name"] if len(first["name"]) <= 60 else first["name"][:57] + "..."
+    print(
+        f"{merged.path}: {merged.records} records of {counts['invocations']} invocation(s) "
+        f"({merged.added_events} events with threads and arrows) on {counts['addedThreads']} "
+        f"new thread(s) of pid {first['pid']}, aligned "
+        f"to {name!r} (pattern {report['kernelPattern']!r}); outer trace "
+        f"{report['outerTrace']['sourceId']}: {report['outerTrace']['events']} events kept"
+    )
+
+
+def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
+    """Add ``fuse`` to ``commands`` (its ``--store`` is its own: optional with ``--trace``)."""
+    fuse = commands.add_parser(
+        "fuse",
+        help="add a MegaKernel's AIC/AIV tracks to a torch.profiler or torch_npu trace",
+        description="Align the MegaKernel invocations of a standalone trace (--trace) or of a "
+        "run in the store (--run) to the outer trace's device kernels and write one fused trace.",
+    )
+    fuse.add_argument("torch_trace", type=path, metavar="TORCH_TRACE")
+    source = fuse.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=path, help="a MegaKernel trace from mcprof export")
+    add_record_selection(fuse, SELECTION, one_run_among=source, scope="with --run: ")
+    fuse.add_argument(
+        "--store",
+        type=store_location,
+        help="store (with --run, default $MCPROF_STORE or ./mcprof-store; with --trace the "
+        "outer trace goes to a temporary store unless this is given)",
+    )
+    fuse.add_argument(
+        "-o", "--output", type=path, required=True, help="fused trace (.json, or .json.gz)"
+    )
+    fuse.add_argument(
+        "--rank", type=in_range(RANK), help="rank of the outer trace (default: its own)"
+    )
+    fuse.add_argument(
+        "--kernel-pattern", help="regex of the outer kernel's name (default: from the kernel's)"
+    )
+    fuse.add_argument(
+        "--kernel-index",
+        type=in_range(COUNT),
+        default=0,
+        help="skip this many matching kernels first",
+    )
+    fuse.add_argument("--outer-pid", type=in_range(PID), help="only align to kernels of this pid")
+    fuse.add_argument(
+        "--allow-host-alignment",
+        action="store_true",
+        help="align to host-side events (CPU ops) when no device kernel matches",
+    )
+    fuse.add_argument(
+        "--rebase",
+        action="store_true",
+        help="shift every timestamp so the trace starts near 0 (exact in viewers that read "
+        "ts as a double)",
+    )
+    fuse.set_defaults(func=cmd_fuse)

@@ -1,0 +1,168 @@
+"""``mcprof ingest-buffer`` (raw device profile buffers) and ``mcprof ingest-trace`` (outer
+Chrome traces): files into the store."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from multicore_profiler.abi import BufferLayout
+from multicore_profiler.cli.arguments import Parents, in_range, open_given_store, path, text
+from multicore_profiler.errors import ArgumentError, ProfileError
+from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_into_run
+from multicore_profiler.ingest.decode import decode_buffers, read_buffer_file
+from multicore_profiler.ingest.outer_trace import ingest_trace
+from multicore_profiler.limits import (
+    DESC_ID,
+    DEVICE,
+    FREQUENCY_MHZ,
+    INVOCATION_ID,
+    RANK,
+    SLOTS,
+    STEP,
+)
+from multicore_profiler.storage.partitions import check_run_id
+
+
+def _stage(value: str) -> tuple[int, str]:
+    """An argparse ``type`` reading ``DESC_ID=NAME`` (the id decimal or ``0x...``)."""
+    desc, sep, name = value.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(
+            f"a stage is DESC_ID=NAME (e.g. 0x30001=GMM1), got {value!r}"
+        )
+    return int(in_range(DESC_ID)(desc)), text(name)
+
+
+def _stage_names(pairs: Sequence[tuple[int, str]]) -> dict[int, str]:
+    """The ``--stage`` names by desc id; an id named twice, differently, is refused."""
+    names: dict[int, str] = {}
+    for desc, name in pairs:
+        if names.setdefault(desc, name) != name:
+            raise ArgumentError(
+                f"--stage names desc id {desc:#x} twice: {names[desc]!r} and {name!r}"
+            )
+    return names
+
+
+def cmd_ingest_buffer(args: argparse.Namespace) -> None:
+    """Decode the buffer files as one step of ``--run`` (a new run unless it exists)."""
+    layout = BufferLayout(args.aic_slots, args.aiv_slots, args.aic_capacity, args.aiv_capacity)
+    kernel = KernelInfo(
+        kernel_name=args.kernel,
+        owner_label=args.owner_label,
+        stage_names=_stage_names(args.stage),
+        soc=args.soc,
+    )
+    run_id = check_run_id(args.run) if args.run else None
+    # Read (regular files only, in bounded time) and decode before the store is touched.
+    frequency_hz = args.freq_mhz * 1e6
+    decoded = decode_buffers(
+        [read_buffer_file(file, layout) for file in args.files], layout, frequency_hz=frequency_hz
+    )
+    step = ingest_into_run(
+        open_given_store(args, create=True),
+        decoded,
+        layout,
+        frequency_hz=frequency_hz,
+        run_id=run_id,
+        label=args.label,
+        kernel=kernel,
+        launches=Launches(
+            rank=args.rank,
+            device=args.device,
+            step=args.step,
+            first_invocation_id=args.invocation,
+            direction=args.direction,
+        ),
+    )
+    print(
+        f"run {step.run_id}: {decoded.buffers} invocation(s) from id {step.first_invocation_id}, "
+        f"{int(decoded.record_counts.sum())} records, {int(decoded.dropped_counts.sum())} dropped"
+    )
+
+
+def _tags(pairs: Sequence[str]) -> dict[str, str]:
+    """The ``--tag KEY=VALUE`` pairs as a mapping (a later key wins)."""
+    tags = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ProfileError(f"--tag {pair!r} is not KEY=VALUE")
+        tags[key] = value
+    return tags
+
+
+def cmd_ingest_trace(args: argparse.Namespace) -> None:
+    """Load each trace file and print its source id, event count and whether it was new."""
+    store = open_given_store(args, create=True)
+    tags = _tags(args.tag)
+    for file in args.files:
+        source = ingest_trace(store, file, rank=args.rank, label=args.label, tags=tags)
+        state = "loaded" if source.new else "already in the store"
+        rank = "" if source.rank is None else f", rank {source.rank}"
+        print(f"{source.source_id}  {file}: {source.events} events{rank} ({state})")
+
+
+def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
+    """Add ``ingest-buffer`` and ``ingest-trace`` to ``commands``."""
+    buffers = commands.add_parser(
+        "ingest-buffer",
+        parents=[parents.store],
+        help="decode raw profile buffers dumped from a device into the store",
+    )
+    buffers.add_argument(
+        "files",
+        nargs="+",
+        type=path,
+        metavar="FILE",
+        help="one buffer per file, one invocation each",
+    )
+    for name in ("aic-slots", "aiv-slots", "aic-capacity", "aiv-capacity"):
+        buffers.add_argument(f"--{name}", type=in_range(SLOTS), required=True)
+    buffers.add_argument(
+        "--freq-mhz",
+        type=in_range(FREQUENCY_MHZ),
+        required=True,
+        help="cycle counter frequency in MHz",
+    )
+    buffers.add_argument("--rank", type=in_range(RANK), default=0)
+    buffers.add_argument("--device", type=in_range(DEVICE), default=0)
+    buffers.add_argument("--step", type=in_range(STEP), default=0)
+    buffers.add_argument("--kernel", default="MegaKernel", help="kernel name (default: MegaKernel)")
+    buffers.add_argument("--run", help="add to this run (created if new; default: a new run)")
+    buffers.add_argument("--label", help="label of a new run")
+    buffers.add_argument(
+        "--invocation",
+        type=in_range(INVOCATION_ID),
+        help="id of the first invocation (default: next free one)",
+    )
+    buffers.add_argument("--direction", default="forward")
+    buffers.add_argument("--soc", help="SoC name, e.g. Ascend910B4")
+    buffers.add_argument("--owner-label", default="Owner")
+    buffers.add_argument(
+        "--stage",
+        action="append",
+        default=[],
+        type=_stage,
+        metavar="DESC_ID=NAME",
+        help="name a stage id (repeatable)",
+    )
+    buffers.set_defaults(func=cmd_ingest_buffer)
+
+    traces = commands.add_parser(
+        "ingest-trace",
+        parents=[parents.store],
+        help="load torch.profiler / kineto or torch_npu Chrome traces into the store",
+        description="Stream Chrome traces (.json or .json.gz) into the store's trace_events and "
+        "trace_sources; print each file's source id. A file already there is not loaded again.",
+    )
+    traces.add_argument("files", nargs="+", type=path, metavar="FILE")
+    traces.add_argument(
+        "--rank", type=in_range(RANK), help="the traces' rank (default: their distributedInfo.rank)"
+    )
+    traces.add_argument("--label", help="a label for the traces")
+    traces.add_argument(
+        "--tag", action="append", default=[], metavar="KEY=VALUE", help="a tag (repeatable)"
+    )
+    traces.set_defaults(func=cmd_ingest_trace)

@@ -1,0 +1,61 @@
+"""How the commands print: one-line messages and warnings, and rows as a table, CSV, JSON
+or Parquet."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from multicore_profiler.errors import ProfileError
+
+
+def one_line(message: str) -> str:
+    """A message as one line: its non-empty lines joined by ``; ``."""
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def warn(warnings: Iterable[object]) -> None:
+    """Print each warning on standard error as ``mcprof: warning: ...``."""
+    for warning in warnings:
+        print(f"mcprof: warning: {warning}", file=sys.stderr)
+
+
+def emit(table: pa.Table, fmt: str, output: Path | None) -> None:
+    """Print or write query rows: a box table, CSV, a JSON array, or Parquet (to a file)."""
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.register("result", table)
+    if fmt == "table":
+        if output is not None:
+            raise ProfileError(
+                "--format table prints to the terminal; pick csv, json or parquet for -o"
+            )
+        width = shutil.get_terminal_size((160, 40)).columns
+        con.sql("SELECT * FROM result").show(max_width=width, max_rows=max(table.num_rows, 1))
+        return
+    if fmt == "parquet" and output is None:
+        raise ProfileError("--format parquet writes a binary file: give one with -o FILE")
+    options = {
+        "csv": "FORMAT csv, HEADER",
+        "json": "FORMAT json, ARRAY true",
+        "parquet": "FORMAT parquet",
+    }
+    with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
+        target = output if output is not None else Path(scratch) / f"result.{fmt}"
+        try:
+            con.execute(
+                f"COPY (SELECT * FROM result) TO $target ({options[fmt]})", {"target": str(target)}
+            )
+        except duckdb.Error as exc:
+            raise ProfileError(f"cannot write {target}: {exc}") from exc
+        if output is None:
+            sys.stdout.flush()
+            with open(target, "rb") as rows:
+                shutil.copyfileobj(rows, sys.stdout.buffer)
+            sys.stdout.buffer.flush()

@@ -1,0 +1,63 @@
+"""``mcprof runs`` (the runs of the store) and ``mcprof query`` (SQL over its views)."""
+
+from __future__ import annotations
+
+import argparse
+
+from multicore_profiler.cli.arguments import Parents, open_given_store, outer_kernel_rules
+from multicore_profiler.cli.output import emit
+from multicore_profiler.storage.sql_policy import read_only_statement
+
+
+def cmd_runs(args: argparse.Namespace) -> None:
+    """Print the runs' summaries, oldest first, or those ``--select`` picks."""
+    store = open_given_store(args)
+    selected = None if args.select is None else store.select_runs(args.select)
+    table = store.sql(
+        "SELECT * FROM run_summary WHERE $runs IS NULL OR list_contains($runs, run_id) "
+        "ORDER BY start_time, run_id",
+        {"runs": selected},
+    )
+    emit(table, args.format, args.output)
+
+
+def cmd_query(args: argparse.Namespace) -> None:
+    """Print the rows of one read-only statement, scoped to the runs given if any."""
+    # Checked before the store opens: rows leave through -o only.
+    read_only_statement(args.sql, "the query")
+    store = open_given_store(args)
+    store.use_kernel_rules(outer_kernel_rules(args))
+    runs = list(args.run) + (store.select_runs(args.select) if args.select else [])
+    emit(store.sql(args.sql, runs=runs or None), args.format, args.output)
+
+
+def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
+    """Add ``runs`` and ``query`` to ``commands``."""
+    runs = commands.add_parser(
+        "runs", parents=[parents.store, parents.output], help="list the runs in the store"
+    )
+    runs.add_argument(
+        "--select",
+        metavar="SELECTOR",
+        help="only these runs, e.g. branch:main,latest:5 or commit:3f2a,tag:model=moe-7b",
+    )
+    runs.set_defaults(func=cmd_runs)
+
+    query = commands.add_parser(
+        "query",
+        parents=[parents.store, parents.output, parents.rules],
+        help="run SQL over the store's views",
+    )
+    query.add_argument("sql", help='e.g. "SELECT * FROM stage_stats"')
+    query.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        help="scope the query to this run (repeatable): it reads only its files",
+    )
+    query.add_argument(
+        "--select",
+        metavar="SELECTOR",
+        help="scope the query to the runs a selector picks (label:nightly, commit:abc, ...)",
+    )
+    query.set_defaults(func=cmd_query)

@@ -1,0 +1,112 @@
+"""Handlers for ``mega_kernel_profile(on_trace_ready=...)`` that write each window's trace.
+
+Like ``torch.profiler.tensorboard_trace_handler``: the capture session calls the handler
+each time a recording window ends, and the handler exports that window. The handler comes
+from ``export`` and is handed to the session, so the session never imports the exporter.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from multicore_profiler.errors import ExportError, SessionError
+from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
+from multicore_profiler.export.timeline import RecordSelection
+from multicore_profiler.extension import extend
+from multicore_profiler.storage.store import Store
+
+
+class _Window(Protocol):
+    @property
+    def index(self) -> int: ...
+
+
+class ProfiledSession(Protocol):
+    """What a handler reads of the capture session (``MegaKernelProfile``)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    run_id: str | None
+    rank: int
+    windows: Sequence[_Window]
+    detailed_task_names: bool
+
+
+def trace_file_name(worker_name: str, run_id: str, window: int, use_gzip: bool) -> str:
+    """``<worker>.<run>.window<k>.pt.trace.json`` (``.gz`` added when gzipped)."""
+    return f"{worker_name}.{run_id}.window{window}.pt.trace.json" + (".gz" if use_gzip else "")
+
+
+def chrome_trace_handler(
+    dir_name: str | os.PathLike[str],
+    *,
+    worker_name: str | None = None,
+    use_gzip: bool = False,
+    detailed_task_names: bool | None = None,
+) -> Callable[[ProfiledSession], ExportedTrace]:
+    """A handler that writes the Chrome Trace of each window that ends (that rank's records
+    of the window) to ``dir_name/<worker>.<run>.window<k>.pt.trace.json[.gz]``.
+
+    ``worker_name`` defaults to ``<host>_<pid>``, as torch's handler does; names are
+    detailed if the session asked for it (or ``detailed_task_names`` says so). The
+    directory is created if missing. Raises ``ExportError`` when it is called before any
+    window ended (not from a session) or the trace cannot be written.
+    """
+    directory = Path(dir_name)
+    worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
+
+    def handler(session: ProfiledSession) -> ExportedTrace:
+        if not session.windows or session.run_id is None:
+            raise ExportError("the trace handler ran before any capture window ended")
+        window = session.windows[-1].index
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ExportError(f"cannot create {directory}: {exc.strerror or exc}") from None
+        return _export_last_window(
+            session,
+            directory / trace_file_name(worker, session.run_id, window, use_gzip),
+            detailed_task_names,
+        )
+
+    return handler
+
+
+@extend("multicore_profiler.ingest.session.MegaKernelProfile", name="export_chrome_trace")
+def export_last_window(
+    session: ProfiledSession,
+    path: str | os.PathLike[str],
+    *,
+    detailed_task_names: bool | None = None,
+) -> ExportedTrace:
+    """``prof.export_chrome_trace(path)``, as torch.profiler's: write the Chrome Trace of
+    the last window that ended (this rank's records) to ``path``; names are detailed if
+    the session asked for it (or ``detailed_task_names`` says so). ``SessionError`` before
+    any window ended."""
+    if not session.windows:
+        raise SessionError(
+            "no capture window has ended yet: call step() past a window's last active "
+            "step, or leave the session"
+        )
+    return _export_last_window(session, Path(path), detailed_task_names)
+
+
+def _export_last_window(
+    session: ProfiledSession, path: Path, detailed_task_names: bool | None
+) -> ExportedTrace:
+    """The trace of the session's last window that ended, of its rank, at ``path``."""
+    return export_chrome_trace(
+        session.store,
+        path,
+        selection=RecordSelection(
+            run=session.run_id, rank=session.rank, window=session.windows[-1].index
+        ),
+        detailed_task_names=(
+            session.detailed_task_names if detailed_task_names is None else detailed_task_names
+        ),
+    )

@@ -1,0 +1,1110 @@
+"""What a timeline shows, and the timeline itself: the records a ``RecordSelection`` picks
+from the store, laid out on processes and tracks as slices and flows, in Arrow tables.
+
+A ``RecordSelection`` is the one value the selection arguments (run, step, invocation,
+rank, capture window, a ``where`` condition, or a whole ``query``) make: export, fusion,
+the capture session and the CLI all build one, so each argument is checked and turned
+into SQL in one place.
+
+A ``Timeline`` is built from it in SQL, and knows nothing of any output format (the
+Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer trace):
+
+- ``processes``: one per (run, rank): pid, name, sort index, anchor cycle;
+- ``tracks``: one per thread: pid, tid (core type x 1000 + block id, plus
+  ``LANE_TID_STEP`` x lane for a sub-track), name (``AIC/3``, ``AIC/3 overlap 1``), sort
+  index within its process;
+- ``cores``: one per core of an invocation on a lane, with what it fixes of its slices
+  (rank, device, core, entry cycle, invocation, step, direction);
+- the slices (one per record: pid, tid, its ``cores`` row, ts and end in exact ns from
+  the process's anchor, name, the raw ids and cycles) and flows (a trigger to the wait
+  it released, from ``task_edges``), group by group (``groups``), in the order they are
+  shown: by process, core, then time;
+- ``names``, ``spans`` (each slice column's range over the whole selection) and
+  ``metadata``, the ``megaKernelCycleTrace`` object describing the selection.
+
+It streams: the selected records go once, compactly, to a scratch Parquet file, and
+from there to one Arrow file per group of whole tracks (about ``group_rows`` records); the
+flows are found a few invocations at a time and filed by their wait's group too, so
+memory does not grow with the selection. Where a record overlaps an earlier one of its
+core (clock granularity) it goes to a sub-track: the first pass over the groups assumes
+none does (the usual case); finding one, it finds every lane and raises
+``LayoutChanged``, and the next pass yields the slices on the tracks that include them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from multicore_profiler.abi import (
+    DESC_COMPUTE_FALLBACK,
+    DESC_TRIGGER_EVENT,
+    DESC_WAIT_DEPENDENCY,
+    MAX_CAPACITY,
+    MAX_TASK_TYPE,
+)
+from multicore_profiler.errors import ExportError, QueryError
+from multicore_profiler.export.tracks import assign_lanes
+from multicore_profiler.limits import INVOCATION_ID, RANK, STEP, WINDOW, check_given
+from multicore_profiler.storage.partitions import check_run_id
+from multicore_profiler.storage.sql_policy import one_expression, read_only_statement
+from multicore_profiler.storage.sql_text import sql_string, sql_strings
+from multicore_profiler.storage.store import Store
+
+SCHEMA_VERSION = 1
+"""Of the ``megaKernelCycleTrace`` object (and of the Chrome trace that carries it)."""
+CORE_NAMES = {1: "AIC", 2: "AIV"}
+LANE_TID_STEP = 10_000
+"""A sub-track's tid: the core's tid + 10000 x lane (lane 0 is the core's own track)."""
+CORE_TID_STEP = 1000
+"""A core's tid: core type x 1000 + block id."""
+RUN_PID_STEP = 100_000
+"""With several runs in one timeline, pid = run's position (from 1) x 100000 + rank."""
+GROUP_ROWS = 1 << 17
+"""Records of a group by default (whole tracks, so one track can make a group larger)."""
+
+RECORD_COLUMNS = (
+    "run_id",
+    "rank",
+    "invocation_id",
+    "core_type",
+    "block_id",
+    "start_cycle",
+    "end_cycle",
+    "desc_id",
+    "task_id",
+    "stage_task_index",
+    "owner_id",
+)
+"""What a query's rows must carry to be shown (``records`` and ``records_ns`` have all)."""
+
+_RECORD_TYPES = {
+    "core_type": "UTINYINT",
+    "block_id": "UINTEGER",
+    "start_cycle": "UBIGINT",
+    "end_cycle": "UBIGINT",
+    "desc_id": "UINTEGER",
+    "task_id": "UINTEGER",
+    "stage_task_index": "UINTEGER",
+    "owner_id": "UINTEGER",
+}
+"""The store's types of the record columns a query's values are cast to."""
+
+
+def track_tid(core_type: Any, block_id: Any, lane: Any = 0) -> Any:
+    """The tid of a core's track (lane 0) or sub-track: core type x 1000 + block id +
+    ``LANE_TID_STEP`` x lane; for ints or numpy arrays."""
+    return core_type * CORE_TID_STEP + block_id + LANE_TID_STEP * lane
+
+
+def track_name(core_type: int, block_id: int, lane: int = 0) -> str:
+    """``AIC/3``, or ``AIC/3 overlap 1`` for its first sub-track."""
+    core = f"{CORE_NAMES.get(core_type, core_type)}/{block_id}"
+    return core if lane == 0 else f"{core} overlap {lane}"
+
+
+def us_text(ns: np.ndarray, quoted: np.ndarray | None = None) -> pa.Array:
+    """Microseconds with three decimals from integer ns, exactly (``-1.500``), as JSON
+    numbers, or strings where ``quoted``."""
+    ns = np.asarray(ns, dtype=np.int64)
+    magnitude = np.abs(ns)
+    text = pc.binary_join_element_wise(
+        pc.cast(pa.array(magnitude // 1000), pa.string()),
+        pc.utf8_lpad(pc.cast(pa.array(magnitude % 1000), pa.string()), 3, "0"),
+        ".",
+    )
+    text = pc.if_else(pa.array(ns < 0), pc.binary_join_element_wise("-", text, ""), text)
+    if quoted is None:
+        return text
+    return pc.if_else(pa.array(quoted), pc.binary_join_element_wise('"', text, '"', ""), text)
+
+
+US_TEXT_MACRO = """
+CREATE OR REPLACE TEMP MACRO us_text(ns) AS
+    CASE WHEN ns < 0 THEN '-' ELSE '' END || (abs(ns) // 1000)::VARCHAR || '.'
+    || lpad((abs(ns) % 1000)::VARCHAR, 3, '0')
+"""
+"""``us_text`` as a DuckDB macro, for text made in SQL (a standalone trace's fusion)."""
+
+
+def numpy_column(table: pa.Table, name: str) -> np.ndarray:
+    """One column of ``table`` as a numpy array."""
+    return table[name].to_numpy()
+
+
+class ExportQueryError(ExportError, QueryError):
+    """SQL of a timeline that DuckDB cannot run (a missing table, a value that does not
+    convert, a cycle difference no time can hold): the message names what was being
+    shown and DuckDB's reason, in one line."""
+
+
+@contextmanager
+def query_errors(described: str) -> Iterator[None]:
+    """DuckDB's errors as ``ExportQueryError`` naming the selection and the first line of
+    DuckDB's reason."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        raise ExportQueryError(f"cannot export {described}: {reason}") from None
+
+
+@dataclass(frozen=True)
+class SelectedRecords:
+    """A selection resolved against a store: the SQL of its records, its description for
+    messages, and the runs it reads (``None``: a query, which may read any)."""
+
+    sql: str
+    described: str
+    runs: list[str] | None
+
+
+@dataclass(frozen=True)
+class RecordSelection:
+    """The records of ``run`` (default: the latest run; several runs: a sequence) narrowed
+    by ``step``, ``invocation``, ``rank``, capture ``window`` and ``where`` (one SQL
+    expression over the columns of ``records_ns``), or the rows of ``query`` (one read-only
+    SQL statement whose rows carry the record columns), never both.
+
+    Checked on construction: ``ArgumentError`` for a number out of range, ``StoreError``
+    for a run id that cannot name a run, ``StatementError`` for a ``where`` or ``query``
+    the read-only policy refuses, ``ExportError`` for a query given with other arguments.
+    """
+
+    run: str | tuple[str, ...] | None = None
+    step: int | None = None
+    invocation: int | None = None
+    rank: int | None = None
+    window: int | None = None
+    where: str | None = None
+    query: str | None = None
+
+    def __post_init__(self) -> None:
+        check_given(
+            (self.step, STEP, "--step"),
+            (self.invocation, INVOCATION_ID, "--invocation"),
+            (self.rank, RANK, "--rank"),
+            (self.window, WINDOW, "--window"),
+        )
+        if self.where is not None:
+            one_expression(self.where, "the --where condition")
+        if self.query is not None:
+            read_only_statement(self.query, "the --sql query")
+            narrowed = (self.run, self.step, self.invocation, self.rank, self.window, self.where)
+            if any(v is not None for v in narrowed):
+                raise ExportError("give either a query or run/step/invocation/rank/window/where")
+        if self.run is not None:
+            runs = (self.run,) if isinstance(self.run, str) else tuple(self.run)
+            for run_id in runs:
+                check_run_id(run_id)
+            if not isinstance(self.run, str):
+                object.__setattr__(self, "run", runs)
+
+    def resolve(self, store: Store) -> SelectedRecords:
+        """The selection's SQL, description and runs in ``store`` (the latest run when no
+        run is given: ``ExportError`` if the store holds none)."""
+        if self.query is not None:
+            return SelectedRecords(self.query.rstrip().rstrip(";"), f"query {self.query!r}", None)
+        if self.run is None:
+            latest = store.sql(
+                "SELECT run_id FROM runs ORDER BY start_time DESC, run_id DESC LIMIT 1"
+            )
+            if latest.num_rows == 0:
+                raise ExportError(f"no records match: the store at {store.uri} holds no run")
+            runs = [latest["run_id"][0].as_py()]
+        else:
+            runs = [self.run] if isinstance(self.run, str) else list(self.run)
+        conditions = [f"run_id IN ({sql_strings(runs)})"]
+        described = [f"run {', '.join(runs)}"]
+        for column, value in (
+            ("step", self.step),
+            ("invocation_id", self.invocation),
+            ("rank", self.rank),
+        ):
+            if value is not None:
+                conditions.append(f"{column} = {int(value)}")
+                described.append(f"{column.removesuffix('_id')} {int(value)}")
+        if self.window is not None:
+            conditions.append(
+                "EXISTS (SELECT 1 FROM invocations i WHERE i.run_id = r.run_id "
+                "AND i.rank = r.rank AND i.invocation_id = r.invocation_id "
+                f"AND i.window_id = {int(self.window)})"
+            )
+            described.append(f"window {int(self.window)}")
+        if self.where is not None:
+            conditions.append(f"({self.where}\n)")
+            described.append(f"where {self.where}")
+        source = "records" if self.where is None else "records_ns"
+        sql = f"SELECT * FROM {source} r WHERE {' AND '.join(conditions)}"
+        return SelectedRecords(sql, ", ".join(described), runs)
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    return con.sql(sql).to_arrow_table()
+
+
+def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
+    return con.execute(sql).fetchall()[0]
+
+
+_CANDIDATES = """
+CREATE TEMP TABLE cand AS
+SELECT
+    run_id, rank, invocation_id,
+    (row_number() OVER (ORDER BY run_id, rank, invocation_id) - 1)::INTEGER AS cand
+FROM (SELECT DISTINCT run_id, rank, invocation_id FROM invocations)
+"""
+
+_SELECTED = """
+COPY (
+    SELECT c.cand, {columns}
+    FROM (
+{selection}
+    ) q
+    LEFT JOIN cand c
+        ON c.run_id = q.run_id AND c.rank = q.rank AND c.invocation_id = q.invocation_id
+) TO {path} (FORMAT parquet)
+"""
+"""The selected records, each with its invocation's code (``cand``) instead of its run,
+rank and invocation id, streamed to a scratch file: the query runs once, and its rows
+are not held in memory."""
+
+_GROUPED = """
+SELECT s.*, g.grp
+FROM sel s
+JOIN inv i USING (cand)
+JOIN grp g ON g.inv_index = i.inv_index AND g.core_type = s.core_type AND g.block_id = s.block_id
+"""
+"""The selected records with their group, for ``_GroupFiles``."""
+
+
+class _GroupFiles:
+    """Rows filed by group, one Arrow IPC file per group under ``scratch`` named
+    ``<kind><group>.arrow``, as DuckDB streams them: a group then reads its own file only,
+    and no more than a batch of the rows is in memory meanwhile."""
+
+    def __init__(self, scratch: Path, kind: str) -> None:
+        self.scratch = scratch
+        self.kind = kind
+        self._writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+
+    def path(self, group: int) -> Path:
+        return self.scratch / f"{self.kind}{int(group)}.arrow"
+
+    def add(self, con: duckdb.DuckDBPyConnection, sql: str) -> None:
+        """File the rows of ``sql`` (a ``grp`` column says each row's group) by group."""
+        for batch in con.sql(sql).to_arrow_reader(1 << 16):
+            group = batch.column("grp").to_numpy()
+            order = np.argsort(group, kind="stable")
+            group = group[order]
+            rows = batch.drop_columns(["grp"]).take(pa.array(order))
+            edges = np.flatnonzero(np.diff(group)) + 1
+            for first, stop in zip(
+                [0, *edges.tolist()], [*edges.tolist(), len(group)], strict=True
+            ):
+                number = int(group[first])
+                if number not in self._writers:
+                    self._writers[number] = pa.ipc.new_file(self.path(number), rows.schema)
+                self._writers[number].write_batch(rows.slice(first, stop - first))
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+    def read(self, group: int) -> pa.Table | None:
+        """The rows of ``group`` (``None`` when it has none)."""
+        path = self.path(group)
+        if not path.exists():
+            return None
+        with pa.OSFile(str(path)) as source:
+            return pa.ipc.open_file(source).read_all()
+
+
+def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str, scratch: Path) -> int:
+    """Keep the selected records as ``sel`` (``_SELECTED``); check they can make a trace;
+    return how many there are."""
+    relation = con.sql(selection)
+    if relation is None:
+        raise ExportError(f"{described} returns no rows to export (it is not a query)")
+    missing = [c for c in RECORD_COLUMNS if c not in relation.columns]
+    if missing:
+        raise ExportError(
+            f"{described} lacks the record column(s) {', '.join(missing)}; select them "
+            "(e.g. SELECT * FROM records_ns WHERE ...)"
+        )
+    con.execute(_CANDIDATES)
+    columns = ", ".join(f'q."{c}"::{t} AS {c}' for c, t in _RECORD_TYPES.items())
+    kept = sql_string(str(scratch / "selected.parquet"))
+    con.execute(_SELECTED.format(columns=columns, selection=selection, path=kept))
+    con.execute(f"CREATE TEMP VIEW sel AS SELECT * FROM read_parquet({kept})")
+    counts = _one(
+        con,
+        "SELECT count(*), count(*) - count(cand), "
+        + ", ".join(f"count(*) - count({c})" for c in _RECORD_TYPES)
+        + " FROM sel",
+    )
+    if counts[0] == 0:
+        raise ExportError(f"no records match {described}")
+    nulls = [f"{c} ({n})" for c, n in zip(_RECORD_TYPES, counts[2:], strict=True) if n]
+    if nulls:
+        raise ExportError(
+            f"{described} has rows with NULL in the record column(s) {', '.join(nulls)}; "
+            "every record needs all of them"
+        )
+    if counts[1]:
+        run_id, rank, invocation = _one(
+            con,
+            f"SELECT q.run_id, q.rank, q.invocation_id FROM (\n{selection}\n) q ANTI JOIN cand c "
+            "ON c.run_id = q.run_id AND c.rank = q.rank AND c.invocation_id = q.invocation_id "
+            "ORDER BY ALL LIMIT 1",
+        )
+        raise ExportError(
+            f"{counts[1]} selected record(s) belong to no invocation in the store "
+            f"(first: run {run_id} rank {rank} invocation {invocation})"
+        )
+    return counts[0]
+
+
+_INVOCATIONS = """
+CREATE TEMP TABLE inv AS
+WITH keys AS (SELECT cand, count(*) AS selected FROM sel GROUP BY cand),
+picked AS (
+    SELECT i.*, k.cand, k.selected FROM invocations i
+    JOIN cand c ON i.run_id = c.run_id AND i.rank = c.rank AND i.invocation_id = c.invocation_id
+    JOIN keys k ON k.cand = c.cand
+    QUALIFY row_number() OVER (
+        PARTITION BY i.run_id, i.rank, i.invocation_id ORDER BY i.write_id
+    ) = 1
+)
+SELECT
+    p.*,
+    r.label, r.commit,
+    dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
+    dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label) AS naming,
+    EXISTS (
+        SELECT 1 FROM tasks g
+        WHERE g.run_id = p.run_id AND g.rank = p.rank AND g.config_id = p.config_id
+    ) AS has_graph,
+    (row_number() OVER (ORDER BY r.start_time, p.run_id, p.rank, p.invocation_id) - 1)::INTEGER
+        AS inv_index
+FROM picked p LEFT JOIN runs r USING (run_id)
+"""
+
+_SLOTS = """
+CREATE TEMP TABLE slot AS
+SELECT
+    i.inv_index, c.core_type, c.block_id, c.entry_cycle, c.record_count,
+    (row_number() OVER (ORDER BY i.inv_index, c.core_type, c.block_id) - 1)::INTEGER AS slot_code
+FROM cores c
+JOIN inv i
+    ON c.run_id = i.run_id AND c.rank = i.rank AND c.invocation_id = i.invocation_id
+    AND c.write_id = i.write_id
+"""
+
+_PROCESSES = """
+CREATE TEMP TABLE proc AS
+WITH entries AS (
+    SELECT i.run_id, i.rank, min(s.entry_cycle) AS anchor
+    FROM slot s JOIN inv i USING (inv_index)
+    WHERE s.record_count > 0
+    GROUP BY ALL
+),
+starts AS (
+    SELECT i.run_id, i.rank, min(s.start_cycle) AS first_start
+    FROM sel s JOIN inv i USING (cand) GROUP BY ALL
+)
+SELECT
+    run_id, rank, coalesce(e.anchor, s.first_start) AS anchor,
+    CASE WHEN (SELECT count(DISTINCT run_id) FROM inv) = 1 THEN rank
+         ELSE (SELECT any_value(run_order) FROM inv i WHERE i.run_id = s.run_id) * {run_step} + rank
+    END AS pid
+FROM starts s LEFT JOIN entries e USING (run_id, rank)
+"""
+
+_TASK_STAGES = """
+CREATE TEMP TABLE task_stage AS
+SELECT i.inv_index, r.task_id, min(r.desc_id) AS stage_desc_id
+FROM records r
+JOIN inv i
+    ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
+    AND r.write_id = i.write_id
+WHERE NOT i.has_graph AND r.phase = 'compute'
+GROUP BY ALL
+"""
+
+_GROUPS = """
+CREATE TEMP TABLE grp AS
+WITH tracks AS (
+    SELECT i.inv_index, p.pid, s.core_type, s.block_id, count(*) AS n
+    FROM sel s JOIN inv i USING (cand) JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
+    GROUP BY ALL
+),
+placed AS (
+    SELECT *, (sum(n) OVER (ORDER BY pid, core_type, block_id) - sum(n) OVER (
+        PARTITION BY pid, core_type, block_id)) // {rows} AS raw
+    FROM tracks
+)
+SELECT
+    inv_index, pid, core_type, block_id, n,
+    (dense_rank() OVER (ORDER BY raw) - 1)::INTEGER AS grp
+FROM placed
+"""
+"""Each (invocation, core)'s group: whole tracks (pid, core) in output order, about
+``GROUP_ROWS`` records a group."""
+
+_EVENTS = """
+SELECT
+    p.pid, s.core_type, s.block_id, i.inv_index, i.naming, sl.slot_code,
+    round((s.start_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS ts_ns,
+    round((s.end_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS end_ns,
+    s.task_id, s.desc_id, s.stage_task_index, s.owner_id, s.start_cycle, s.end_cycle,
+    CASE WHEN s.desc_id IN ({wait}, {trigger}) THEN coalesce(g.desc_id, t.stage_desc_id) END
+        AS task_stage,
+    g.wait_event, g.wait_count
+FROM {source} s
+JOIN inv i USING (cand)
+JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
+LEFT JOIN slot sl
+    ON sl.inv_index = i.inv_index AND sl.core_type = s.core_type AND sl.block_id = s.block_id
+LEFT JOIN tasks g
+    ON s.desc_id IN ({wait}, {trigger}) AND i.has_graph AND g.run_id = i.run_id
+    AND g.rank = i.rank AND g.config_id = i.config_id AND g.task_id = s.task_id
+LEFT JOIN task_stage t
+    ON s.desc_id IN ({wait}, {trigger}) AND NOT i.has_graph
+    AND t.inv_index = i.inv_index AND t.task_id = s.task_id
+"""
+
+
+_KEYS = """
+CREATE TEMP TABLE keyed AS
+SELECT
+    naming, desc_id, task_stage{detail},
+    min(ts_ns) AS ts_lo, max(ts_ns) AS ts_hi,
+    min(end_ns - ts_ns) AS dur_lo, max(end_ns - ts_ns) AS dur_hi,
+    min(task_id) AS task_lo, max(task_id) AS task_hi,
+    min(stage_task_index) AS index_lo, max(stage_task_index) AS index_hi,
+    min(owner_id) AS owner_lo, max(owner_id) AS owner_hi,
+    min(start_cycle) AS start_lo, max(start_cycle) AS start_hi,
+    min(end_cycle) AS end_lo, max(end_cycle) AS end_hi
+FROM ({events}) e
+GROUP BY ALL
+"""
+"""The naming keys of the events, with the span of every value rendered: one pass over
+the records, before any is written."""
+
+_SPANS = """
+SELECT
+    min(ts_lo), max(ts_hi), min(dur_lo), max(dur_hi), min(task_lo), max(task_hi),
+    min(index_lo), max(index_hi), min(owner_lo), max(owner_hi),
+    min(start_lo), max(start_hi), min(end_lo), max(end_hi), min(desc_id), max(desc_id),
+    min(CASE WHEN {fallback} THEN desc_id - {base} ELSE 0 END),
+    max(CASE WHEN {fallback} THEN desc_id - {base} ELSE 0 END)
+FROM keyed
+"""
+
+_NAMES = """
+CREATE TEMP TABLE names AS
+WITH namings AS (
+    SELECT naming, any_value(stage_names) AS stage_names, any_value(owner_label) AS owner_label
+    FROM inv GROUP BY naming
+),
+named AS (
+    SELECT k.naming, k.desc_id, k.task_stage{detail_keys},
+           event_name(m.stage_names, m.owner_label, k.desc_id, k.task_stage,
+                      {owner}, {index}, {detailed}) AS name
+    FROM keyed k JOIN namings m USING (naming)
+)
+SELECT *, (dense_rank() OVER (ORDER BY name) - 1)::INTEGER AS name_code FROM named
+"""
+
+_ORDERED = """
+SELECT
+    e.pid, e.core_type, e.block_id, e.inv_index, e.slot_code, e.ts_ns, e.end_ns,
+    e.task_id, e.desc_id, e.stage_task_index, e.owner_id, e.start_cycle, e.end_cycle,
+    n.name_code
+FROM ({events}) e
+JOIN names n
+    ON n.naming = e.naming AND n.desc_id = e.desc_id
+    AND n.task_stage IS NOT DISTINCT FROM e.task_stage{detail_join}
+ORDER BY e.pid, e.core_type, e.block_id, e.ts_ns, e.end_ns DESC, e.desc_id, e.task_id
+"""
+
+_MOVED = """
+CREATE TEMP TABLE moved (
+    inv_index INTEGER, core_type UTINYINT, block_id UINTEGER, start_cycle UBIGINT,
+    end_cycle UBIGINT, desc_id UINTEGER, task_id UINTEGER, lane BIGINT
+)
+"""
+"""Records on a sub-track (lane > 0) by identity, for the arrows' ends; identical
+records always share a lane."""
+
+_SAME_RECORD = """m{side}.inv_index = {side}.inv_index AND m{side}.core_type = {side}.core_type
+    AND m{side}.block_id = {side}.block_id AND m{side}.start_cycle = {side}.start_cycle
+    AND m{side}.end_cycle = {side}.end_cycle AND m{side}.desc_id = {side}.desc_id
+    AND m{side}.task_id = {side}.task_id"""
+
+_ARROWS = """
+WITH released AS MATERIALIZED (
+    SELECT i.inv_index, e.*
+    FROM task_edges e
+    JOIN inv i
+        ON e.run_id = i.run_id AND e.rank = i.rank AND e.invocation_id = i.invocation_id
+        AND e.write_id = i.write_id
+    WHERE e.kind = 'release' AND ({scope}) AND i.inv_index BETWEEN {first} AND {last}
+),
+timed AS NOT MATERIALIZED (
+    SELECT
+        s.*, i.inv_index, p.pid,
+        round((s.start_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS ts_ns,
+        round((s.end_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS end_ns
+    FROM sel s
+    JOIN inv i USING (cand)
+    JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
+    WHERE i.has_graph AND s.desc_id IN ({wait}, {trigger})
+        AND i.inv_index BETWEEN {first} AND {last}
+),
+sources AS MATERIALIZED (
+    SELECT
+        e.inv_index, e.dst_core_type, e.dst_block_id, e.dst_task_id, e.dst_start_cycle,
+        e.dst_end_cycle, x.pid AS source_pid, x.ts_ns AS source_ts,
+        x.core_type * {core_step} + x.block_id + {lane_step} * coalesce(mx.lane, 0)
+            AS source_tid
+    FROM timed x
+    JOIN released e
+        ON e.inv_index = x.inv_index AND e.src_core_type = x.core_type
+        AND e.src_block_id = x.block_id AND e.src_task_id = x.task_id
+        AND e.src_start_cycle = x.start_cycle AND e.src_end_cycle = x.end_cycle
+    LEFT JOIN moved mx ON {same_source}
+    WHERE x.desc_id = {trigger}
+),
+waits AS MATERIALIZED (
+    SELECT
+        w.*,
+        w.core_type * {core_step} + w.block_id + {lane_step} * coalesce(mw.lane, 0) AS target_tid
+    FROM timed w
+    LEFT JOIN moved mw ON {same_target}
+    WHERE w.desc_id = {wait}
+)
+SELECT
+    gr.grp, w.inv_index, x.source_pid, x.source_tid, x.source_ts, w.pid AS target_pid, w.target_tid,
+    w.ts_ns AS target_ts, w.end_ns AS target_end, w.core_type, w.block_id, w.desc_id, w.task_id
+FROM waits w
+JOIN sources x
+    ON x.inv_index = w.inv_index AND x.dst_core_type = w.core_type
+    AND x.dst_block_id = w.block_id AND x.dst_task_id = w.task_id
+    AND x.dst_start_cycle = w.start_cycle AND x.dst_end_cycle = w.end_cycle
+JOIN grp gr
+    ON gr.inv_index = w.inv_index AND gr.core_type = w.core_type AND gr.block_id = w.block_id
+"""
+"""The arrows into the selected waits of invocations ``first`` to ``last``, with their
+wait's group: from the trigger that released the wait (``task_edges``' release edges,
+each end matched to a selected record by its core, task and cycles), on the tracks and
+lanes of both. ``scope`` bounds the edges' runs, ranks, steps and invocations by constants,
+which DuckDB pushes down to the records the edges are ranked from."""
+
+_FLOWS = """
+SELECT
+    inv_index, source_pid, source_tid, source_ts, target_pid, target_tid, target_ts, target_end
+FROM mcprof_arrows
+ORDER BY target_pid, core_type, block_id, target_ts, target_end DESC, desc_id, task_id
+"""
+"""The arrows into one group's waits, in the order of their waits."""
+
+
+@dataclass(frozen=True)
+class Spans:
+    """The range (smallest, largest) of every value of the slices over the whole selection:
+    what a writer of fixed-width rows sizes each column by before any slice is written."""
+
+    ts: tuple[int, int]
+    dur: tuple[int, int]
+    task: tuple[int, int]
+    index: tuple[int, int]
+    owner: tuple[int, int]
+    start: tuple[int, int]
+    end: tuple[int, int]
+    desc: tuple[int, int]
+    task_type: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class TimelineGroup:
+    """One group of whole tracks: its slices, in the order shown, and the flows into its
+    waits, in their waits' order (``None``: none)."""
+
+    slices: pa.Table
+    flows: pa.Table | None
+
+
+class LayoutChanged(Exception):
+    """A pass over the groups found records on sub-tracks: ``tracks`` and ``cores`` now hold
+    every lane, and the next pass over ``groups()`` yields the slices on them."""
+
+
+_IDENTITY = ["inv_index", "core_type", "block_id", "start_cycle", "end_cycle", "desc_id", "task_id"]
+
+
+class Timeline:
+    """The records of a selection on processes and tracks; see the module docstring.
+
+    Built on a cursor of the store (``open_timeline`` holds one, and the scratch
+    directory, while the timeline is read); ``metadata`` is complete once a pass over
+    ``groups()`` has run to its end.
+    """
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        selected: SelectedRecords,
+        scratch: Path,
+        *,
+        detailed_task_names: bool = False,
+        group_rows: int = GROUP_ROWS,
+    ) -> None:
+        self._con = con
+        self._scratch = scratch
+        self.described = selected.described
+        self.detailed = detailed_task_names
+        self._group_rows = group_rows
+        # Opening the store's files leaves freed Arrow buffers in the pool: give them back.
+        pa.default_memory_pool().release_unused()
+        self.records = _select(con, selected.sql, selected.described, scratch)
+        con.execute(_INVOCATIONS)
+        bad = con.execute(
+            "SELECT run_id, rank, invocation_id, frequency_hz FROM inv "
+            "WHERE NOT coalesce(frequency_hz > 0 AND isfinite(frequency_hz), false) ORDER BY ALL"
+        ).fetchall()
+        if bad:
+            run_id, rank, invocation, frequency = bad[0]
+            raise ExportError(
+                f"invocation {invocation} of run {run_id} rank {rank} has cycle frequency "
+                f"{frequency} Hz; cycles cannot become times without a positive frequency"
+            )
+        con.execute(_SLOTS)
+        con.execute(_PROCESSES.format(run_step=RUN_PID_STEP))
+        con.execute(_TASK_STAGES)
+        con.execute(_GROUPS.format(rows=group_rows))
+        filed = _GroupFiles(scratch, "records")
+        try:
+            filed.add(con, _GROUPED)
+        finally:
+            filed.close()
+        detail = ", owner_id, stage_task_index" if self.detailed else ""
+        con.execute(_KEYS.format(detail=detail, events=_events("sel")))
+        fallback = (
+            f"desc_id BETWEEN {DESC_COMPUTE_FALLBACK} AND {DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE}"
+        )
+        values = _one(con, _SPANS.format(fallback=fallback, base=DESC_COMPUTE_FALLBACK))
+        self.spans = Spans(*(tuple(int(v) for v in values[i : i + 2]) for i in range(0, 18, 2)))
+        con.execute(
+            _NAMES.format(
+                detail_keys=", k.owner_id, k.stage_task_index" if self.detailed else "",
+                owner="k.owner_id" if self.detailed else "NULL",
+                index="k.stage_task_index" if self.detailed else "NULL",
+                detailed="true" if self.detailed else "false",
+            ),
+        )
+        con.execute(_MOVED)
+        names = _fetch(con, "SELECT DISTINCT name_code, name FROM names ORDER BY name_code")
+        self.names: list[str] = names["name"].to_pylist()
+        """The slices' names; a slice's ``name`` is its index here (names sorted)."""
+        self.invocations = _fetch(con, "SELECT * EXCLUDE (stage_names) FROM inv ORDER BY inv_index")
+        self.processes = _processes(
+            _fetch(con, "SELECT * FROM proc ORDER BY pid"), self.invocations
+        )
+        self.group_count: int = _one(con, "SELECT count(DISTINCT grp) FROM grp")[0]
+        self._slots = _fetch(con, "SELECT * FROM slot ORDER BY slot_code")
+        self._invocation_pids = _invocation_pids(self.invocations, self.processes)
+        self._pairs: np.ndarray | None = None
+        self._lay_out()
+        self.metadata: dict[str, Any] | None = None
+
+    def _lay_out(self) -> None:
+        """``cores`` and ``tracks`` for the (slot, lane) pairs known (none: every slot on its
+        own track)."""
+        slots, pairs = self._slots, self._pairs
+        if pairs is None:
+            rows, lanes = np.arange(slots.num_rows), np.zeros(slots.num_rows, np.int64)
+        else:
+            rows, lanes = pairs // 256, pairs % 256
+        inv = numpy_column(slots, "inv_index")[rows]
+        core_type = numpy_column(slots, "core_type")[rows]
+        block_id = numpy_column(slots, "block_id")[rows]
+        invocations = self.invocations
+        pid = self._invocation_pids[inv]
+        tid = track_tid(core_type.astype(np.int64), block_id, lanes)
+        self.cores = pa.table(
+            {
+                "pid": pid,
+                "tid": tid,
+                "lane": lanes,
+                "inv_index": inv,
+                "rank": numpy_column(invocations, "rank")[inv],
+                "device": numpy_column(invocations, "device")[inv],
+                "core_type": core_type,
+                "block_id": block_id,
+                "entry_cycle": numpy_column(slots, "entry_cycle")[rows],
+                "invocation_id": numpy_column(invocations, "invocation_id")[inv],
+                "step": numpy_column(invocations, "step")[inv],
+                "direction": invocations["direction"].take(pa.array(inv)),
+            }
+        )
+        """One row per core of an invocation on a lane; a slice's ``core`` is its row."""
+        self.tracks = _tracks(pid, tid)
+
+    def groups(self) -> Iterator[TimelineGroup]:
+        """The slices and flows, group by group. A pass that finds records on sub-tracks it
+        did not know of finds every lane, then raises ``LayoutChanged``."""
+        pairs, slots = self._pairs, self._slots
+        arrows = _GroupFiles(self._scratch, "arrows" if pairs is None else "arrows-on-lanes")
+        self._file_arrows(arrows)
+        used = np.zeros(slots.num_rows, dtype=bool)
+        found: list[np.ndarray] = []
+        identities: list[pa.Table] = []
+        moved_pid: list[np.ndarray] = []
+        moved_tid: list[np.ndarray] = []
+        flows = 0
+        for group in range(self.group_count):
+            events = self._events(group)
+            pid = numpy_column(events, "pid").astype(np.int64)
+            tid = track_tid(
+                numpy_column(events, "core_type").astype(np.int64),
+                numpy_column(events, "block_id"),
+            )
+            ts, end = numpy_column(events, "ts_ns"), numpy_column(events, "end_ns")
+            lane = assign_lanes(pid * (1 << 32) + tid, ts, end)
+            slot_code = numpy_column(events, "slot_code").astype(np.int64)
+            if pairs is None:
+                used[slot_code[lane == 0]] = True
+            if lane.any():
+                moved = np.flatnonzero(lane)
+                moved_pid.append(pid[moved])
+                moved_tid.append(tid[moved] + LANE_TID_STEP * lane[moved])
+                if pairs is None:
+                    found.append(slot_code[moved] * 256 + lane[moved])
+                    identities.append(
+                        events.take(pa.array(moved))
+                        .select(_IDENTITY)
+                        .append_column("lane", pa.array(lane[moved]))
+                    )
+            if found:
+                continue  # the layout changes: only the lanes matter now
+            core = slot_code if pairs is None else np.searchsorted(pairs, slot_code * 256 + lane)
+            slices = pa.table(
+                {
+                    "pid": pid,
+                    "tid": tid + LANE_TID_STEP * lane,
+                    "core": core,
+                    "ts_ns": ts,
+                    "end_ns": end,
+                    "name": events["name_code"],
+                    **{c: events[c] for c in _SLICE_RECORD_COLUMNS},
+                }
+            )
+            group_flows = self._flows(arrows, group)
+            flows += 0 if group_flows is None else group_flows.num_rows
+            yield TimelineGroup(slices, group_flows)
+        if found:
+            _note_moved(self._con, identities)
+            self._pairs = np.unique(np.concatenate([np.flatnonzero(used) * 256, *found]))
+            self._lay_out()
+            raise LayoutChanged()
+        moved_keys = (np.concatenate(moved_pid), np.concatenate(moved_tid)) if moved_pid else None
+        self.metadata = _summary(self, flows, moved_keys)
+
+    def _events(self, group: int) -> pa.Table:
+        """One group's records as events, in their order, from the group's own file."""
+        self._con.register("mcprof_group", _GroupFiles(self._scratch, "records").read(group))
+        try:
+            return _fetch(
+                self._con,
+                _ORDERED.format(
+                    events=_events("mcprof_group"), detail_join=_detail_join(self.detailed)
+                ),
+            )
+        finally:
+            self._con.unregister("mcprof_group")
+
+    def _flows(self, arrows: _GroupFiles, group: int) -> pa.Table | None:
+        """The flows into one group's waits, in their waits' order (``None``: none)."""
+        filed = arrows.read(group)
+        if filed is None:
+            return None
+        self._con.register("mcprof_arrows", filed)
+        try:
+            return _fetch(self._con, _FLOWS)
+        finally:
+            self._con.unregister("mcprof_arrows")
+
+    def _file_arrows(self, arrows: _GroupFiles) -> None:
+        """File every arrow by its wait's group, invocations of about 4 groups' records at a
+        time: triggers are ranked within their invocation, so each part is exact on its own,
+        and ranking them all at once would hold every trigger of the selection."""
+        selected = np.cumsum(numpy_column(self.invocations, "selected"))
+        part = np.concatenate([[0], selected[:-1]]) // (4 * self._group_rows)
+        edges = np.flatnonzero(np.diff(part, prepend=-1, append=part[-1] + 1))
+        try:
+            for first, stop in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+                sql = _ARROWS.format(
+                    scope=_scope(self.invocations.slice(first, stop - first)),
+                    trigger=DESC_TRIGGER_EVENT,
+                    wait=DESC_WAIT_DEPENDENCY,
+                    lane_step=LANE_TID_STEP,
+                    core_step=CORE_TID_STEP,
+                    same_source=_SAME_RECORD.format(side="x"),
+                    same_target=_SAME_RECORD.format(side="w"),
+                    first=first,
+                    last=stop - 1,
+                )
+                arrows.add(self._con, sql)
+        finally:
+            arrows.close()
+
+
+def _scope(invocations: pa.Table) -> str:
+    """Constant bounds of the runs, ranks, steps and invocation ids of ``invocations``: one
+    term per (run, rank)."""
+    bounds = (
+        invocations.group_by(["run_id", "rank"], use_threads=False)
+        .aggregate(
+            [("step", "min"), ("step", "max"), ("invocation_id", "min"), ("invocation_id", "max")]
+        )
+        .to_pylist()
+    )
+    return " OR ".join(
+        f"(e.run_id = {sql_string(b['run_id'])} AND e.rank = {b['rank']} "
+        f"AND e.step BETWEEN {b['step_min']} AND {b['step_max']} "
+        f"AND e.invocation_id BETWEEN {b['invocation_id_min']} AND {b['invocation_id_max']})"
+        for b in bounds
+    )
+
+
+_SLICE_RECORD_COLUMNS = (
+    "task_id",
+    "desc_id",
+    "stage_task_index",
+    "owner_id",
+    "start_cycle",
+    "end_cycle",
+)
+
+
+def _events(source: str) -> str:
+    """The SQL of the events of the records in ``source`` (``sel`` or a group's file)."""
+    marks = {"wait": DESC_WAIT_DEPENDENCY, "trigger": DESC_TRIGGER_EVENT}
+    return _EVENTS.format(source=source, **marks)
+
+
+def _detail_join(detailed: bool) -> str:
+    if not detailed:
+        return ""
+    return " AND n.owner_id = e.owner_id AND n.stage_task_index = e.stage_task_index"
+
+
+def _processes(processes: pa.Table, invocations: pa.Table) -> pa.Table:
+    """``proc`` with each process's name and sort index: its kernels, rank and devices, and
+    with several runs the run's label or commit."""
+    several_runs = len(set(processes["run_id"].to_pylist())) > 1
+    inv = invocations.to_pylist()
+    names = []
+    for process in processes.to_pylist():
+        mine = [i for i in inv if i["run_id"] == process["run_id"] and i["rank"] == process["rank"]]
+        kernels = ", ".join(dict.fromkeys(i["kernel_name"] for i in mine))
+        devices = ", ".join(str(d) for d in dict.fromkeys(i["device"] for i in mine))
+        name = f"{kernels} rank {process['rank']} device {devices}"
+        if several_runs:
+            first = mine[0]
+            name += f" ({first['label'] or first['commit'] or process['run_id']})"
+        names.append(name)
+    return processes.append_column("name", pa.array(names, pa.string())).append_column(
+        "sort_index", processes["pid"]
+    )
+
+
+def _tracks(pid: np.ndarray, tid: np.ndarray) -> pa.Table:
+    """One row per distinct (pid, tid), by process, then core type, block, lane, with its
+    name and its position in its process."""
+    keys = np.unique(pid * (1 << 32) + tid % LANE_TID_STEP * 256 + tid // LANE_TID_STEP)
+    track_pid = keys >> 32
+    core_tid = (keys & 0xFFFFFFFF) // 256
+    lane = keys % 256
+    first = np.concatenate([[0], np.flatnonzero(np.diff(track_pid)) + 1]) if len(keys) else keys
+    starts = np.repeat(first, np.diff(np.append(first, len(keys))))
+    return pa.table(
+        {
+            "pid": track_pid,
+            "tid": core_tid + LANE_TID_STEP * lane,
+            "parent_tid": core_tid,
+            "lane": lane,
+            "name": [
+                track_name(int(c) // CORE_TID_STEP, int(c) % CORE_TID_STEP, int(n))
+                for c, n in zip(core_tid.tolist(), lane.tolist(), strict=True)
+            ],
+            "sort_index": np.arange(len(keys)) - starts,
+        }
+    )
+
+
+def _note_moved(con: duckdb.DuckDBPyConnection, identities: list[pa.Table]) -> None:
+    """Keep the records off lane 0 in ``moved``, for the arrows that end on them."""
+    con.register("mcprof_moved_rows", pa.concat_tables(identities))
+    try:
+        con.execute("INSERT INTO moved SELECT DISTINCT * FROM mcprof_moved_rows")
+    finally:
+        con.unregister("mcprof_moved_rows")
+
+
+def _invocation_pids(invocations: pa.Table, processes: pa.Table) -> np.ndarray:
+    """The pid of each invocation (by ``inv_index``)."""
+    keys = {
+        (r, k): p
+        for r, k, p in zip(
+            processes["run_id"].to_pylist(),
+            processes["rank"].to_pylist(),
+            processes["pid"].to_pylist(),
+            strict=True,
+        )
+    }
+    return np.array(
+        [
+            keys[r, k]
+            for r, k in zip(
+                invocations["run_id"].to_pylist(), invocations["rank"].to_pylist(), strict=True
+            )
+        ],
+        dtype=np.int64,
+    )
+
+
+def _only(values: Iterable[Any]) -> Any:
+    distinct = list(dict.fromkeys(values))
+    return distinct[0] if len(distinct) == 1 else None
+
+
+def _summary(
+    timeline: Timeline, flows: int, moved: tuple[np.ndarray, np.ndarray] | None
+) -> dict[str, Any]:
+    """The ``megaKernelCycleTrace`` object: what the trace holds and what to be wary of;
+    ``moved`` holds the pid and tid of each record on a sub-track."""
+    invocations, processes = timeline.invocations, timeline.processes
+    per_invocation = numpy_column(invocations, "selected")
+    procs = {(p["run_id"], p["rank"]): p for p in processes.to_pylist()}
+    entries = []
+    for row, exported in zip(invocations.to_pylist(), per_invocation.tolist(), strict=True):
+        process = procs[row["run_id"], row["rank"]]
+        entries.append(
+            {
+                "runId": row["run_id"],
+                "invocationId": row["invocation_id"],
+                "step": row["step"],
+                "windowIndex": row["window_id"],
+                "direction": row["direction"],
+                "kernelName": row["kernel_name"],
+                "rank": row["rank"],
+                "deviceId": row["device"],
+                "pid": process["pid"],
+                "socName": row["soc"],
+                "cycleFrequencyMHz": row["frequency_hz"] / 1e6,
+                "cycleFrequencySource": row["frequency_source"],
+                "anchorCycle": row["anchor_cycle"],
+                "offsetUs": (row["anchor_cycle"] - process["anchor"]) * 1e6 / row["frequency_hz"],
+                "recordCapacityPerCore": {"AIC": row["aic_capacity"], "AIV": row["aiv_capacity"]},
+                "recordCount": exported,
+                "storedRecordCount": row["record_count"],
+                "droppedRecordCount": row["dropped_count"],
+                "taskGraph": row["has_graph"],
+            }
+        )
+    dropped = sum(e["droppedRecordCount"] for e in entries)
+    warnings = []
+    if dropped:
+        lossy = [e for e in entries if e["droppedRecordCount"]]
+        warnings.append(
+            f"device dropped {dropped} records in {len(lossy)} invocation(s) (full slots; "
+            "raise the capacity): the timeline misses their last tasks"
+        )
+    sub_tracks = []
+    if moved is not None:
+        keys, counts = np.unique(np.stack(moved), axis=1, return_counts=True)
+        for (track_pid, track_tid), moved_count in zip(
+            keys.T.tolist(), counts.tolist(), strict=True
+        ):
+            sub_tracks.append(
+                {
+                    "pid": track_pid,
+                    "tid": track_tid,
+                    "parentTid": track_tid % LANE_TID_STEP,
+                    "records": moved_count,
+                }
+            )
+        warnings.append(
+            f"{len(moved[0])} records overlapped an earlier record of their core (clock "
+            f"granularity) and were moved to {len(sub_tracks)} sub-track(s)"
+        )
+    without_graph = sum(not e["taskGraph"] for e in entries)
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "selection": timeline.described,
+        "detailedTaskNames": timeline.detailed,
+        "rank": _only(p["rank"] for p in procs.values()),
+        "deviceId": _only(e["deviceId"] for e in entries),
+        "socName": _only(e["socName"] for e in entries),
+        "windowIndex": _only(e["windowIndex"] for e in entries),
+        "cycleFrequencyMHz": _only(e["cycleFrequencyMHz"] for e in entries),
+        "cycleFrequencySource": _only(e["cycleFrequencySource"] for e in entries),
+        "anchorCycle": _only(p["anchor"] for p in procs.values()),
+        "recordCapacityPerCore": {
+            "AIC": max(e["recordCapacityPerCore"]["AIC"] for e in entries),
+            "AIV": max(e["recordCapacityPerCore"]["AIV"] for e in entries),
+        },
+        "maxRecordCapacityPerCore": MAX_CAPACITY,
+        "invocationCount": len(entries),
+        "recordCount": timeline.records,
+        "droppedRecordCount": dropped,
+        "flowCount": flows,
+        "invocationsWithoutTaskGraph": without_graph,
+        "processes": [
+            {"pid": p["pid"], "runId": p["run_id"], "rank": p["rank"], "anchorCycle": p["anchor"]}
+            for p in processes.to_pylist()
+        ],
+        "invocations": entries,
+        "subTracks": sub_tracks,
+        "warnings": warnings,
+    }
+
+
+@contextmanager
+def open_timeline(
+    store: Store,
+    selection: RecordSelection | SelectedRecords,
+    *,
+    detailed_task_names: bool = False,
+    scratch_dir: Path | None = None,
+    group_rows: int = GROUP_ROWS,
+) -> Iterator[Timeline]:
+    """The ``Timeline`` of ``selection`` in ``store``, readable until the block ends (it
+    holds a cursor of the store and a scratch directory, made in ``scratch_dir``, default
+    the system's). DuckDB's errors become ``ExportQueryError``."""
+    selected = selection.resolve(store) if isinstance(selection, RecordSelection) else selection
+    with (
+        tempfile.TemporaryDirectory(prefix=".mcprof-export-", dir=scratch_dir) as scratch,
+        store.reading(runs=selected.runs) as con,
+        query_errors(selected.described),
+    ):
+        yield Timeline(
+            con,
+            selected,
+            Path(scratch),
+            detailed_task_names=detailed_task_names,
+            group_rows=group_rows,
+        )

@@ -1,0 +1,95 @@
+"""``chrome_trace_handler``: each window that ends writes that window's trace, by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from trace_checker import check_trace, load_trace
+
+from multicore_profiler import mega_kernel_profile, schedule
+from multicore_profiler.errors import ExportError
+from multicore_profiler.export.handlers import chrome_trace_handler
+from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+
+TOKENS, HIDDEN, INTER, EXPERTS, TOP_K = 48, 16, 32, 4, 2
+LAUNCHES_PER_STEP = 2
+
+
+def per_launch(kernel: ReferenceMoeKernel) -> tuple[int, int]:
+    """Records and dependency arrows of one launch, from its task graph: a compute record
+    per task, one more per event it waits on (each wait gets an arrow) or triggers."""
+    tasks = kernel.config_for(TOKENS).tasks
+    waits = int((tasks["wait_event"] >= 0).sum())
+    triggers = int((tasks["trigger_event"] >= 0).sum())
+    return len(tasks["task_id"]) + waits + triggers, waits
+
+
+@pytest.mark.parametrize("use_gzip", [False, True])
+def test_each_window_writes_its_trace(tmp_path: Path, use_gzip: bool) -> None:
+    router, w1, w2 = make_moe_weights(
+        EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
+    )
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    out = tmp_path / "traces"
+    with (
+        ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
+        mega_kernel_profile(
+            store=tmp_path / "store",
+            schedule=schedule(wait=1, warmup=0, active=2, repeat=2),
+            on_trace_ready=chrome_trace_handler(out, worker_name="w0", use_gzip=use_gzip),
+        ) as prof,
+    ):
+        for _ in range(6):
+            for _ in range(LAUNCHES_PER_STEP):
+                kernel(x, *route(x, router, TOP_K))
+            prof.step()
+    suffix = ".gz" if use_gzip else ""
+    names = [f"w0.{prof.run_id}.window{k}.pt.trace.json{suffix}" for k in (0, 1)]
+    assert sorted(p.name for p in out.iterdir()) == names
+    records, arrows = per_launch(kernel)
+    launches = 2 * LAUNCHES_PER_STEP  # two active steps a window
+    for window, (name, steps) in enumerate(zip(names, ([1, 2], [4, 5]), strict=True)):
+        trace = load_trace(out / name)
+        check_trace(trace)
+        events = trace["traceEvents"]
+        slices = [e for e in events if e["ph"] == "X"]
+        tracks = {(e["pid"], e["tid"]) for e in slices}
+        assert len(slices) == launches * records
+        assert len([e for e in events if e["ph"] in "sf"]) == 2 * launches * arrows
+        assert len([e for e in events if e["ph"] == "M"]) == 2 + 2 * len(tracks)
+        summary = trace["megaKernelCycleTrace"]
+        assert summary["selection"] == f"run {prof.run_id}, rank 0, window {window}"
+        assert sorted({i["step"] for i in summary["invocations"]}) == steps
+        assert summary["detailedTaskNames"] is False
+
+
+def test_detailed_names_follow_the_session_unless_given(tmp_path: Path) -> None:
+    router, w1, w2 = make_moe_weights(
+        EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
+    )
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    handlers = [
+        chrome_trace_handler(tmp_path / "session", worker_name="w"),
+        chrome_trace_handler(tmp_path / "plain", worker_name="w", detailed_task_names=False),
+    ]
+    with (
+        ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
+        mega_kernel_profile(
+            store=tmp_path / "store",
+            detailed_task_names=True,
+            on_trace_ready=lambda p: [handler(p) for handler in handlers],
+        ) as prof,
+    ):
+        kernel(x, *route(x, router, TOP_K))
+    for folder, detailed in (("session", True), ("plain", False)):
+        trace = load_trace(tmp_path / folder / f"w.{prof.run_id}.window0.pt.trace.json")
+        assert trace["megaKernelCycleTrace"]["detailedTaskNames"] is detailed
+
+
+def test_a_handler_outside_a_window_refuses(tmp_path: Path) -> None:
+    session = SimpleNamespace(windows=[], run_id=None)
+    with pytest.raises(ExportError, match="before any capture window ended"):
+        chrome_trace_handler(tmp_path)(session)  # type: ignore[arg-type]
