@@ -7,6 +7,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE := $(VENV)/.installed
 DEV := $(VENV)/.installed-dev
+# Test files run in parallel processes, whole files to a process (module fixtures are built
+# once); every test is independent of the others' order and process.
+TEST_WORKERS ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test lint layers bench clean
@@ -41,7 +44,7 @@ test: lint layers
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
 	command -v java >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openjdk-17-jre-headless)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(DEV)
 	$(BIN)/python bench/ingest.py
