@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
 
@@ -122,3 +123,15 @@ def test_spark_paths_and_an_empty_store(
     assert spark_path(StoreLocation.parse("s3://bucket/prefix")) == "s3a://bucket/prefix"
     with pytest.raises(StoreError, match="has no runs yet"):
         register_spark_views(spark, store.uri)
+
+
+def test_spark_views_without_pyspark_name_the_extra_to_install(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyspark.sql", None)  # importing it raises ImportError
+    location = StoreLocation.parse(tmp_path / "store")
+    with pytest.raises(StoreError) as raised:
+        register_spark_views(object(), location)
+    assert str(raised.value) == (
+        "Spark views need pyspark: pip install 'multicore_profiler[spark]'"
+    )

@@ -127,9 +127,9 @@ def merge_chrome_traces(
     ends in ``.gz``) and return what was written.
 
     ``mega_kernel_trace`` is a standalone trace from ``export_chrome_trace`` or a
-    ``Store``, whose ``run`` (default: latest) narrowed by ``step`` / ``window`` is
-    exported first. The outer trace is loaded into ``store`` (default: the store given
-    as ``mega_kernel_trace``, else a temporary one). ``rank`` defaults to the outer
+    ``Store``, whose ``run`` (default: latest) narrowed by ``step`` / ``window`` is read
+    from it as a ``Timeline``. The outer trace is loaded into ``store`` (default: the
+    store given as ``mega_kernel_trace``, else a temporary one). ``rank`` defaults to the outer
     trace's ``distributedInfo.rank``, or the only rank the MegaKernel trace has.
 
     The i-th invocation aligns to the i-th outer device kernel matching

@@ -51,7 +51,12 @@ def spark_path(location: StoreLocation) -> str:
 def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
     """Register the store's views on ``spark`` (a ``pyspark.sql.SparkSession``); return
     their names."""
-    from pyspark.sql import functions  # the caller's pyspark, not a dependency
+    try:
+        from pyspark.sql import functions  # the caller's pyspark, not a dependency
+    except ImportError:
+        raise StoreError(
+            "Spark views need pyspark: pip install 'multicore_profiler[spark]'"
+        ) from None
 
     location = where if isinstance(where, StoreLocation) else StoreLocation.parse(where)
     base = spark_path(location)
