@@ -31,7 +31,7 @@ from typing import Any
 
 
 @contextmanager
-def _rank0_dir(trace_path: Path) -> Iterator[Path]:
+def rank0_dir(trace_path: Path) -> Iterator[Path]:
     """A temporary trace directory holding ``trace_path`` as rank 0, HTA's logging and
     pandas' warnings muted."""
     trace_path = Path(trace_path).resolve()
@@ -53,7 +53,7 @@ def trace_analysis_breakdown(trace_path: Path) -> tuple[Any, Any]:
     type and the per kernel DataFrames."""
     from hta.trace_analysis import TraceAnalysis
 
-    with _rank0_dir(trace_path) as directory:
+    with rank0_dir(trace_path) as directory:
         analysis = TraceAnalysis(trace_dir=str(directory))
         return analysis.get_gpu_kernel_breakdown(visualize=False)
 
@@ -62,7 +62,7 @@ def gpu_kernel_breakdown(trace_path: Path) -> dict[str, tuple[int, int]]:
     """Return ``{kernel name: (launch count, summed duration in µs)}`` computed by HTA."""
     from hta.common.trace import Trace  # slow import; only pay for it when used
 
-    with _rank0_dir(trace_path) as directory:
+    with rank0_dir(trace_path) as directory:
         link = next(directory.iterdir())
         trace = Trace(trace_files={0: str(link)}, trace_dir=str(directory))
         trace.parse_traces(use_multiprocessing=False, use_memory_profiling=False)

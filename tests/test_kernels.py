@@ -311,8 +311,9 @@ def test_torch_npu_tasks_link_by_flows_and_make_steps(store: Store) -> None:
     assert {r["family"]: r["n"] for r in families} == Counter(
         default_family(o.name) for o in ref.device_ops(events)
     )
-    # The one ProfilerStep is the last step, so dropped; its own tasks are counted.
-    assert rows(store, "SELECT count(*) AS n FROM steps") == [{"n": 0}]
+    # The one ProfilerStep is a one-step capture: under the default last-step rule (auto)
+    # it ends at its own last task (closed_by own_end); its own tasks are counted.
+    assert rows(store, "SELECT count(*) AS n FROM steps") == [{"n": 1}]
     own = ref.own_ops(events)
     assert {a: len(ops) for a, ops in own.items()} == {710: 168}
     # Three aten::linear calls on the main thread make two steps of the forward pass.
@@ -702,11 +703,13 @@ def test_cli_kernels_prints_a_per_step_family_table(capsys, tmp_path: Path, a100
         {f for _, f in totals},
         key=lambda f: (-sum(v[2] for k, v in totals.items() if k[1] == f), f),
     )
-    assert lines[0] == "source_id,rank,step,annotation,period_ms,busy_pct," + ",".join(
-        f"{f}_ms" for f in order
-    )
+    breakdown = "stage_ms,computing_ms,communication_ms,communication_not_overlapped_ms,"
+    assert lines[0] == "source_id,rank,step,annotation,period_ms,busy_pct," + breakdown + (
+        "overlapped_ms,free_ms,"
+    ) + ",".join(f"{f}_ms" for f in order)
     assert lines[1].startswith(
-        'b8ce7a1a143b55dd,0,0,"ProfilerStep#550",208.697,34.7,29.532,21.595,'
+        'b8ce7a1a143b55dd,0,0,"ProfilerStep#550",208.697,34.7,'
+        "202.276,36.213,29.532,29.072,0.46,136.991,29.532,21.595,"
     )
     assert len(lines) == 5
     assert "b8ce7a1a143b55dd" in out.err  # loaded
@@ -732,6 +735,8 @@ def test_cli_kernels_with_a_rules_file_and_query(capsys, tmp_path: Path) -> None
     assert table == [
         {"source_id": table[0]["source_id"], "rank": 0, "step": 0,
          "annotation": "ProfilerStep#1", "period_ms": 1.0, "busy_pct": 26.4,
+         "stage_ms": 0.39, "computing_ms": 0.264, "communication_ms": 0.0,
+         "communication_not_overlapped_ms": 0.0, "overlapped_ms": 0.0, "free_ms": 0.126,
          "rest_ms": 0.154, "moe_ms": 0.11}
     ]  # fmt: skip
     assert cli.main(["query", "--store", store, "--rules", str(rules), "--format", "csv",

@@ -22,15 +22,22 @@ MI250 = DATA / "mi250_minitoy_train.json.gz"
 A100_ID = "b8ce7a1a143b55dd"
 A100_EVENTS = 108936
 BASE_COLUMNS = ["source_id", "rank", "step", "annotation", "period_ms", "busy_pct"]
+BREAKDOWN = ["stage_ms", "computing_ms", "communication_ms", "communication_not_overlapped_ms",
+             "overlapped_ms", "free_ms"]  # fmt: skip
 FAMILIES = ["collective", "gemm", "elementwise", "copy", "triton", "reduce", "memset", "rest"]
 A100_STEPS = [
-    (0, 550, 208.697, 34.7, 29.532, 21.595, 11.502, 9.544, 1.361, 0.981, 0.071, 0.073),
-    (1, 551, 216.392, 37.1, 36.85, 21.469, 11.194, 9.578, 1.384, 1.106, 0.09, 0.071),
-    (2, 552, 216.331, 34.2, 30.134, 21.524, 11.262, 9.891, 1.402, 1.179, 0.091, 0.078),
-    (3, 553, 215.375, 37.2, 36.81, 21.46, 11.243, 9.413, 1.369, 1.105, 0.088, 0.068),
+    (0, 550, 208.697, 34.7, 202.276, 36.213, 29.532, 29.072, 0.46, 136.991,
+     29.532, 21.595, 11.502, 9.544, 1.361, 0.981, 0.071, 0.073),
+    (1, 551, 216.392, 37.1, 209.597, 36.019, 36.85, 36.355, 0.495, 137.223,
+     36.85, 21.469, 11.194, 9.578, 1.384, 1.106, 0.09, 0.071),
+    (2, 552, 216.331, 34.2, 209.309, 36.226, 30.134, 29.651, 0.483, 143.432,
+     30.134, 21.524, 11.262, 9.891, 1.402, 1.179, 0.091, 0.078),
+    (3, 553, 215.375, 37.2, 208.629, 36.049, 36.81, 36.377, 0.433, 136.203,
+     36.81, 21.46, 11.243, 9.413, 1.369, 1.105, 0.088, 0.068),
 ]  # fmt: skip
 """``mcprof kernels`` on the A100 fixture, as docs/kernels.md shows it: step, ProfilerStep#
-number, period_ms, busy_pct and the families' ms in the order of ``FAMILIES``."""
+number, period_ms, busy_pct, the step time breakdown (``BREAKDOWN``: stage = computing +
+communication not overlapped + free) and the families' ms in the order of ``FAMILIES``."""
 
 
 def test_a_trace_file_then_its_prefix(store: Store) -> None:
@@ -86,7 +93,8 @@ def test_check_steps_says_what_the_pattern_matched(store: Store) -> None:
     message = (
         f"trace {mi250} has no step with a GPU period: 2 annotation(s) match the step pattern "
         r"'^ProfilerStep#(?P<step>\d+)$'; a step needs device kernels launched from inside its "
-        "annotation and a next step (the last one is dropped); give --steps REGEX"
+        "annotation and, unless it is the only annotation, a next step (the last one is "
+        "dropped; see last_step in the rules); give --steps REGEX"
     )
     with pytest.raises(RulesError, match=f"^{re.escape(message)}$"):
         check_steps(store, mi250)
@@ -98,7 +106,7 @@ def test_family_times_by_step_is_what_mcprof_kernels_prints(
 ) -> None:
     a100 = resolve_trace(store, A100).source_id
     table = family_times_by_step(store, [a100])
-    assert table.column_names == BASE_COLUMNS + [f"{family}_ms" for family in FAMILIES]
+    assert table.column_names == BASE_COLUMNS + BREAKDOWN + [f"{f}_ms" for f in FAMILIES]
     assert table.to_pylist() == [
         dict(zip(table.column_names, (A100_ID, 0, step, f"ProfilerStep#{n}", *rest), strict=True))
         for step, n, *rest in A100_STEPS

@@ -14,8 +14,11 @@ from simulated_runs import write_run
 from multicore_profiler import cli
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.report import write_report
+from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.store import Store
+
+DATA = Path(__file__).parent / "data"
 
 
 def rendered(page: Path) -> str:
@@ -74,3 +77,34 @@ def test_report_without_base_and_its_errors(store: Store, tmp_path: Path, capsys
     assert "Comparison" not in dom.split("<script")[0]
     with pytest.raises(ExportError, match="has no invocation 99 to draw"):
         write_report(store, "commit:abcd", out, invocation=99)
+
+
+def test_report_draws_each_steps_time_breakdown_as_a_stacked_bar(
+    store: Store, tmp_path: Path, capsys
+) -> None:
+    write_run(store, SimulatedMoeKernel(experts=2, tiles=2), seed=1, commit="abcd")
+    npu = DATA / "torchnpu_imagenet_2025_L0_rank0_trace_view.json.gz"
+    source = ingest_trace(store, npu, label="npu").source_id
+    out = tmp_path / "r.html"
+    argv = ["report", "--store", str(store.root), "--run", "commit:abcd", "-o", str(out)]
+    assert cli.main([*argv, "--traces", "label:npu"]) == 0
+    capsys.readouterr()
+    dom = rendered(out)
+    assert 'data-ready="1"' in dom
+    assert "data-error" not in dom
+    bars = re.findall(r'<g class="step" data-step="([^"]+)"', dom)
+    assert bars == [f"{source[:8]} ProfilerStep#50"]
+    parts = re.findall(r'<rect class="part" data-part="(\w+)"[^>]*><title>([^<]+)</title>', dom)
+    # step_trace_time.csv: Computing 8827.473, Communication(Not Overlapped) 81515.607,
+    # Free 25908.102 us; the three tile the stage (116251.25 us).
+    assert parts == [
+        ("computing_ns", f"{source[:8]} ProfilerStep#50 computing_ns: 8827.5 us"),
+        (
+            "communication_not_overlapped_ns",
+            f"{source[:8]} ProfilerStep#50 communication_not_overlapped_ns: 81515.6 us",
+        ),
+        ("free_ns", f"{source[:8]} ProfilerStep#50 free_ns: 25908.1 us"),
+    ]
+    ingest_trace(store, DATA / "a100_triton_example.json.gz", label="triton")
+    with pytest.raises(ExportError, match="label:triton have no step to break down"):
+        write_report(store, "commit:abcd", out, traces="label:triton")

@@ -4,15 +4,17 @@
 trace, not the MegaKernel. ``OuterKernelRules`` holds their rules: an ordered list of
 (family, regex on the kernel name), first match wins and anything else is ``rest``; the
 regex of the step annotations, whose named groups become step details; the family sequence
-of a layer; and which families make a compute segment between collectives ``moe``,
-``attn`` and so on. ``OuterKernelRules.load`` reads them from a TOML file. They are the
-setting of the SQL module ``outer_kernel_rules`` (see ``analysis/registry.py``): a store
-applies them with ``Store.use_kernel_rules`` (``store.configure("outer_kernel_rules", rules)``).
+of a layer; which families make a compute segment between collectives ``moe``, ``attn``
+and so on; and how the last step of a trace ends (``LAST_STEP_RULES``).
+``OuterKernelRules.load`` reads them from a TOML file. They are the setting of the SQL
+module ``outer_kernel_rules`` (see ``analysis/registry.py``): a store applies them with
+``Store.use_kernel_rules`` (``store.configure("outer_kernel_rules", rules)``).
 
 The rules live in the store's DuckDB as tables (``kernel_family_rules``,
-``layer_sequence``, ``segment_kind_rules``), and the regexes are compiled into two
-generated pieces of SQL: the macro ``kernel_family(name)`` and the view
-``step_annotations``; ``OuterKernelRules.install`` creates these and nothing else. The
+``layer_sequence``, ``segment_kind_rules``), the last-step rule is the macro
+``last_step_rule()``, and the regexes are compiled into two generated pieces of SQL: the
+macro ``kernel_family(name)`` and the view ``step_annotations``;
+``OuterKernelRules.install`` creates these and nothing else. The
 views over them (``device_ops``, ``kernels``, ``steps``, ...) are the SQL modules of
 ``analysis/sql/outer_kernels/``. Constant regexes are compiled once by DuckDB; joining
 names to a table of pattern strings would compile each pattern again for every row (about
@@ -21,6 +23,7 @@ names to a table of pattern strings would compile each pattern again for every r
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -111,6 +114,16 @@ STEP_PATTERNS: dict[str, str] = {
 """Step annotation patterns by name: torch.profiler's ``ProfilerStep#N``, and vLLM's
 per-step ``execute_context_<requests>(<tokens>)_generation_<requests>(<tokens>)``."""
 
+LAST_STEP_RULES: dict[str, str] = {
+    "auto": "own_end in a trace with a single step annotation (a one-step capture), else drop",
+    "own_end": "the last step ends at the end of its own last device op",
+    "drop": "the last step is left out (no next step ends its period)",
+}
+"""How the period of a trace's last step (the one no later step follows) ends, by rule
+name. A period otherwise ends at the next step's first device activity (``next_step``).
+``auto``, the default, gives a one-step capture (torch_npu's documented habit) its step and
+keeps the ``drop`` rule of multi-step traces."""
+
 DEFAULT_LAYER_SEQUENCE: tuple[str, ...] = ("moe_router", "moe_topk", "moe_expert", "moe_expert")
 """router -> top-k -> expert gate/up -> expert down: the first expert launch of a layer is
 its gate/up projection, the later ones its down projection."""
@@ -144,13 +157,15 @@ class OuterKernelRules:
     ``*_tokens``, ``*_requests``). ``layers``: the family sequence of one layer (its first
     family starts a layer and appears once; empty: no layers); by default
     ``DEFAULT_LAYER_SEQUENCE`` where the families define its families. ``segments``: (kind,
-    family globs) in order.
+    family globs) in order. ``last_step``: how the last step of a trace ends, a name in
+    ``LAST_STEP_RULES``.
     """
 
     families: tuple[tuple[str, str], ...] = DEFAULT_FAMILIES
     steps: str = STEP_PATTERNS["profiler"]
     layers: tuple[str, ...] | None = None
     segments: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_SEGMENT_KINDS
+    last_step: str = "auto"
 
     def __post_init__(self) -> None:
         families = tuple((str(f), str(p)) for f, p in self.families)
@@ -182,6 +197,10 @@ class OuterKernelRules:
             if not globs or not all(isinstance(g, str) and g for g in globs):
                 raise RulesError(f"segment kind {kind!r} needs a list of family globs")
         object.__setattr__(self, "segments", segments)
+        if self.last_step not in LAST_STEP_RULES:
+            raise RulesError(
+                f"last_step must be one of {sorted(LAST_STEP_RULES)}, got {self.last_step!r}"
+            )
         self._step_groups()
 
     def _step_groups(self) -> dict[str, int]:
@@ -195,14 +214,14 @@ class OuterKernelRules:
 
     def with_families(self, families: Iterable[tuple[str, str]]) -> OuterKernelRules:
         """These rules with ``families`` matched first, before the current ones."""
-        return OuterKernelRules((*families, *self.families), self.steps, self.layers, self.segments)
+        return dataclasses.replace(self, families=(*families, *self.families))
 
     @classmethod
     def load(cls, path: Path | str) -> OuterKernelRules:
         """Read rules from a TOML file (see ``docs/kernels.md``): ``[[family]]`` tables
         (``name``, ``pattern``) matched before the defaults (unless ``default_families =
-        false``), and optional ``steps``, ``layers`` and ``[[segment]]`` (``kind``,
-        ``families``)."""
+        false``), and optional ``steps``, ``layers``, ``last_step`` and ``[[segment]]``
+        (``kind``, ``families``)."""
         path = Path(path)
         try:
             document = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -215,7 +234,7 @@ class OuterKernelRules:
     @classmethod
     def from_mapping(cls, document: Mapping[str, Any], *, where: str = "rules") -> OuterKernelRules:
         """Rules from the parsed form of a rules file (see ``load``)."""
-        allowed = {"family", "default_families", "steps", "layers", "segment"}
+        allowed = {"family", "default_families", "steps", "layers", "segment", "last_step"}
         extra = sorted(set(document) - allowed)
         if extra:
             raise RulesError(
@@ -235,6 +254,10 @@ class OuterKernelRules:
             if not isinstance(document["steps"], str):
                 raise RulesError(f"{where}: steps must be a pattern string")
             changes["steps"] = document["steps"]
+        if "last_step" in document:
+            if not isinstance(document["last_step"], str):
+                raise RulesError(f"{where}: last_step must be a string")
+            changes["last_step"] = document["last_step"]
         if "layers" in document:
             layers = document["layers"]
             if not isinstance(layers, list) or not all(isinstance(f, str) for f in layers):
@@ -261,9 +284,9 @@ class OuterKernelRules:
         _check_regex(con, self.steps, "step pattern")
 
     def install(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Create or replace, on ``con``, the rules tables, the macro ``kernel_family`` and
-        the view ``step_annotations`` (the modules of ``analysis/sql/outer_kernels/`` read
-        them)."""
+        """Create or replace, on ``con``, the rules tables, the macros ``last_step_rule`` and
+        ``kernel_family`` and the view ``step_annotations`` (the modules of
+        ``analysis/sql/outer_kernels/`` read them)."""
         self.check(con)
         con.execute(
             "CREATE OR REPLACE TABLE kernel_family_rules "
@@ -285,6 +308,7 @@ class OuterKernelRules:
             "INSERT INTO segment_kind_rules VALUES (?, ?, ?)",
             [(i, kind, g) for i, (kind, globs) in enumerate(self.segments) for g in globs],
         )
+        con.execute(f"CREATE OR REPLACE MACRO last_step_rule() AS {sql_string(self.last_step)}")
         con.execute(self._family_macro())
         con.execute(self._step_view())
 
@@ -341,10 +365,11 @@ RULES_NAMES = (
     "kernel_family_rules",
     "layer_sequence",
     "segment_kind_rules",
+    "last_step_rule",
     "kernel_family",
     "step_annotations",
 )
-"""What ``OuterKernelRules.install`` creates: the rules tables, the macro and the view."""
+"""What ``OuterKernelRules.install`` creates: the rules tables, the macros and the view."""
 
 
 def check_setting(con: duckdb.DuckDBPyConnection, rules: Any) -> None:

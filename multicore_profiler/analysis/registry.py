@@ -78,4 +78,9 @@ register(
         _sql("outer_kernels/step_pairs.sql"),
         needs=("outer_kernels.steps", "outer_kernels.collectives"),
     ),
+    SqlModule(
+        "outer_kernels.breakdown",
+        _sql("outer_kernels/breakdown.sql"),
+        needs=("outer_kernel_rules", "outer_kernels.steps"),
+    ),
 )

@@ -65,7 +65,12 @@ def cmd_report(args: argparse.Namespace) -> None:
     from multicore_profiler.export.report import write_report
 
     written = write_report(
-        open_given_store(args), args.run, args.output, base=args.base, invocation=args.invocation
+        open_given_store(args),
+        args.run,
+        args.output,
+        base=args.base,
+        invocation=args.invocation,
+        traces=args.traces,
     )
     print(f"{written}: report of {args.run}" + (f" against {args.base}" if args.base else ""))
 
@@ -126,6 +131,11 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         "--invocation",
         type=in_range(INVOCATION_ID),
         help="the invocation to draw (default: the latest run's first)",
+    )
+    report.add_argument(
+        "--traces",
+        metavar="SELECTOR",
+        help="also draw the step time breakdown of these outer traces (e.g. label:nightly)",
     )
     report.add_argument("-o", "--output", type=path, required=True, help="the page (.html)")
     report.set_defaults(func=cmd_report)

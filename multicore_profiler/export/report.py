@@ -1,5 +1,5 @@
 """A self-contained HTML report of runs: per-stage statistics, one invocation's worker
-timeline, and a comparison with base runs.
+timeline, a comparison with base runs, and the step time breakdown of outer traces.
 
 Everything is in the one file (no network): the data as JSON in the page, drawn by a small
 script into tables and an SVG timeline (a lane per AIC or AIV worker, stages coloured).
@@ -59,6 +59,7 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
 <h2>Stages</h2><table id="stages"></table>
 <h2>Timeline of one invocation</h2><p id="timeline-title"></p><div id="timeline"></div>
 <div id="comparison-section"></div>
+<div id="breakdown-section"></div>
 <script type="application/json" id="data">__DATA__</script>
 <script>
 (function () {
@@ -153,6 +154,52 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
           function (r) { return r.verdict; });
     section.appendChild(compared);
   }
+  if (data.breakdown) {
+    var part = document.getElementById("breakdown-section");
+    var heading = document.createElement("h2"); heading.textContent = "Step time breakdown";
+    part.appendChild(heading);
+    var b = data.breakdown, longest = Math.max.apply(null, b.rows.map(function (r) {
+      return r.stage_ns; }).concat([1]));
+    var barWidth = 900, barLeft = 260, barHeight = 18;
+    var chart = document.createElementNS(SVG, "svg");
+    chart.setAttribute("id", "breakdown");
+    chart.setAttribute("width", barLeft + barWidth + 10);
+    chart.setAttribute("height", b.rows.length * (barHeight + 6) + 6);
+    b.rows.forEach(function (r, index) {
+      var g = document.createElementNS(SVG, "g");
+      g.setAttribute("class", "step");
+      g.setAttribute("data-step", r.label);
+      g.setAttribute("transform", "translate(0," + (index * (barHeight + 6) + 3) + ")");
+      var label = document.createElementNS(SVG, "text");
+      label.setAttribute("class", "lane-label"); label.setAttribute("y", 13);
+      label.textContent = r.label;
+      g.appendChild(label);
+      var x = barLeft;
+      b.parts.forEach(function (name) {
+        var w = r[name] / longest * barWidth;
+        var rect = document.createElementNS(SVG, "rect");
+        rect.setAttribute("class", "part"); rect.setAttribute("data-part", name);
+        rect.setAttribute("x", x); rect.setAttribute("width", w);
+        rect.setAttribute("height", barHeight); rect.setAttribute("fill", b.colors[name]);
+        var tip = document.createElementNS(SVG, "title");
+        tip.textContent = r.label + " " + name + ": " + (r[name] / 1e3).toFixed(1) + " us";
+        rect.appendChild(tip);
+        g.appendChild(rect);
+        x += w;
+      });
+      chart.appendChild(g);
+    });
+    part.appendChild(chart);
+    var key = document.createElement("p"); key.id = "breakdown-legend";
+    b.parts.forEach(function (name) {
+      var swatch = document.createElement("span");
+      swatch.style.cssText = "display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;"
+        + "background:" + b.colors[name];
+      key.appendChild(swatch);
+      key.appendChild(document.createTextNode(name));
+    });
+    part.appendChild(key);
+  }
   document.documentElement.dataset.ready = "1";
 })();
 </script></body></html>
@@ -184,6 +231,33 @@ def _comparison(comparison: Comparison) -> dict[str, Any]:
     }
 
 
+_BREAKDOWN = """
+SELECT b.source_id, b.step_index, s.step_name, b.stage_ns, b.computing_ns,
+       b.communication_not_overlapped_ns, b.free_ns
+FROM step_time_breakdown b JOIN steps s USING (source_id, step_index)
+WHERE list_contains($sources, b.source_id)
+ORDER BY list_position($sources, b.source_id), b.step_index
+"""
+_BREAKDOWN_PARTS = {
+    "computing_ns": "#4c72b0",
+    "communication_not_overlapped_ns": "#c44e52",
+    "free_ns": "#cccccc",
+}
+"""The parts of a step's bar, which tile its stage time as msprof-analyze's do."""
+
+
+def _breakdown(store: Store, traces: RunSelector | str) -> dict[str, Any]:
+    """One bar per step of the selected outer traces: computing, communication not
+    overlapped with it, and free time (``step_time_breakdown``)."""
+    sources = store.select_traces(traces)
+    rows = store.sql(_BREAKDOWN, {"sources": sources}).to_pylist()
+    if not rows:
+        raise ExportError(f"the traces selected by {traces} have no step to break down")
+    for row in rows:
+        row["label"] = f"{row['source_id'][:8]} {row['step_name']}"
+    return {"parts": list(_BREAKDOWN_PARTS), "colors": _BREAKDOWN_PARTS, "rows": rows}
+
+
 def _us(value: float | None) -> float | None:
     return None if value is None else round(value / 1e3, 2)
 
@@ -195,13 +269,15 @@ def write_report(
     *,
     base: RunSelector | str | None = None,
     invocation: int | None = None,
+    traces: RunSelector | str | None = None,
 ) -> Path:
     """Write the report of the selected runs to ``output``: their stages, the timeline of
-    ``invocation`` of the latest run (default: its first), and with ``base`` the
-    comparison of those runs against the base runs."""
+    ``invocation`` of the latest run (default: its first), with ``base`` the comparison of
+    those runs against the base runs, and with ``traces`` (a selector of outer traces) a
+    stacked bar of each of their steps' time breakdown."""
     output = Path(output)
     with written_aside(output, ExportError, "the report") as aside:
-        page = _page(store, runs, base, invocation)
+        page = _page(store, runs, base, invocation, traces)
         aside.write_text(page, encoding="utf-8")
     return output
 
@@ -220,7 +296,11 @@ def script_json(data: Any) -> str:
 
 
 def _page(
-    store: Store, runs: RunSelector | str, base: RunSelector | str | None, invocation: int | None
+    store: Store,
+    runs: RunSelector | str,
+    base: RunSelector | str | None,
+    invocation: int | None,
+    traces: RunSelector | str | None,
 ) -> str:
     """The report's HTML: the data of the selected runs in the page's script."""
     selected = store.select_runs(runs)
@@ -251,6 +331,7 @@ def _page(
         },
         "colors": {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(names)},
         "comparison": None if base is None else _comparison(store.compare(base, runs)),
+        "breakdown": None if traces is None else _breakdown(store, traces),
     }
     page = _PAGE.replace("__TITLE__", f"{len(selected)} run(s)")
     return page.replace("__DATA__", script_json(data))

@@ -2,7 +2,8 @@
 -- collectives and segments.
 -- Needs: outer_kernel_rules (the table segment_kind_rules), outer_kernels.steps.
 
--- The collective operation a collective kernel's name says it runs.
+-- The collective operation a collective kernel's name says it runs (NCCL/RCCL kernel names
+-- and torch_npu's hcom_* ops: hcom_allReduce_, hcom_receive_, ...).
 CREATE OR REPLACE MACRO collective_op(name) AS
 CASE
     WHEN regexp_matches(name, '(?i)all_?reduce|cross_device_reduce') THEN 'all_reduce'
@@ -13,18 +14,20 @@ CASE
     WHEN regexp_matches(name, '(?i)broadcast') THEN 'broadcast'
     WHEN regexp_matches(name, '(?i)(^|_)reduce(_|$)') THEN 'reduce'
     WHEN regexp_matches(name, '(?i)(^|_)send(_|$)') THEN 'send'
-    WHEN regexp_matches(name, '(?i)(^|_)recv(_|$)') THEN 'recv'
+    WHEN regexp_matches(name, '(?i)(^|_)(recv|receive)(_|$)') THEN 'recv'
     ELSE 'other'
 END;
 
--- The collective kernels of each step, in order of start.
+-- The collective kernels of each step, in order of start: family collective, but not the
+-- hardware tasks of torch_npu's communication ops (kind communication_task), which are
+-- parts of the op they carry.
 CREATE OR REPLACE VIEW collectives AS
 SELECT source_id, rank, step_index, step_name,
     row_number() OVER (PARTITION BY source_id, step_index ORDER BY ts_ns, event_index) - 1
         AS collective_index,
     collective_op(name) AS op, name, pid, tid, stream, ts_ns, dur_ns, end_ns, event_index
 FROM kernels
-WHERE family = 'collective' AND step_index IS NOT NULL;
+WHERE family = 'collective' AND kind <> 'communication_task' AND step_index IS NOT NULL;
 
 -- The compute segments of each step: the parts of its period no collective covers (before
 -- the first, between two, after the last), with the ops that start in them, the union of

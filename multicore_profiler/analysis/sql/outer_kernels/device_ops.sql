@@ -6,22 +6,50 @@
 -- in this order) when the committed traces change, so the views above them do not
 -- recompute them (DuckDB inlines a view at every reference).
 
+-- Whether a torch_npu device task is part of a collective's transfer: its Task Type is one
+-- HCCL issues (notify waits and records, value writes, SDMA / RDMA transfers, inline
+-- reductions), in its Ascend Hardware form or the _SQE one.
+CREATE OR REPLACE MACRO is_communication_task(task_type) AS
+coalesce(regexp_matches(upper(replace(task_type, ' ', '_')),
+    '^(NOTIFY_WAIT|NOTIFY_RECORD|WRITE_VALUE|SDMA|RDMA|REDUCE_INLINE)(_SQE)?$'), false);
+
 -- Device activity: kernels, memcpys and memsets (kineto) and device tasks (torch_npu's,
--- which carry a Task Type), with their family.
+-- which carry a Task Type), with their family; and torch_npu's communication ops, the
+-- hcom_* events of its HCCL process (kind 'communication', family 'collective').
+-- The tasks HCCL issues for them (is_communication_task) on a communication stream (one
+-- holding a notify task, so never a compute stream's SDMA memcpys) are their parts: kind
+-- 'communication_task', family 'collective'.
 CREATE OR REPLACE VIEW _live_device_ops AS
-WITH ops AS (
+WITH hccl AS (
+    SELECT DISTINCT source_id, pid, true AS is_hccl FROM trace_events
+    WHERE ph = 'M' AND name = 'process_name' AND args->>'$.name' = 'HCCL'
+), events AS (
     SELECT
-        source_id, rank, event_index,
-        CASE cat WHEN 'gpu_memcpy' THEN 'memcpy' WHEN 'gpu_memset' THEN 'memset'
-                 ELSE 'kernel' END AS kind,
-        name, pid, tid, stream, device, ts_ns, coalesce(dur_ns, 0) AS dur_ns,
-        ts_ns + coalesce(dur_ns, 0) AS end_ns, correlation, task_type
-    FROM trace_events
-    WHERE ph = 'X' AND ts_ns IS NOT NULL AND is_device_op(cat, task_type)
+        e.source_id, e.rank, e.event_index,
+        CASE WHEN NOT is_device_op(e.cat, e.task_type) THEN 'communication'
+             WHEN e.cat = 'gpu_memcpy' THEN 'memcpy' WHEN e.cat = 'gpu_memset' THEN 'memset'
+             ELSE 'kernel' END AS kind,
+        e.name, e.pid, e.tid, e.stream, e.device, e.ts_ns, coalesce(e.dur_ns, 0) AS dur_ns,
+        e.ts_ns + coalesce(e.dur_ns, 0) AS end_ns, e.correlation, e.task_type
+    FROM trace_events e
+    LEFT JOIN hccl h ON e.source_id = h.source_id AND e.pid = h.pid
+    WHERE e.ph = 'X' AND e.ts_ns IS NOT NULL AND (is_device_op(e.cat, e.task_type)
+        OR (h.is_hccl AND starts_with(e.name, 'hcom_')))
+), communication_streams AS (
+    SELECT DISTINCT source_id, pid, tid FROM events
+    WHERE regexp_matches(upper(task_type), '^NOTIFY[ _](WAIT|RECORD)(_SQE)?$')
+), ops AS (
+    SELECT t.* REPLACE (
+        CASE WHEN is_communication_task(t.task_type) AND c.tid IS NOT NULL
+             THEN 'communication_task' ELSE t.kind END AS kind)
+    FROM events t LEFT JOIN communication_streams c USING (source_id, pid, tid)
 ), families AS (
     SELECT name, kernel_family(name) AS family FROM (SELECT DISTINCT name FROM ops)
 )
-SELECT ops.*, families.family FROM ops LEFT JOIN families USING (name);
+SELECT ops.*,
+    CASE WHEN ops.kind IN ('communication', 'communication_task') THEN 'collective'
+         ELSE families.family END AS family
+FROM ops LEFT JOIN families USING (name);
 CREATE OR REPLACE TABLE device_ops AS SELECT * FROM _live_device_ops;
 
 -- Where each device op was launched: the host calls with its correlation id (kineto),

@@ -7,11 +7,14 @@
 -- change.
 
 -- Steps with a GPU period: from the first GPU activity of the step's own launches (host
--- calls inside the annotation, on its thread) to the next step's; the last step of a
--- trace has no successor and is left out. Numbered by period in each source from 0.
+-- calls inside the annotation, on its thread) to the next step's (closed_by 'next_step').
+-- The last step of a trace has no successor: under the rule last_step_rule() it ends at
+-- the end of its own last device op (closed_by 'own_end'; rule 'own_end', or 'auto' in a
+-- trace of one step annotation) or is left out ('drop', or 'auto' otherwise). Numbered
+-- by period in each source from 0.
 CREATE OR REPLACE VIEW _live_step_periods AS
 WITH own AS (
-    SELECT a.source_id, a.event_index, min(o.ts_ns) AS start_ns,
+    SELECT a.source_id, a.event_index, min(o.ts_ns) AS start_ns, max(o.end_ns) AS own_end_ns,
         count(DISTINCT o.event_index) AS own_launches
     FROM op_launches l
     ASOF JOIN step_annotations a
@@ -20,24 +23,38 @@ WITH own AS (
     JOIN device_ops o ON o.source_id = l.source_id AND o.event_index = l.event_index
     WHERE l.launch_ts_ns <= a.ts_ns + a.dur_ns
     GROUP BY ALL
+), annotated AS (
+    SELECT source_id, count(*) AS annotations FROM step_annotations GROUP BY ALL
 ), ordered AS (
-    SELECT a.*, own.start_ns, own.own_launches,
-        lead(own.start_ns) OVER w AS end_ns,
+    SELECT a.*, own.start_ns, own.own_end_ns, own.own_launches, n.annotations,
+        lead(own.start_ns) OVER w AS next_start_ns,
         row_number() OVER w - 1 AS step_index
     FROM step_annotations a JOIN own USING (source_id, event_index)
+    JOIN annotated n USING (source_id)
     WINDOW w AS (PARTITION BY a.source_id ORDER BY own.start_ns, a.ts_ns, a.event_index)
+), closed AS (
+    SELECT *,
+        CASE WHEN next_start_ns IS NOT NULL THEN 'next_step'
+             WHEN last_step_rule() = 'own_end'
+                 OR (last_step_rule() = 'auto' AND annotations = 1) THEN 'own_end'
+        END AS closed_by
+    FROM ordered
 )
 SELECT
     source_id, rank, step_index, name AS step_name, step_number, phase, tokens, requests,
     details, event_index AS annotation_index, pid AS annotation_pid, tid AS annotation_tid,
     ts_ns AS annotation_ts_ns, dur_ns AS annotation_dur_ns,
-    start_ns, end_ns, end_ns - start_ns AS period_ns, own_launches
-FROM ordered
-WHERE end_ns IS NOT NULL;
+    start_ns, end_ns, end_ns - start_ns AS period_ns, own_launches, closed_by
+FROM (
+    SELECT *, CASE closed_by WHEN 'next_step' THEN next_start_ns ELSE own_end_ns END AS end_ns
+    FROM closed
+)
+WHERE closed_by IS NOT NULL;
 CREATE OR REPLACE TABLE step_periods AS SELECT * FROM _live_step_periods;
 
--- One row per device op (kind kernel, memcpy or memset) of every trace: its family, the
--- step whose period it starts in (NULL outside every period) and where it was launched.
+-- One row per device op (kind kernel, memcpy, memset, communication or communication_task;
+-- see device_ops) of every trace: its family, the step whose period it starts in (NULL
+-- outside every period) and where it was launched.
 CREATE OR REPLACE VIEW _live_kernels AS
 WITH first_launch AS (
     SELECT * FROM op_launches
@@ -101,8 +118,8 @@ GROUP BY ALL;
 CREATE OR REPLACE TABLE step_islands AS SELECT * FROM _live_step_islands;
 
 -- One row per step with a GPU period: the annotation and its details, the period, the
--- device ops that start in it (launches, summed time) and the union of every op's time
--- in it (busy); idle is the rest of the period.
+-- device ops that start in it (launches, summed time), the union of every op's time in
+-- it (busy), idle the rest of the period, and what closed the period.
 CREATE OR REPLACE VIEW steps AS
 WITH launched AS (
     SELECT source_id, step_index, count(*) AS launches, sum(dur_ns) AS kernel_ns
@@ -111,11 +128,12 @@ WITH launched AS (
     SELECT source_id, step_index, sum(end_ns - start_ns) AS busy_ns
     FROM step_islands WHERE grp = '*' GROUP BY ALL
 )
-SELECT p.*,
+SELECT p.* EXCLUDE (closed_by),
     coalesce(l.launches, 0) AS launches,
     coalesce(l.kernel_ns, 0)::BIGINT AS kernel_ns,
     coalesce(b.busy_ns, 0)::BIGINT AS busy_ns,
-    (p.period_ns - coalesce(b.busy_ns, 0))::BIGINT AS idle_ns
+    (p.period_ns - coalesce(b.busy_ns, 0))::BIGINT AS idle_ns,
+    p.closed_by
 FROM step_periods p
 LEFT JOIN launched l USING (source_id, step_index)
 LEFT JOIN busy b USING (source_id, step_index);

@@ -1,0 +1,210 @@
+-- Time breakdowns of the outer traces: breakdown_ops (each device op with its class),
+-- step_time_breakdown (msprof-analyze's step_trace_time per step), overlap_analysis
+-- (torch_npu's own Overlap Analysis slices per step) and temporal_breakdown (HTA's
+-- get_temporal_breakdown and get_comm_comp_overlap per trace).
+-- Needs: outer_kernels.steps (device_ops, op_launches, step_periods, step_annotations).
+--
+-- Every time is a length of a union of intervals in exact integer ns, found in SQL: the
+-- union of intervals sorted by start is the sum of what each one reaches past the latest
+-- end before it. An intersection is the sum of two unions less the union of both.
+
+-- The class of a device op in a breakdown, as HTA classes kernels: 'communication' (the
+-- collectives: family 'collective'), 'memory' (HTA's memcpy / memset / dma kernels,
+-- kineto's gpu_memcpy and gpu_memset, and Ascend's copies: MEMCPY_ASYNC tasks and the PCIe
+-- DMA and SDMA tasks of a compute stream), 'other' (HTA's other kernels: a name holding
+-- Memcpy or Sync; and Ascend's event record / wait and place-holder tasks, which only
+-- synchronize streams) and 'compute', the rest.
+CREATE OR REPLACE MACRO breakdown_class(name, kind, family, task_type) AS
+CASE
+    WHEN family = 'collective' THEN 'communication'
+    WHEN kind IN ('memcpy', 'memset') OR regexp_matches(name, '^(Memcpy|Memset|dma)')
+        OR name = 'MEMCPY_ASYNC'
+        OR coalesce(task_type IN ('PCIE_DMA_SQE', 'SDMA_SQE', 'PCIE_DMA'), false)
+        THEN 'memory'
+    WHEN regexp_matches(name, 'Memcpy|Sync')
+        OR coalesce(regexp_matches(task_type, '^(EVENT_RECORD|EVENT_WAIT|PLACE_HOLDER)'), false)
+        THEN 'other'
+    ELSE 'compute'
+END;
+
+-- Each device op with time (end after start) and its breakdown class, and kineto's
+-- cuda_sync events (kind 'sync', class 'other': the device waiting on a stream, an event
+-- or the context), which HTA counts as GPU time. 'receive' marks the communication ops
+-- msprof-analyze counts as pipeline bubble (names hcom_receive*).
+CREATE OR REPLACE VIEW breakdown_ops AS
+SELECT source_id, rank, event_index, kind, name, family, task_type, stream, correlation,
+    ts_ns, end_ns, breakdown_class(name, kind, family, task_type) AS class,
+    family = 'collective' AND starts_with(name, 'hcom_receive') AS receive
+FROM device_ops
+WHERE end_ns > ts_ns
+UNION ALL
+SELECT source_id, rank, event_index, 'sync' AS kind, name, NULL AS family, task_type,
+    stream, correlation, ts_ns, ts_ns + dur_ns AS end_ns, 'other' AS class, false AS receive
+FROM trace_events
+WHERE ph = 'X' AND cat = 'cuda_sync' AND ts_ns IS NOT NULL AND dur_ns > 0;
+
+-- One row per trace and step of `steps`: msprof-analyze's step_trace_time columns, from
+-- the device ops clipped to the step's period [start_ns, end_ns). Computing is the union
+-- of the compute ops, Communication the union of the collectives, Communication(Not
+-- Overlapped) the part of that union outside the compute union, Overlapped the rest of
+-- it. As in msprof's Overlap Analysis, the stage runs from the first compute or
+-- communication op in the period to the end of the last (stage_start_ns, stage_end_ns);
+-- Free is the part of it outside both unions (memory copies and stream synchronization
+-- count as free), Bubble the union of the hcom_receive ops, Stage its length less the
+-- bubble, Preparing from the step annotation's start to the stage's start (0 without a
+-- stage). Shares are of Stage (NULL where Stage is 0).
+CREATE OR REPLACE VIEW step_time_breakdown AS
+WITH clipped AS (
+    SELECT p.source_id, p.step_index, o.class, o.receive,
+        greatest(o.ts_ns, p.start_ns) AS lo, least(o.end_ns, p.end_ns) AS hi
+    FROM breakdown_ops o
+    JOIN step_periods p
+        ON o.source_id = p.source_id AND o.ts_ns < p.end_ns AND o.end_ns > p.start_ns
+    WHERE o.class IN ('compute', 'communication')
+), grouped AS (
+    SELECT source_id, step_index, lo, hi,
+        unnest([class, 'busy', CASE WHEN receive THEN 'receive' END]) AS grp
+    FROM clipped
+), reaching AS (
+    SELECT *, max(hi) OVER (
+        PARTITION BY source_id, step_index, grp ORDER BY lo, hi
+        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reached
+    FROM grouped
+    WHERE grp IS NOT NULL
+), unions AS (
+    SELECT source_id, step_index,
+        sum(greatest(hi - greatest(lo, coalesce(reached, lo)), 0))
+            FILTER (WHERE grp = 'compute') AS compute_ns,
+        sum(greatest(hi - greatest(lo, coalesce(reached, lo)), 0))
+            FILTER (WHERE grp = 'communication') AS comm_ns,
+        sum(greatest(hi - greatest(lo, coalesce(reached, lo)), 0))
+            FILTER (WHERE grp = 'busy') AS busy_ns,
+        sum(greatest(hi - greatest(lo, coalesce(reached, lo)), 0))
+            FILTER (WHERE grp = 'receive') AS receive_ns,
+        min(lo) FILTER (WHERE grp = 'busy') AS stage_start_ns,
+        max(hi) FILTER (WHERE grp = 'busy') AS stage_end_ns
+    FROM reaching
+    GROUP BY ALL
+), columns AS (
+    SELECT p.source_id, p.rank, p.step_index, p.step_name, p.start_ns, p.end_ns,
+        u.stage_start_ns, u.stage_end_ns,
+        coalesce(u.stage_end_ns - u.stage_start_ns, 0) AS span_ns,
+        coalesce(u.compute_ns, 0)::BIGINT AS computing_ns,
+        coalesce(u.comm_ns, 0)::BIGINT AS communication_ns,
+        coalesce(u.busy_ns - u.compute_ns, u.busy_ns, 0)::BIGINT
+            AS communication_not_overlapped_ns,
+        coalesce(u.busy_ns, 0) AS busy_ns,
+        coalesce(u.receive_ns, 0)::BIGINT AS bubble_ns,
+        coalesce(u.stage_start_ns - p.annotation_ts_ns, 0)::BIGINT AS preparing_ns
+    FROM step_periods p
+    LEFT JOIN unions u USING (source_id, step_index)
+), staged AS (
+    SELECT source_id, rank, step_index, step_name, start_ns, end_ns, stage_start_ns,
+        stage_end_ns, computing_ns, communication_ns, communication_not_overlapped_ns,
+        communication_ns - communication_not_overlapped_ns AS overlapped_ns,
+        (span_ns - busy_ns)::BIGINT AS free_ns,
+        (span_ns - bubble_ns)::BIGINT AS stage_ns, bubble_ns, preparing_ns
+    FROM columns
+)
+SELECT *,
+    computing_ns / nullif(stage_ns, 0) AS computing_share,
+    communication_ns / nullif(stage_ns, 0) AS communication_share,
+    communication_not_overlapped_ns / nullif(stage_ns, 0) AS communication_not_overlapped_share,
+    overlapped_ns / nullif(stage_ns, 0) AS overlapped_share,
+    free_ns / nullif(stage_ns, 0) AS free_share,
+    bubble_ns / nullif(stage_ns, 0) AS bubble_share,
+    preparing_ns / nullif(stage_ns, 0) AS preparing_share
+FROM staged;
+
+-- One row per torch_npu trace and step whose trace carries msprof's own Overlap Analysis
+-- process: the summed time of its Computing, Communication, Communication(Not Overlapped)
+-- and Free slices inside the step's period (each slice clipped to it), to set beside
+-- step_time_breakdown.
+CREATE OR REPLACE VIEW overlap_analysis AS
+WITH processes AS (
+    SELECT DISTINCT source_id, pid FROM trace_events
+    WHERE ph = 'M' AND name = 'process_name' AND args->>'$.name' = 'Overlap Analysis'
+), slices AS (
+    SELECT e.source_id, e.name, e.ts_ns, e.ts_ns + coalesce(e.dur_ns, 0) AS end_ns
+    FROM trace_events e SEMI JOIN processes USING (source_id, pid)
+    WHERE e.ph = 'X' AND e.ts_ns IS NOT NULL
+), clipped AS (
+    SELECT p.source_id, p.rank, p.step_index, p.step_name, s.name,
+        least(s.end_ns, p.end_ns) - greatest(s.ts_ns, p.start_ns) AS ns
+    FROM slices s
+    JOIN step_periods p
+        ON s.source_id = p.source_id AND s.ts_ns < p.end_ns AND s.end_ns > p.start_ns
+)
+SELECT source_id, rank, step_index, step_name,
+    coalesce(sum(ns) FILTER (WHERE name = 'Computing'), 0)::BIGINT AS computing_ns,
+    coalesce(sum(ns) FILTER (WHERE name = 'Communication'), 0)::BIGINT AS communication_ns,
+    coalesce(sum(ns) FILTER (WHERE name = 'Communication(Not Overlapped)'), 0)::BIGINT
+        AS communication_not_overlapped_ns,
+    coalesce(sum(ns) FILTER (WHERE name = 'Free'), 0)::BIGINT AS free_ns,
+    count(*) AS slices
+FROM clipped
+GROUP BY ALL;
+
+-- One row per trace (a rank): HTA's temporal breakdown and comm/comp overlap, over
+-- breakdown_ops. HTA keeps the ops whose correlation id a host event starting before the
+-- last step annotation carries (the ops launched before the last step; on torch_npu, the
+-- ops a flow starting before it links to), when
+-- the trace has two step annotations or more, else every device op; kernel time is from
+-- the first kept op's start to the last one's end, idle the part of it outside every
+-- kept op, compute the union of the compute ops, non-compute the rest of the busy time,
+-- and the overlap the share of the communication union that the compute union covers
+-- (NULL without communication).
+CREATE OR REPLACE VIEW temporal_breakdown AS
+WITH last_step AS (
+    SELECT source_id, max(ts_ns) AS last_start_ns FROM step_annotations
+    GROUP BY ALL HAVING count(*) > 1
+), kept AS (
+    SELECT o.source_id, o.rank, o.class, o.ts_ns AS lo, o.end_ns AS hi
+    FROM breakdown_ops o LEFT JOIN last_step l USING (source_id)
+    WHERE l.last_start_ns IS NULL
+        OR EXISTS (
+            SELECT 1 FROM trace_events h
+            WHERE h.source_id = o.source_id AND h.correlation = o.correlation
+                AND h.ph = 'X' AND is_host_event(h.cat, h.task_type)
+                AND h.ts_ns < l.last_start_ns)
+        OR EXISTS (
+            SELECT 1 FROM op_launches k
+            WHERE k.source_id = o.source_id AND k.event_index = o.event_index
+                AND k.linked_by = 'flow' AND k.launch_ts_ns < l.last_start_ns)
+), grouped AS (
+    SELECT source_id, rank, lo, hi,
+        unnest(['*', class, CASE WHEN class IN ('compute', 'communication') THEN 'busy' END])
+            AS grp
+    FROM kept
+), reaching AS (
+    SELECT *, max(hi) OVER (
+        PARTITION BY source_id, grp ORDER BY lo, hi
+        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reached
+    FROM grouped
+    WHERE grp IS NOT NULL
+), unions AS (
+    SELECT source_id, rank,
+        max(hi) FILTER (WHERE grp = '*') - min(lo) FILTER (WHERE grp = '*') AS kernel_ns,
+        sum(greatest(hi - greatest(lo, coalesce(reached, lo)), 0))
+            FILTER (WHERE grp = '*') AS gpu_ns,
+        coalesce(sum(greatest(hi - greatest(lo, coalesce(reached, lo)), 0))
+            FILTER (WHERE grp = 'compute'), 0) AS compute_ns,
+        coalesce(sum(greatest(hi - greatest(lo, coalesce(reached, lo)), 0))
+            FILTER (WHERE grp = 'communication'), 0) AS comm_ns,
+        coalesce(sum(greatest(hi - greatest(lo, coalesce(reached, lo)), 0))
+            FILTER (WHERE grp = 'busy'), 0) AS busy_ns
+    FROM reaching
+    GROUP BY ALL
+)
+SELECT source_id, rank,
+    (kernel_ns - gpu_ns)::BIGINT AS idle_ns,
+    compute_ns::BIGINT AS compute_ns,
+    (gpu_ns - compute_ns)::BIGINT AS non_compute_ns,
+    kernel_ns::BIGINT AS kernel_ns,
+    comm_ns::BIGINT AS communication_ns,
+    (compute_ns + comm_ns - busy_ns)::BIGINT AS comm_comp_overlap_ns,
+    (kernel_ns - gpu_ns) / nullif(kernel_ns, 0) AS idle_share,
+    compute_ns / nullif(kernel_ns, 0) AS compute_share,
+    (gpu_ns - compute_ns) / nullif(kernel_ns, 0) AS non_compute_share,
+    (compute_ns + comm_ns - busy_ns) / nullif(comm_ns, 0) AS comm_comp_overlap_ratio
+FROM unions;
