@@ -177,8 +177,13 @@ class InstalledModules:
         if query is not None:
             wanted.update(m.name for m in self._registry.named_in(query))
         wanted.update(modules)
+        answers: dict[str, Any] = {}  # modules that share a freshness query ask it once
         for module in self._registry.closure(wanted):
-            fresh = con.execute(module.freshness).fetchall() if module.freshness else None
+            fresh = None
+            if module.freshness is not None:
+                if module.freshness not in answers:
+                    answers[module.freshness] = con.execute(module.freshness).fetchall()
+                fresh = answers[module.freshness]
             if module.name not in self._installed:
                 if module.setting is not None:
                     module.setting.install(con, self.setting(module.name))
