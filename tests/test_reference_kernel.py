@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -31,6 +32,7 @@ from multicore_profiler.kernels.reference import (
     route,
 )
 from multicore_profiler.kernels.reference import moe as moe_module
+from multicore_profiler.kernels.reference.graph import STAGE_GMM1
 from multicore_profiler.kernels.runtime import (
     PreparedCall,
     RuntimeConfig,
@@ -534,3 +536,118 @@ def test_calls_complete_or_cancel_through_the_capture_hook(weights, x, routing) 
         decoded.record_counts[0]
         == len(tasks) + (tasks["wait_event"] >= 0).sum() + (tasks["trigger_event"] >= 0).sum()
     )
+
+
+# --- extra compute: the what-if experiment's knob ---------------------------------------
+
+EXTRA_NS = 2_000_000
+
+
+def sunk_launch(
+    kernel: ReferenceMoeKernel, x: torch.Tensor, routing: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[RuntimeConfig, torch.Tensor, torch.Tensor]:
+    """One profiled launch through the kernel's own call, which passes its extra compute:
+    (config, buffer, out)."""
+    sink = RecordingSink()
+    install_sink(sink)
+    try:
+        out = within_timeout(lambda: kernel(x, *routing))
+    finally:
+        remove_sink(sink)
+    (call,) = sink.completed
+    return call.config, call.buffer, out
+
+
+@pytest.mark.parametrize(
+    ("extra", "spec", "match"),
+    [
+        ({"GMM3": 1}, {}, r"stage 'GMM3'.*stages are \['Combine', 'Dispatch', 'GMM1', "),
+        ({"GMM1": -1}, {}, r"extra_compute_ns\['GMM1'\] must be a whole number of ns >= 0, got -1"),
+        ({"GMM1": 1.5}, {}, r"extra_compute_ns\['GMM1'\] .* got 1.5"),
+        ({"GMM1": 1}, {"spec": None}, r"stage 'GMM1', .* its stages are none"),
+    ],
+)
+def test_extra_compute_is_validated(weights, extra, spec, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ReferenceMoeKernel(
+            weights[1], weights[2], aic_workers=5, aiv_workers=7, extra_compute_ns=extra, **spec
+        )
+    assert (5, 7) not in moe_module._pools
+
+
+def test_extra_compute_lengthens_every_task_of_the_stage(weights, x, routing) -> None:
+    with ReferenceMoeKernel(
+        weights[1], weights[2], tiles_per_expert=TILES, extra_compute_ns={"GMM1": EXTRA_NS}
+    ) as kernel:
+        config, buffer, out = sunk_launch(kernel, x, routing)
+    torch.testing.assert_close(out, moe_reference(x, *routing, weights[1], weights[2]))
+    records = decode(config, buffer).records
+    desc = column(records, "desc_id")
+    duration = column(records, "end_cycle") - column(records, "start_cycle")
+    gmm1 = desc == STAGE_GMM1
+    assert gmm1.sum() == PAIRS
+    assert bool((duration[gmm1] >= EXTRA_NS).all())
+    for stage in set(expected_stage_ids(config.tasks, with_spec=True).tolist()) - {STAGE_GMM1}:
+        assert np.median(duration[desc == stage]) < EXTRA_NS, f"stage {stage} was lengthened"
+
+
+def test_extra_compute_slows_the_fast_loop_without_its_clock(
+    weights, x, routing, monkeypatch
+) -> None:
+    def no_clock() -> int:
+        raise AssertionError("the fast loop read the clock")
+
+    monkeypatch.setattr(moe_module, "clock", no_clock)
+    with ReferenceMoeKernel(
+        weights[1], weights[2], tiles_per_expert=TILES, extra_compute_ns={"GMM1": EXTRA_NS}
+    ) as kernel:
+        tasks = kernel.config_for(TOKENS).tasks
+        gmm1_workers = tasks["worker"][tasks["profile_desc_id"] == STAGE_GMM1]
+        chain = int(np.bincount(gmm1_workers).max()) * EXTRA_NS
+        start = time.perf_counter_ns()
+        out = within_timeout(lambda: kernel(x, *routing))
+        wall = time.perf_counter_ns() - start
+    torch.testing.assert_close(out, moe_reference(x, *routing, weights[1], weights[2]))
+    assert chain == PAIRS // 2 * EXTRA_NS
+    assert wall >= chain
+
+
+def test_extra_compute_keeps_the_replaceable_clock(weights, x, routing, monkeypatch) -> None:
+    # The busy time runs on the real clock; the records still read only ``clock``.
+    base = 10_000
+    ticks = itertools.count(base)
+    monkeypatch.setattr(moe_module, "clock", ticks.__next__)
+    with ReferenceMoeKernel(
+        weights[1], weights[2], tiles_per_expert=TILES, extra_compute_ns={"GMM1": EXTRA_NS}
+    ) as kernel:
+        start = time.perf_counter_ns()
+        config, buffer, _ = sunk_launch(kernel, x, routing)
+        wall = time.perf_counter_ns() - start
+    assert wall >= PAIRS // 2 * EXTRA_NS
+    reads = next(ticks) - base
+    tasks = config.tasks
+    workers = config.workers(CoreType.AIC) + config.workers(CoreType.AIV)
+    assert reads == workers + 2 * len(tasks) + 2 * int(
+        (tasks["wait_event"] >= 0).sum() + (tasks["trigger_event"] >= 0).sum()
+    )
+    records = decode(config, buffer).records
+    assert column(records, "end_cycle").max() < base + reads
+
+
+def test_op_keys_extra_compute_by_the_compute_desc_id(weights, x, routing) -> None:
+    with ReferenceMoeKernel(weights[1], weights[2], tiles_per_expert=TILES, spec=None) as kernel:
+        config = kernel.config_for(TOKENS).with_profiling()
+        buffer = torch.zeros(config.layout.total_bytes, dtype=torch.uint8)
+        args = (x, *routing, kernel.w1, kernel.w2, config.tensor, buffer)
+        with pytest.raises(ConfigError, match=r"int64 CPU tensor of \(desc id, ns\) rows"):
+            torch.ops.mcprof.reference_mega_moe(*args, torch.zeros(2, dtype=torch.int64))
+        gemm = 0x20000 + GEMM
+        extra = torch.tensor([[gemm, EXTRA_NS]], dtype=torch.int64)
+        out = within_timeout(lambda: torch.ops.mcprof.reference_mega_moe(*args, extra))
+    torch.testing.assert_close(out, moe_reference(x, *routing, weights[1], weights[2]))
+    records = decode(config, buffer).records
+    desc = column(records, "desc_id")
+    duration = column(records, "end_cycle") - column(records, "start_cycle")
+    assert (desc == gemm).sum() == 2 * PAIRS
+    assert bool((duration[desc == gemm] >= EXTRA_NS).all())
+    assert np.median(duration[desc == 0x20000 + SWIGLU]) < EXTRA_NS

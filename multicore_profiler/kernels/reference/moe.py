@@ -7,7 +7,10 @@ runs one host thread per worker on a persistent pool. Each worker runs its queue
 task order: wait on an event counter, compute with torch, trigger. The config's
 ``profile_enabled`` flag, read once per launch, picks the loop: the fast loop reads no
 clock and touches no buffer; the profiled loop writes the slot header and the wait,
-compute and trigger records of the device ABI into the worker's slot.
+compute and trigger records of the device ABI into the worker's slot. A launch may add a
+known busy time to the compute of every task of chosen stages (``extra_compute_ns``), in
+either loop, to test what the analyses predict against what a slower stage measures; the
+busy time runs on ``time.perf_counter_ns``, never on ``clock``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -59,6 +62,40 @@ up once per worker and launch, so a test can replace it."""
 WorkerTask = tuple[Callable[[int, int], object], int, int, int, int, int, int, int, int, int]
 """A queued task as a worker runs it: (compute, arg0, arg1, wait_event, wait_count,
 trigger_event, task_id, desc_id, stage_task_index, owner_id)."""
+
+
+_SPIN_NS = 150_000
+"""The tail of an extra busy time spent spinning instead of sleeping: more than a sleep's
+usual overshoot (50-100 us on Linux), little enough that the GIL it holds stalls the
+other workers only briefly."""
+
+
+def _busy(ns: int) -> None:
+    """Keep the calling worker busy for ``ns`` ns of the real clock, close to exactly:
+    ``time.sleep`` for all but the last ``_SPIN_NS`` (no CPU and no GIL taken from the
+    other workers), then a spin to the deadline.
+
+    Measured in this kernel on 2 busy cores (time over the asked 0.2-2 ms, p50 / p90):
+    this +0.4 / +12-47 us; a sleep alone +75-85 / +95-150 us; a spin alone +0.2 / +0.6 us
+    but two spinning workers take turns on the GIL (2 ms per GMM1 task: 17.5 ms makespans
+    for 9.3 ms with this); the same sleep then a spin that releases the GIL, on
+    ``time.sleep(0)`` +36-42 / +78 us, on ``os.sched_yield`` +1-3 / +46-100 us, and up to
+    a 5 ms GIL switch behind a busy worker."""
+    deadline = time.perf_counter_ns() + ns
+    if ns > _SPIN_NS:
+        time.sleep((ns - _SPIN_NS) / 1e9)
+    while time.perf_counter_ns() < deadline:
+        pass
+
+
+def _padded(run: Callable[[int, int], object], ns: int) -> Callable[[int, int], None]:
+    """``run`` followed by ``ns`` ns of busy time, so the compute record holds both."""
+
+    def padded(arg0: int, arg1: int) -> None:
+        run(arg0, arg1)
+        _busy(ns)
+
+    return padded
 
 
 class _Aborted(Exception):
@@ -316,8 +353,11 @@ class _MoeLaunch:
         rows = rows.view(last - first, self.top_k, -1)
         torch.sum(rows * self.weights[first:last, :, None], dim=1, out=self.out[first:last])
 
-    def queues(self, tasks: np.ndarray, workers: dict[CoreType, int]) -> list[list[WorkerTask]]:
-        """Each worker's tasks in task order: AIC workers first, then AIV."""
+    def queues(
+        self, tasks: np.ndarray, workers: dict[CoreType, int], extra_ns: Mapping[int, int]
+    ) -> list[list[WorkerTask]]:
+        """Each worker's tasks in task order: AIC workers first, then AIV. A task whose
+        compute desc id has an entry in ``extra_ns`` computes that many ns longer."""
         handlers = {
             (DISPATCH, 0): self.dispatch,
             (GEMM, GMM1_TILING): self.gmm1,
@@ -350,7 +390,8 @@ class _MoeLaunch:
                     f"task {fields[5]}: the reference MoE kernel has no task of type "
                     f"{task_type_} at tiling position {kind_}"
                 )
-            described.append((run, *fields))
+            extra = extra_ns.get(fields[6], 0)
+            described.append((_padded(run, extra) if extra else run, *fields))
         queues = []
         for core_type in (CoreType.AIC, CoreType.AIV):
             mine = tasks["core_type"] == core_type
@@ -358,6 +399,23 @@ class _MoeLaunch:
                 picked = np.flatnonzero(mine & (tasks["worker"] == worker))
                 queues.append([described[i] for i in picked])
         return queues
+
+
+def _extra_by_desc(extra_compute_ns: torch.Tensor | None) -> dict[int, int]:
+    """The op's ``extra_compute_ns`` rows (desc id, ns) as a mapping."""
+    if extra_compute_ns is None:
+        return {}
+    if (
+        extra_compute_ns.dtype != torch.int64
+        or extra_compute_ns.device.type != "cpu"
+        or extra_compute_ns.dim() != 2
+        or extra_compute_ns.shape[1] != 2
+    ):
+        raise ConfigError(
+            "extra_compute_ns must be an int64 CPU tensor of (desc id, ns) rows, got "
+            f"{extra_compute_ns.dtype} of shape {tuple(extra_compute_ns.shape)}"
+        )
+    return dict(extra_compute_ns.tolist())
 
 
 def _parse_config(config: torch.Tensor) -> tuple[np.void, np.ndarray]:
@@ -376,11 +434,14 @@ def reference_mega_moe(
     w2: torch.Tensor,
     config: torch.Tensor,
     profile_buffer: torch.Tensor,
+    extra_compute_ns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One launch of the reference MoE MegaKernel: out [T, H].
 
     ``config`` is the RuntimeConfig's bytes; ``profile_buffer`` is written only when the
     config's ``profile_enabled`` is set, and must then be a zeroed buffer of its layout.
+    ``extra_compute_ns``, int64 rows (desc id, ns), makes the compute of every task whose
+    compute record carries that desc id ns longer (a busy time, not work).
     """
     header, tasks = _parse_config(config)
     workers = {CoreType.AIC: int(header["aic_workers"]), CoreType.AIV: int(header["aiv_workers"])}
@@ -394,7 +455,7 @@ def reference_mega_moe(
         tiles_per_expert=int(tasks["args"][dispatch, 1].max(initial=0)) + 1,
         token_tiles=int(np.count_nonzero(tasks["task_type"] == COMBINE)),
     )
-    queues = launch.queues(tasks, workers)
+    queues = launch.queues(tasks, workers, _extra_by_desc(extra_compute_ns))
     events = _Events(int(header["event_count"]))
     blocks = [(c, w) for c in (CoreType.AIC, CoreType.AIV) for w in range(workers[c])]
     if header["profile_enabled"]:
@@ -431,9 +492,31 @@ def _reference_mega_moe_fake(
     w2: torch.Tensor,
     config: torch.Tensor,
     profile_buffer: torch.Tensor,
+    extra_compute_ns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The op's output for tracing: a tensor like ``x``."""
     return torch.empty_like(x)
+
+
+def _extra_compute_rows(
+    spec: ProfileSpec | None, extra_compute_ns: Mapping[str, int]
+) -> torch.Tensor | None:
+    """The op's (desc id, ns) rows for extra busy times keyed by stage name; None for none."""
+    stages = {stage.name: stage.desc_id for stage in spec.stages} if spec is not None else {}
+    rows = []
+    for name, ns in extra_compute_ns.items():
+        if name not in stages:
+            raise ConfigError(
+                f"extra_compute_ns names stage {name!r}, which the kernel's spec does not "
+                f"have; its stages are {sorted(stages) or 'none'}"
+            )
+        if isinstance(ns, bool) or not isinstance(ns, int | np.integer) or ns < 0:
+            raise ConfigError(
+                f"extra_compute_ns[{name!r}] must be a whole number of ns >= 0, got {ns!r}"
+            )
+        if ns:
+            rows.append((stages[name], ns))
+    return torch.tensor(rows, dtype=torch.int64) if rows else None
 
 
 class _Default(enum.Enum):
@@ -446,6 +529,11 @@ class ReferenceMoeKernel:
     Holds the expert weights, one RuntimeConfig per token count and, while open, a
     persistent worker pool. ``spec`` defaults to ``moe_spec(expert_offset)``; ``None``
     binds no spec (fallback names).
+
+    ``extra_compute_ns`` maps stage names of the spec to a busy time in ns that every
+    task of that stage adds to its compute, profiled or not (``{"GMM1": 200_000}``: each
+    GMM1 compute record holds 200 us of busy time after the work, overshooting by a
+    median 0.4 us on 2 busy cores): a known slowdown to check the what-if replay against.
     """
 
     def __init__(
@@ -464,6 +552,7 @@ class ReferenceMoeKernel:
         backend: Backend | None = None,
         aic_capacity: int | None = None,
         aiv_capacity: int | None = None,
+        extra_compute_ns: Mapping[str, int] | None = None,
     ) -> None:
         if w1.dim() != 3 or w2.dim() != 3 or w1.shape[0] != w2.shape[0] or w1.shape[2] % 2:
             raise ConfigError(
@@ -482,6 +571,7 @@ class ReferenceMoeKernel:
         self.w2 = w2
         self.backend: Backend = CpuBackend() if backend is None else backend
         self.spec = moe_spec(expert_offset) if spec is _Default.SPEC else spec
+        self._extra_compute = _extra_compute_rows(self.spec, extra_compute_ns or {})
         self.tiles_per_expert = tiles_per_expert
         self.token_tile = token_tile
         self._options = {
@@ -527,7 +617,14 @@ class ReferenceMoeKernel:
         call = prepare_call(self.config_for(len(x)), direction=direction)
         with call:
             return torch.ops.mcprof.reference_mega_moe(
-                x, topk_ids, topk_weights, self.w1, self.w2, call.config.tensor, call.buffer
+                x,
+                topk_ids,
+                topk_weights,
+                self.w1,
+                self.w2,
+                call.config.tensor,
+                call.buffer,
+                self._extra_compute,
             )
 
     def close(self) -> None:
