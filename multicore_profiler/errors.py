@@ -93,6 +93,13 @@ class FuseError(ProfileError):
     paired, or an output that cannot be written."""
 
 
+class AnalysisError(ProfileError):
+    """An analysis that cannot answer as asked: a what-if change naming no stage, core type,
+    owner or task of the selection, a replay whose dependencies form a cycle or that cannot
+    reproduce the observed makespan closely enough to predict (the message names the
+    invocation), or a selection without the records or task graph the analysis needs."""
+
+
 class RulesError(ProfileError, ValueError):
     """Kernel-view rules that cannot be applied: a family pattern or step pattern that is
     not a valid regular expression, a layer sequence or segment kind naming no family of
