@@ -9,7 +9,10 @@ records (``RecordSelection``, ``open_timeline`` and ``Timeline`` underneath,
 kineto and torch_npu traces into the store, ``merge_chrome_traces`` to fuse a MegaKernel's
 tracks into such a trace, ``OuterKernelRules`` (alias ``KernelRules``) for the
 outer-kernel views of those traces (``Store.use_kernel_rules``), ``RunInfo``,
-``RunSelector`` (which runs a listing or comparison is about), and ``ProfileError``, the
+``RunSelector`` (which runs a listing or comparison is about), ``analyze``, ``what_if``
+and ``speedup_curves`` (where a kernel's time goes: per-core breakdown, wait attribution,
+critical path, and what a faster stage would buy; ``Change`` for what-if changes), and
+``ProfileError``, the
 base of every error raised on bad input. Kernel authors find specs, RuntimeConfig and the
 launch hook in ``multicore_profiler.kernels``.
 
@@ -23,7 +26,9 @@ from typing import Any
 # Every room is imported here, so the SQL modules of analysis are registered and the
 # methods higher rooms give lower rooms' classes (extension.py) are in place before use.
 from multicore_profiler.abi import BufferLayout, CoreType
+from multicore_profiler.analysis.analyze import KernelAnalysis, analyze, speedup_curves, what_if
 from multicore_profiler.analysis.outer_kernel_rules import KernelRules, OuterKernelRules
+from multicore_profiler.analysis.what_if import Change
 from multicore_profiler.errors import ProfileError
 from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
 from multicore_profiler.export.handlers import chrome_trace_handler
@@ -39,9 +44,11 @@ from multicore_profiler.storage.store import Store, open_store
 
 __all__ = [
     "BufferLayout",
+    "Change",
     "CoreType",
     "DecodedBuffers",
     "ExportedTrace",
+    "KernelAnalysis",
     "KernelInfo",
     "KernelRules",
     "Launches",
@@ -56,6 +63,7 @@ __all__ = [
     "Store",
     "Timeline",
     "TraceSource",
+    "analyze",
     "chrome_trace_handler",
     "decode_buffer",
     "decode_buffers",
@@ -67,6 +75,8 @@ __all__ = [
     "open_store",
     "open_timeline",
     "schedule",
+    "speedup_curves",
+    "what_if",
 ]
 
 _ON_FIRST_USE = {

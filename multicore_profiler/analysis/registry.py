@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from importlib import resources
 
+from multicore_profiler.analysis.critical_path import (
+    DEFAULT_TOLERANCE_CYCLES,
+    check_tolerance,
+    install_tolerance,
+)
 from multicore_profiler.analysis.outer_kernel_rules import (
     RULES_NAMES,
     OuterKernelRules,
@@ -37,6 +42,37 @@ register(
     ),
     SqlModule("records.run_summary", _sql("records/run_summary.sql")),
     SqlModule("records.task_edges", _sql("records/task_edges.sql")),
+    SqlModule("records.core_breakdown", _sql("records/core_breakdown.sql"), needs=("units",)),
+    SqlModule(
+        "records.wait_attribution",
+        _sql("records/wait_attribution.sql"),
+        needs=("units", "records.names", "records.records_ns", "records.task_edges"),
+    ),
+    SqlModule(
+        "records.replay_records",
+        _sql("records/replay_records.sql"),
+        needs=("records.records_ns",),
+    ),
+    SqlModule(
+        "critical_path_tolerance",
+        setting=Setting(
+            default=lambda: DEFAULT_TOLERANCE_CYCLES,
+            check=check_tolerance,
+            install=install_tolerance,
+        ),
+        defines=("critical_path_tolerance_cycles",),
+    ),
+    SqlModule(
+        "records.critical_path",
+        _sql("records/critical_path.sql"),
+        needs=(
+            "units",
+            "records.names",
+            "records.records_ns",
+            "records.task_edges",
+            "critical_path_tolerance",
+        ),
+    ),
 )
 
 # Outer-kernel analyses: the rules (a setting per store), then one module per topic. The

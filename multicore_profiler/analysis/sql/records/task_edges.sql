@@ -8,7 +8,9 @@
 -- along for consumers that match records by value (the exporter). event is the released
 -- event's id for release edges, NULL for core_order. write_id names the invocation's
 -- write its records belong to.
-CREATE OR REPLACE VIEW task_edges AS
+-- The release edges alone (kind = 'release'), with task_edges' columns: what wait
+-- attribution and the critical path read, without ordering every record of each core.
+CREATE OR REPLACE VIEW task_releases AS
 WITH graphed AS (
     SELECT
         r.run_id, r.step, r.rank, r.invocation_id, r.write_id, r.core_type, r.block_id,
@@ -36,20 +38,6 @@ triggers AS (
 ),
 waits AS (
     SELECT * FROM graphed WHERE desc_id = 65536 AND wait_event >= 0
-),
-ordered AS (
-    SELECT
-        run_id, step, rank, invocation_id, write_id, core_type, block_id, record_index,
-        task_id, start_cycle, end_cycle,
-        lead(record_index) OVER core AS next_index,
-        lead(task_id) OVER core AS next_task_id,
-        lead(start_cycle) OVER core AS next_start_cycle,
-        lead(end_cycle) OVER core AS next_end_cycle
-    FROM records
-    WINDOW core AS (
-        PARTITION BY run_id, rank, invocation_id, write_id, core_type, block_id
-        ORDER BY record_index
-    )
 )
 SELECT
     w.run_id, w.step, w.rank, w.invocation_id, w.write_id, 'release' AS kind,
@@ -63,7 +51,24 @@ SELECT
 FROM waits w
 JOIN triggers t
     ON t.run_id = w.run_id AND t.rank = w.rank AND t.invocation_id = w.invocation_id
-    AND t.write_id = w.write_id AND t.trigger_event = w.wait_event AND t.nth = w.wait_count
+    AND t.write_id = w.write_id AND t.trigger_event = w.wait_event AND t.nth = w.wait_count;
+
+CREATE OR REPLACE VIEW task_edges AS
+WITH ordered AS (
+    SELECT
+        run_id, step, rank, invocation_id, write_id, core_type, block_id, record_index,
+        task_id, start_cycle, end_cycle,
+        lead(record_index) OVER core AS next_index,
+        lead(task_id) OVER core AS next_task_id,
+        lead(start_cycle) OVER core AS next_start_cycle,
+        lead(end_cycle) OVER core AS next_end_cycle
+    FROM records
+    WINDOW core AS (
+        PARTITION BY run_id, rank, invocation_id, write_id, core_type, block_id
+        ORDER BY record_index
+    )
+)
+SELECT * FROM task_releases
 UNION ALL
 SELECT
     run_id, step, rank, invocation_id, write_id, 'core_order',

@@ -1,0 +1,211 @@
+"""Where a selection's kernel time goes, and what a faster stage would buy, in Arrow tables.
+
+``analyze`` reads the record analyses (``core_breakdown``, ``core_imbalance``,
+``wait_attribution``, ``critical_path``, ``critical_path_summary``) for the invocations a
+``RecordSelection`` picks, and replays them (``replay``) for the static bound and the
+replay's fidelity; ``what_if`` and ``speedup_curves`` replay them with changed compute
+durations. An invocation is analysed whole when any of its records is selected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+
+import duckdb
+import pyarrow as pa
+
+from multicore_profiler.analysis import replay, what_if as changes_module
+from multicore_profiler.analysis.selection import RecordSelection
+from multicore_profiler.analysis.what_if import DEFAULT_SPEEDUPS, Change
+from multicore_profiler.errors import AnalysisError
+from multicore_profiler.storage.store import Store
+
+_MODULES = (
+    "records.core_breakdown",
+    "records.wait_attribution",
+    "records.critical_path",
+    "records.replay_records",
+)
+_SELECTED = "SEMI JOIN _analyzed USING (run_id, rank, invocation_id)"
+
+_INVOCATIONS = f"""
+SELECT
+    b.run_id, b.rank, b.invocation_id, b.write_id, b.step, b.kernel_name, b.direction,
+    count(*) AS cores, sum(b.records)::BIGINT AS records, any_value(b.makespan_ns) AS makespan_ns,
+    any_value(p.path_ns) AS critical_path_ns,
+    any_value(p.path_ns) = any_value(b.makespan_ns) AS path_tiles
+FROM core_breakdown b
+LEFT JOIN (
+    SELECT run_id, rank, invocation_id, sum(dur_ns)::BIGINT AS path_ns
+    FROM critical_path {_SELECTED} GROUP BY ALL
+) p USING (run_id, rank, invocation_id)
+{_SELECTED}
+GROUP BY ALL
+ORDER BY b.run_id, b.rank, b.invocation_id
+"""
+
+_SHARES = f"""
+WITH spans AS (
+    SELECT kernel_name, sum(makespan_ns) AS total_ns FROM (
+        SELECT DISTINCT run_id, rank, invocation_id, kernel_name, makespan_ns
+        FROM critical_path {_SELECTED}
+    ) GROUP BY ALL
+)
+SELECT
+    c.kernel_name, c.stage, c.kind, count(*) AS pieces, sum(c.dur_ns)::BIGINT AS dur_ns,
+    sum(c.dur_ns) / any_value(s.total_ns) AS share
+FROM critical_path c
+JOIN spans s USING (kernel_name)
+{_SELECTED}
+GROUP BY ALL
+ORDER BY c.kernel_name, share DESC, c.stage NULLS LAST, c.kind
+"""
+
+_BLOCKERS = f"""
+SELECT
+    kernel_name, consumer_stage, producer_stage, producer_core, attributed,
+    count(*) AS waits,
+    sum(wait_ns)::BIGINT AS total_wait_ns,
+    sum(wait_ns)
+        / nullif(sum(sum(wait_ns)) OVER (PARTITION BY kernel_name, consumer_stage), 0)
+        AS wait_share,
+    quantile_cont(wait_ns, 0.5) AS p50_wait_ns,
+    quantile_cont(wait_ns, 0.99) AS p99_wait_ns,
+    quantile_cont(release_latency_ns, 0.5) AS p50_latency_ns,
+    quantile_cont(release_latency_ns, 0.99) AS p99_latency_ns
+FROM wait_attribution
+{_SELECTED}
+GROUP BY kernel_name, consumer_stage, producer_stage, producer_core, attributed
+ORDER BY kernel_name, consumer_stage, total_wait_ns DESC, producer_stage NULLS LAST
+"""
+
+
+@dataclass(frozen=True)
+class KernelAnalysis:
+    """The analyses of one selection, each an Arrow table (see docs/analysis.md):
+
+    - ``invocations``: per invocation its makespan, the critical path's total (``path_tiles``:
+      it equals the makespan), the static bound and slack, and the replay's fidelity;
+    - ``core_breakdown`` and ``core_imbalance``: the views' rows for the selection;
+    - ``blockers``: waits per consumer stage by the producer stage and core type that
+      released them, with their share of the consumer stage's wait;
+    - ``critical_path`` and ``critical_path_summary``: the views' rows;
+    - ``critical_shares``: share of the selection's total makespan per kernel, stage and
+      kind on the critical paths (the selection's ``bound_by``).
+    """
+
+    described: str
+    invocations: pa.Table
+    core_breakdown: pa.Table
+    core_imbalance: pa.Table
+    blockers: pa.Table
+    critical_path: pa.Table
+    critical_path_summary: pa.Table
+    critical_shares: pa.Table
+
+    def tables(self) -> dict[str, pa.Table]:
+        """Every table by name, in the order above."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "described"}
+
+
+@contextmanager
+def _selected(
+    store: Store, selection: RecordSelection | None
+) -> Iterator[tuple[duckdb.DuckDBPyConnection, str]]:
+    """A cursor whose ``_analyzed`` holds the selection's invocations, and its description;
+    ``AnalysisError`` if it selects none."""
+    resolved = (selection or RecordSelection()).resolve(store)
+    with store.reading(modules=_MODULES, runs=resolved.runs) as con:
+        try:
+            con.execute(
+                "CREATE TEMP TABLE _analyzed AS SELECT DISTINCT run_id, rank, invocation_id "
+                f"FROM ({resolved.sql})"
+            )
+        except duckdb.Error as exc:
+            raise AnalysisError(f"cannot read {resolved.described}: {exc}") from None
+        if _fetch(con, "SELECT count(*) FROM _analyzed").column(0)[0].as_py() == 0:
+            raise AnalysisError(f"no records match {resolved.described}")
+        yield con, resolved.described
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    return con.sql(sql).to_arrow_table()
+
+
+def _graph(con: duckdb.DuckDBPyConnection) -> replay.ReplayGraph:
+    return replay.prepare(_fetch(con, f"SELECT * FROM replay_records {_SELECTED}"))
+
+
+def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAnalysis:
+    """Every analysis of the invocations ``selection`` picks (default: the latest run)."""
+    with _selected(store, selection) as (con, described):
+        invocations = _fetch(con, _INVOCATIONS)
+        graph = _graph(con)
+        tables = {
+            "core_breakdown": _fetch(
+                con,
+                f"SELECT * FROM core_breakdown {_SELECTED} "
+                "ORDER BY run_id, rank, invocation_id, core_type, block_id",
+            ),
+            "core_imbalance": _fetch(
+                con,
+                f"SELECT * FROM core_imbalance {_SELECTED} "
+                "ORDER BY run_id, rank, invocation_id, core_type",
+            ),
+            "blockers": _fetch(con, _BLOCKERS),
+            "critical_path": _fetch(
+                con,
+                f"SELECT * FROM critical_path {_SELECTED} "
+                "ORDER BY run_id, rank, invocation_id, seq",
+            ),
+            "critical_path_summary": _fetch(
+                con,
+                f"SELECT * FROM critical_path_summary {_SELECTED} "
+                "ORDER BY run_id, rank, invocation_id, share DESC, stage NULLS LAST, kind",
+            ),
+            "critical_shares": _fetch(con, _SHARES),
+        }
+        con.register("_bounds", replay.static_bound(graph))
+        con.register("_fidelity", replay.replay(graph))
+        con.register("_invocations", invocations)
+        invocations = _fetch(
+            con,
+            """SELECT i.*, b.static_bound_ns, b.slack_ns, b.slack_share,
+                      f.replayed_makespan_ns, f.fidelity_error, f.faithful
+               FROM _invocations i
+               LEFT JOIN _bounds b USING (run_id, rank, invocation_id, write_id)
+               LEFT JOIN _fidelity f USING (run_id, rank, invocation_id, write_id)
+               ORDER BY i.run_id, i.rank, i.invocation_id""",
+        )
+    return KernelAnalysis(described=described, invocations=invocations, **tables)
+
+
+def what_if(
+    store: Store,
+    selection: RecordSelection | None,
+    changes: Sequence[Change | str],
+    *,
+    strict: bool = False,
+) -> pa.Table:
+    """The predicted makespan of each selected invocation with ``changes`` (``Change``
+    objects or their text, ``'GMM1*0.8'``, ``'GMM1+200us'``), applied in order; with
+    ``strict``, ``AnalysisError`` where the replay is not faithful (see ``replay``)."""
+    with _selected(store, selection) as (con, _):
+        graph = _graph(con)
+    return changes_module.what_if(graph, changes, strict=strict)
+
+
+def speedup_curves(
+    store: Store,
+    selection: RecordSelection | None = None,
+    stages: Sequence[str] | None = None,
+    speedups: Sequence[float] = DEFAULT_SPEEDUPS,
+) -> pa.Table:
+    """Per selected invocation, stage and speed-up, the predicted makespan with the
+    stage's compute that much faster (Coz's question: which stage, made faster, shortens
+    the kernel most)."""
+    with _selected(store, selection) as (con, _):
+        graph = _graph(con)
+    return changes_module.speedup_curves(graph, stages, speedups)

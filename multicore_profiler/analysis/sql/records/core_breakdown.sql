@@ -1,0 +1,99 @@
+-- Where each core's time goes within its invocation, and how evenly the cores are loaded.
+-- Needs: units.
+
+-- One row per invocation and core that wrote records. The invocation's makespan runs from
+-- its earliest record start to its latest record end over all its cores. Each core's
+-- records are laid on that span in record order, each clipped to the time after the
+-- core's previous records (records that overlap count once); what lies between is the
+-- front gap (before the first record), the gaps between records and the tail gap (after
+-- the last). Times are differences of rounded ns points (cycle_ns), so per core
+-- compute_ns + wait_ns + trigger_ns + control_ns + front_gap_ns + gap_ns + tail_gap_ns
+-- equals makespan_ns exactly. control_ns is TerminateTask records; shares are of the
+-- makespan.
+CREATE OR REPLACE VIEW core_breakdown AS
+WITH placed AS (
+    SELECT
+        r.run_id, r.step, r.rank, r.invocation_id, r.write_id, i.kernel_name, i.direction,
+        r.core_type, r.block_id, r.phase, r.start_cycle, r.end_cycle,
+        i.anchor_cycle, i.frequency_hz,
+        min(r.start_cycle) OVER invocation AS span_start,
+        max(r.end_cycle) OVER invocation AS span_end,
+        max(r.end_cycle) OVER (core ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+            AS before_end
+    FROM raw_records r
+    JOIN invocations i
+        ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
+        AND r.write_id = i.write_id
+    WINDOW
+        invocation AS (PARTITION BY r.run_id, r.rank, r.invocation_id, r.write_id),
+        core AS (
+            PARTITION BY r.run_id, r.rank, r.invocation_id, r.write_id, r.core_type, r.block_id
+            ORDER BY r.record_index
+        )
+),
+pieces AS (
+    SELECT
+        * EXCLUDE (before_end),
+        before_end IS NULL AS first,
+        cycle_ns(coalesce(before_end, span_start), anchor_cycle, frequency_hz) AS cursor_ns,
+        cycle_ns(greatest(start_cycle, coalesce(before_end, span_start)), anchor_cycle,
+            frequency_hz) AS piece_start_ns,
+        cycle_ns(greatest(end_cycle, coalesce(before_end, span_start)), anchor_cycle,
+            frequency_hz) AS piece_end_ns
+    FROM placed
+),
+cores AS (
+    SELECT
+        run_id, step, rank, invocation_id, write_id, kernel_name, direction,
+        CASE core_type WHEN 1 THEN 'AIC' WHEN 2 THEN 'AIV' END AS core,
+        core_type, block_id,
+        count(*) AS records,
+        any_value(cycle_ns(span_end, anchor_cycle, frequency_hz)
+            - cycle_ns(span_start, anchor_cycle, frequency_hz)) AS makespan_ns,
+        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'compute'), 0)
+            AS compute_ns,
+        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'wait'), 0)
+            AS wait_ns,
+        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'trigger'), 0)
+            AS trigger_ns,
+        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'terminate'), 0)
+            AS control_ns,
+        sum(piece_start_ns - cursor_ns) FILTER (WHERE first) AS front_gap_ns,
+        coalesce(sum(piece_start_ns - cursor_ns) FILTER (WHERE NOT first), 0) AS gap_ns,
+        any_value(cycle_ns(span_end, anchor_cycle, frequency_hz)) - max(piece_end_ns)
+            AS tail_gap_ns
+    FROM pieces
+    GROUP BY ALL
+)
+SELECT
+    *,
+    compute_ns / makespan_ns AS compute_share,
+    wait_ns / makespan_ns AS wait_share,
+    trigger_ns / makespan_ns AS trigger_share,
+    control_ns / makespan_ns AS control_share,
+    front_gap_ns / makespan_ns AS front_gap_share,
+    gap_ns / makespan_ns AS gap_share,
+    tail_gap_ns / makespan_ns AS tail_gap_share
+FROM cores;
+
+-- One row per invocation and core type: how evenly its cores are loaded. A core's busy
+-- time is its compute, trigger and control time (not its waits or gaps); cores that
+-- wrote no record are not counted. imbalance = 1 - mean / max busy; imbalanced flags a
+-- spread of more than 5 % of the busiest ((max - min) / max > 0.05, msprof-analyze's rule
+-- for AIC/AIV load).
+CREATE OR REPLACE VIEW core_imbalance AS
+WITH busy AS (
+    SELECT *, compute_ns + trigger_ns + control_ns AS busy_ns FROM core_breakdown
+)
+SELECT
+    run_id, step, rank, invocation_id, write_id, kernel_name, direction, core, core_type,
+    count(*) AS cores,
+    any_value(makespan_ns) AS makespan_ns,
+    arg_max(block_id, (busy_ns, -block_id::BIGINT)) AS busiest_block_id,
+    max(busy_ns) AS max_busy_ns,
+    min(busy_ns) AS min_busy_ns,
+    avg(busy_ns) AS mean_busy_ns,
+    CASE WHEN max(busy_ns) > 0 THEN 1 - avg(busy_ns) / max(busy_ns) ELSE 0 END AS imbalance,
+    coalesce(max(busy_ns) - min(busy_ns) > 0.05 * max(busy_ns), false) AS imbalanced
+FROM busy
+GROUP BY ALL;

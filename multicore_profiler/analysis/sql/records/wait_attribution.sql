@@ -1,0 +1,60 @@
+-- What each wait waited for: the trigger that released it, and who blocks whom.
+-- Needs: units, records.names, records.records_ns, records.task_edges.
+
+-- One row per wait record, charged to the trigger record that released it (its release
+-- edge in task_releases): the producer's task, stage, owner, core and record, and the
+-- release latency (wait end - trigger end, ns), which measures the release only where the
+-- wait waited (waited: the trigger ended after the wait began; else it was released
+-- before it began and the latency is NULL). A wait of an invocation without a
+-- task graph, or whose releasing trigger was not recorded, has attributed = false and no
+-- producer: it is counted apart, not guessed. wait_ns and the latency are differences of
+-- rounded ns points (cycle_ns).
+CREATE OR REPLACE VIEW wait_attribution AS
+SELECT
+    w.run_id, w.step, w.rank, w.invocation_id, w.kernel_name, w.direction,
+    w.core AS consumer_core, w.core_type AS consumer_core_type,
+    w.block_id AS consumer_block_id, w.record_index AS consumer_record_index,
+    w.task_id AS consumer_task_id, w.stage AS consumer_stage, w.owner_id AS consumer_owner_id,
+    cycle_ns(w.end_cycle, i.anchor_cycle, i.frequency_hz)
+        - cycle_ns(w.start_cycle, i.anchor_cycle, i.frequency_hz) AS wait_ns,
+    e.src_task_id IS NOT NULL AS attributed,
+    e.event,
+    e.src_task_id AS producer_task_id,
+    stage_name(i.stage_names, g.desc_id) AS producer_stage,
+    g.owner_id AS producer_owner_id,
+    CASE e.src_core_type WHEN 1 THEN 'AIC' WHEN 2 THEN 'AIV' END AS producer_core,
+    e.src_core_type AS producer_core_type, e.src_block_id AS producer_block_id,
+    e.src_record_index AS producer_record_index,
+    e.src_end_cycle >= w.start_cycle AS waited,
+    CASE WHEN e.src_end_cycle >= w.start_cycle THEN
+        cycle_ns(w.end_cycle, i.anchor_cycle, i.frequency_hz)
+        - cycle_ns(e.src_end_cycle, i.anchor_cycle, i.frequency_hz) END AS release_latency_ns
+FROM records_ns w
+JOIN invocations i
+    ON w.run_id = i.run_id AND w.rank = i.rank AND w.invocation_id = i.invocation_id
+LEFT JOIN task_releases e
+    ON e.run_id = w.run_id AND e.rank = w.rank
+    AND e.invocation_id = w.invocation_id
+    AND e.dst_core_type = w.core_type AND e.dst_block_id = w.block_id
+    AND e.dst_record_index = w.record_index
+LEFT JOIN tasks g
+    ON g.run_id = e.run_id AND g.rank = e.rank AND g.config_id = i.config_id
+    AND g.task_id = e.src_task_id
+WHERE w.phase = 'wait';
+
+-- Who blocks whom, per run, kernel and direction: the waits of each consumer stage by the
+-- producer stage and core type that released them, with their total, median and 99th
+-- percentile wait and release latency (ns; the latency of the waits that waited). Waits
+-- without a known producer make one row per consumer stage with attributed = false.
+CREATE OR REPLACE VIEW wait_blockers AS
+SELECT
+    run_id, kernel_name, direction, consumer_stage, producer_stage, producer_core, attributed,
+    count(*) AS waits,
+    sum(wait_ns)::BIGINT AS total_wait_ns,
+    quantile_cont(wait_ns, 0.5) AS p50_wait_ns,
+    quantile_cont(wait_ns, 0.99) AS p99_wait_ns,
+    sum(release_latency_ns)::BIGINT AS total_latency_ns,
+    quantile_cont(release_latency_ns, 0.5) AS p50_latency_ns,
+    quantile_cont(release_latency_ns, 0.99) AS p99_latency_ns
+FROM wait_attribution
+GROUP BY ALL;
