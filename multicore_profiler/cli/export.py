@@ -19,13 +19,23 @@ def cmd_export(args: argparse.Namespace) -> None:
     """Write the trace of the records selected and say what it holds."""
     store = open_given_store(args)
     trace = export_chrome_trace(
-        store, args.output, selection=record_selection(args), detailed_task_names=args.detailed
+        store,
+        args.output,
+        selection=record_selection(args),
+        detailed_task_names=args.detailed,
+        critical_path=args.critical_path,
     )
     warn(trace.metadata["warnings"])
+    critical = (
+        f", {trace.metadata['criticalRecordCount']} critical records, "
+        f"{trace.critical_flows} critical path flows"
+        if args.critical_path
+        else ""
+    )
     print(
         f"{trace.path}: {trace.events} events ({trace.records} records of "
-        f"{trace.metadata['invocationCount']} invocation(s), {trace.flows} dependency arrows) "
-        f"from {trace.metadata['selection']}"
+        f"{trace.metadata['invocationCount']} invocation(s), {trace.flows} dependency arrows"
+        f"{critical}) from {trace.metadata['selection']}"
     )
 
 
@@ -44,5 +54,11 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     add_record_selection(export)
     export.add_argument(
         "--detailed", action="store_true", help="name events <owner><id>_<stage>_task<n>"
+    )
+    export.add_argument(
+        "--critical-path",
+        action="store_true",
+        help="mark each record on its invocation's critical path (args.critical = 1) and chain "
+        "them in path order with flow events of category critical_path",
     )
     export.set_defaults(func=cmd_export)

@@ -4,7 +4,9 @@ Format: complete events (``cat`` ``MegaKernelInternal``) with every raw id and c
 ``args``, ``pid`` = rank, ``tid`` = core type x 1000 + block id, ``ts`` / ``dur`` in
 microseconds from the process's anchor (its smallest core entry cycle), flow arrows from
 triggers to the waits they released, and ``megaKernelCycleTrace`` (also under
-``metadata``) describing the selection.
+``metadata``) describing the selection. With ``critical_path``, the records on their
+invocation's critical path carry ``args.critical = 1`` and the path is a chain of flows of
+their own category (``critical_path``), as HTA's critical path overlay draws it.
 
 The timeline hands out its slices and flows group by group; ``json_rows`` renders each
 group's events straight to their place in the file, and the flows' rows are spooled
@@ -27,6 +29,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 from multicore_profiler.abi import DESC_COMPUTE_FALLBACK, MAX_TASK_TYPE, NO_OWNER
@@ -35,6 +38,8 @@ from multicore_profiler.export.files import written_aside
 from multicore_profiler.export.json_rows import Row, Span, joined, span_of, strings
 from multicore_profiler.export.timeline import (
     CORE_NAMES,
+    CRITICAL_FLOW,
+    DEPENDENCY_FLOW,
     GROUP_ROWS,
     LANE_TID_STEP,
     RECORD_COLUMNS,
@@ -51,11 +56,14 @@ from multicore_profiler.export.timeline import (
 from multicore_profiler.storage.store import Store
 
 CATEGORY = "MegaKernelInternal"
-FLOW_NAME = "dependency"
+FLOW_NAME = DEPENDENCY_FLOW
+CRITICAL_CATEGORY = CRITICAL_FLOW
+"""The category and name of the critical path's chain of flows."""
 
 __all__ = [
     "CATEGORY",
     "CORE_NAMES",
+    "CRITICAL_CATEGORY",
     "FLOW_NAME",
     "GROUP_ROWS",
     "LANE_TID_STEP",
@@ -76,13 +84,15 @@ __all__ = [
 @dataclass(frozen=True)
 class ExportedTrace:
     """What ``export_chrome_trace`` wrote: where, how many events, and the trace's
-    ``megaKernelCycleTrace`` object."""
+    ``megaKernelCycleTrace`` object; ``flows`` counts the dependency arrows, and
+    ``critical_flows`` the critical path's chain (with ``critical_path``)."""
 
     path: Path
     events: int
     records: int
     flows: int
     metadata: dict[str, Any] = field(repr=False)
+    critical_flows: int = 0
 
 
 def export_chrome_trace(
@@ -98,6 +108,7 @@ def export_chrome_trace(
     query: str | None = None,
     detailed_task_names: bool = False,
     selection: RecordSelection | None = None,
+    critical_path: bool = False,
 ) -> ExportedTrace:
     """Write the Chrome Trace of records of the store to ``path`` (gzipped if it ends in
     ``.gz``); return what was written.
@@ -108,7 +119,9 @@ def export_chrome_trace(
     whose rows carry the record columns (``RECORD_COLUMNS``). ``detailed_task_names``
     names each event ``<owner_label><owner>_<stage>_task<n>`` instead of by its stage only.
     ``selection`` gives the records as one ``RecordSelection`` instead (then give none of
-    the other selection arguments).
+    the other selection arguments). ``critical_path`` marks each record on its invocation's
+    critical path (the ``critical_path`` view) with ``args.critical = 1`` and chains them in
+    path order with flows of category ``critical_path``; without it the trace is as before.
 
     Raises ``StatementError`` for a ``where`` or ``query`` the read-only policy refuses and
     ``ArgumentError`` for a number out of range, before anything runs; ``ExportError``
@@ -133,6 +146,7 @@ def export_chrome_trace(
             detailed_task_names=detailed_task_names,
             scratch_dir=aside.parent,
             group_rows=GROUP_ROWS,
+            critical_path=critical_path,
         ) as timeline,
     ):
         written = _write(timeline, aside, path.suffix == ".gz")
@@ -142,6 +156,7 @@ def export_chrome_trace(
         records=timeline.records,
         flows=written.metadata["flowCount"],
         metadata=written.metadata,
+        critical_flows=written.metadata.get("criticalFlowCount", 0),
     )
 
 
@@ -168,8 +183,10 @@ def _pass(timeline: Timeline, aside: Path, gz: bool) -> _Written:
     meta = _metadata_events(timeline)
     head = _head_bytes(meta)
     flows = _FlowSpool(aside.parent)
+    chain = _FlowSpool(aside.parent, category=CRITICAL_CATEGORY, name=CRITICAL_CATEGORY)
     with (
         flows,
+        chain,
         gzip.open(aside, "wb", compresslevel=6) if gz else open(aside, "wb") as sink,
         tqdm(total=timeline.records, desc="export", unit="event", disable=None) as progress,
     ):
@@ -188,16 +205,29 @@ def _pass(timeline: Timeline, aside: Path, gz: bool) -> _Written:
             )
             rows = event_args(rows, slices, timeline.spans, fragments).text("}}")
             at = _put(sink, gz, rows, at, progress)
-            flows.add(group.flows)
+            _spool(group.flows, flows, chain)
         assert timeline.metadata is not None
-        progress.total += flows.rows
+        progress.total += flows.rows + chain.rows
         progress.refresh()
         for rows in flows.rendered():
+            at = _put(sink, gz, rows, at, progress)
+        for rows in chain.rendered(first_id=flows.count + 1):
             at = _put(sink, gz, rows, at, progress)
         if not gz:
             sink.seek(at)
         sink.write(_tail_bytes(timeline.metadata))
-    return _Written(timeline.metadata, len(meta), flows.rows)
+    return _Written(timeline.metadata, len(meta), flows.rows + chain.rows)
+
+
+def _spool(group_flows: pa.Table | None, flows: _FlowSpool, chain: _FlowSpool) -> None:
+    """Spool one group's flows: the arrows to ``flows``, the critical path's chain (flows of
+    ``kind`` ``CRITICAL_FLOW``, where the timeline has kinds) to ``chain``."""
+    if group_flows is None or "kind" not in group_flows.column_names:
+        flows.add(group_flows)
+        return
+    critical = pc.equal(group_flows["kind"], CRITICAL_FLOW)
+    flows.add(group_flows.filter(pc.invert(critical)))
+    chain.add(group_flows.filter(critical))
 
 
 def _put(sink: BinaryIO, gz: bool, rows: Row, at: int, progress: tqdm) -> int:
@@ -216,14 +246,15 @@ def _put(sink: BinaryIO, gz: bool, rows: Row, at: int, progress: tqdm) -> int:
 def event_args(rows: Row, slices: pa.Table, spans: Spans, fragments: np.ndarray) -> Row:
     """``rows`` (a ``Row`` of ``slices``) followed by the events' ``args``, from their
     core's fragment (``core_fragments``) to the end cycle, at the widths of the whole
-    selection (``spans``): the object is left open for more keys."""
+    selection (``spans``), and ``critical`` 1 where the slices mark their record critical:
+    the object is left open for more keys."""
     count = slices.num_rows
     desc = numpy_column(slices, "desc_id")
     owner = numpy_column(slices, "owner_id")
     index = numpy_column(slices, "stage_task_index")
     fallback = (desc >= DESC_COMPUTE_FALLBACK) & (desc <= DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE)
     number = (spans.index[0] + 1, spans.index[1] + 1)
-    return (
+    rows = (
         rows.lookup("", fragments, numpy_column(slices, "core"))
         .integers(',"task_id":', numpy_column(slices, "task_id"), spans.task)
         .integers(',"desc_id":', desc, spans.desc)
@@ -241,6 +272,9 @@ def event_args(rows: Row, slices: pa.Table, spans: Spans, fragments: np.ndarray)
         .integers(',"start_cycle":', numpy_column(slices, "start_cycle"), spans.start)
         .integers(',"end_cycle":', numpy_column(slices, "end_cycle"), spans.end)
     )
+    if "critical" not in slices.column_names:
+        return rows
+    return rows.optional(numpy_column(slices, "critical"), Row(count).text(',"critical":1'))
 
 
 def flow_end_ts(source_ts: np.ndarray, target_ts: np.ndarray, target_end: np.ndarray) -> np.ndarray:
@@ -250,12 +284,15 @@ def flow_end_ts(source_ts: np.ndarray, target_ts: np.ndarray, target_end: np.nda
 
 
 class _FlowSpool:
-    """The arrows' rows (pid, tid, ts), two per arrow, spooled to an unnamed scratch file
-    beside the trace as the groups make them, with their spans: their widths are known
-    only once every group is done, and they follow every event in the file."""
+    """The rows (pid, tid, ts) of flows of one ``category`` and ``name``, two per flow,
+    spooled to an unnamed scratch file beside the trace as the groups make them, with their
+    spans: their widths are known only once every group is done, and they follow every
+    event in the file."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, category: str = CATEGORY, name: str = FLOW_NAME) -> None:
         self._directory = directory
+        self._category = category
+        self._name = name
         self._file: BinaryIO | None = None
         self.rows = 0
         self._spans: list[tuple[Span, Span, Span]] = []
@@ -292,8 +329,9 @@ class _FlowSpool:
         self._spans.append((span_of(rows[:, 0]), span_of(rows[:, 1]), span_of(rows[:, 2])))
         self.rows += len(rows)
 
-    def rendered(self) -> Iterator[Row]:
-        """The spooled rows, ``GROUP_ROWS`` at a time, at the widths of them all."""
+    def rendered(self, first_id: int = 1) -> Iterator[Row]:
+        """The spooled rows, ``GROUP_ROWS`` at a time, at the widths of them all; the flows'
+        ids count from ``first_id`` (after another spool's, so that none collide)."""
         if not self.rows:
             return
         assert self._file is not None
@@ -307,8 +345,10 @@ class _FlowSpool:
             yield (
                 Row(len(rows))
                 .lookup(',\n{"ph":', strings(["s", "f"]), phase)
-                .integers(',"id":', number // 2 + 1, (1, self.count))
-                .integers(f',"cat":"{CATEGORY}","name":"{FLOW_NAME}","pid":', rows[:, 0], pid_span)
+                .integers(',"id":', number // 2 + first_id, (first_id, first_id + self.count - 1))
+                .integers(
+                    f',"cat":"{self._category}","name":"{self._name}","pid":', rows[:, 0], pid_span
+                )
                 .integers(',"tid":', rows[:, 1], tid_span)
                 .millis(',"ts":', rows[:, 2], ts_span)
                 .optional(phase == 1, Row(len(rows)).text(',"bp":"e"'))

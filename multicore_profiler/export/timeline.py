@@ -18,13 +18,17 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
   the process's anchor, name, the raw ids and cycles) and flows (a trigger to the wait
   it released, from ``task_edges``), group by group (``groups``), in the order they are
   shown: by process, core, then time;
+- with ``critical_path``, each slice's ``critical`` mark (its record is on its
+  invocation's critical path, the ``critical_path`` view) and a second kind of flow, the
+  path's chain: from each critical record to the next one along the path;
 - ``names``, ``spans`` (each slice column's range over the whole selection) and
   ``metadata``, the ``megaKernelCycleTrace`` object describing the selection.
 
 It streams: the selected records go once, compactly, to a scratch Parquet file, and
 from there to one Arrow file per group of whole tracks (about ``group_rows`` records); the
-flows are found a few invocations at a time and filed by their wait's group too, so
-memory does not grow with the selection. Where a record overlaps an earlier one of its
+flows are found a few invocations at a time and filed by their wait's group too (the
+critical path's chain by its later record's group), so memory does not grow with the
+selection. Where a record overlaps an earlier one of its
 core (clock granularity) it goes to a sub-track: the first pass over the groups assumes
 none does (the usual case); finding one, it finds every lane and raises
 ``LayoutChanged``, and the next pass yields the slices on the tracks that include them.
@@ -68,6 +72,10 @@ RUN_PID_STEP = 100_000
 """With several runs in one timeline, pid = run's position (from 1) x 100000 + rank."""
 GROUP_ROWS = 1 << 17
 """Records of a group by default (whole tracks, so one track can make a group larger)."""
+DEPENDENCY_FLOW = "dependency"
+"""A flow's ``kind``: a trigger to the wait it released."""
+CRITICAL_FLOW = "critical_path"
+"""A flow's ``kind``: a critical record to the next one along its invocation's path."""
 
 RECORD_COLUMNS = (
     "run_id",
@@ -438,11 +446,12 @@ _ORDERED = """
 SELECT
     e.pid, e.core_type, e.block_id, e.inv_index, e.slot_code, e.ts_ns, e.end_ns,
     e.task_id, e.desc_id, e.stage_task_index, e.owner_id, e.start_cycle, e.end_cycle,
-    n.name_code
+    n.name_code{critical}
 FROM ({events}) e
 JOIN names n
     ON n.naming = e.naming AND n.desc_id = e.desc_id
     AND n.task_stage IS NOT DISTINCT FROM e.task_stage{detail_join}
+{critical_join}
 ORDER BY e.pid, e.core_type, e.block_id, e.ts_ns, e.end_ns DESC, e.desc_id, e.task_id
 """
 
@@ -527,6 +536,68 @@ ORDER BY target_pid, core_type, block_id, target_ts, target_end DESC, desc_id, t
 """
 """The arrows into one group's waits, in the order of their waits."""
 
+_CRITICAL = """
+CREATE TEMP TABLE crit AS
+WITH path AS (
+    SELECT
+        i.inv_index, r.core_type, r.block_id, r.start_cycle, r.end_cycle, r.desc_id, r.task_id,
+        e.seq
+    FROM critical_path e
+    JOIN inv i
+        ON e.run_id = i.run_id AND e.rank = i.rank AND e.invocation_id = i.invocation_id
+        AND e.write_id = i.write_id
+    JOIN records r
+        ON r.run_id = e.run_id AND r.rank = e.rank AND r.invocation_id = e.invocation_id
+        AND r.write_id = e.write_id AND r.core_type = e.core_type AND r.block_id = e.block_id
+        AND r.record_index = e.record_index
+    WHERE e.record_index IS NOT NULL AND ({scope})
+)
+SELECT DISTINCT p.*
+FROM sel s
+JOIN inv i USING (cand)
+JOIN path p
+    ON p.inv_index = i.inv_index AND p.core_type = s.core_type AND p.block_id = s.block_id
+    AND p.start_cycle = s.start_cycle AND p.end_cycle = s.end_cycle
+    AND p.desc_id = s.desc_id AND p.task_id = s.task_id
+"""
+"""The selected records on their invocation's critical path, by identity (invocation, core,
+cycles, desc and task id, as the arrows' ends), with their piece's ``seq``: a few hundred
+rows an invocation. ``scope`` bounds the path's invocations by constants."""
+
+_CRITICAL_MARKS = """
+LEFT JOIN (SELECT DISTINCT inv_index, core_type, block_id, start_cycle, end_cycle, desc_id, task_id
+           FROM crit) c
+    ON c.inv_index = e.inv_index AND c.core_type = e.core_type AND c.block_id = e.block_id
+    AND c.start_cycle = e.start_cycle AND c.end_cycle = e.end_cycle
+    AND c.desc_id = e.desc_id AND c.task_id = e.task_id"""
+"""What marks an event ``critical`` in ``_ORDERED``: its record is in ``crit``."""
+
+_CHAIN = """
+WITH timed AS MATERIALIZED (
+    SELECT
+        c.*, p.pid,
+        round((c.start_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS ts_ns,
+        round((c.end_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS end_ns,
+        c.core_type * {core_step} + c.block_id + {lane_step} * coalesce(mc.lane, 0) AS tid,
+        row_number() OVER (PARTITION BY c.inv_index ORDER BY c.seq) AS nth
+    FROM crit c
+    JOIN inv i USING (inv_index)
+    JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
+    LEFT JOIN moved mc ON {same_record}
+)
+SELECT
+    gr.grp, w.inv_index, x.pid AS source_pid, x.tid AS source_tid, x.ts_ns AS source_ts,
+    w.pid AS target_pid, w.tid AS target_tid, w.ts_ns AS target_ts, w.end_ns AS target_end,
+    w.core_type, w.block_id, w.desc_id, w.task_id
+FROM timed w
+JOIN timed x ON x.inv_index = w.inv_index AND x.nth + 1 = w.nth
+JOIN grp gr
+    ON gr.inv_index = w.inv_index AND gr.core_type = w.core_type AND gr.block_id = w.block_id
+"""
+"""The critical path's chain: one flow from each critical record to the next one in ``seq``
+order, on the tracks and lanes of both, with the later record's group (rows as
+``_ARROWS``'s, so ``_FLOWS`` orders them by their later record)."""
+
 
 @dataclass(frozen=True)
 class Spans:
@@ -547,7 +618,9 @@ class Spans:
 @dataclass(frozen=True)
 class TimelineGroup:
     """One group of whole tracks: its slices, in the order shown, and the flows into its
-    waits, in their waits' order (``None``: none)."""
+    waits, in their waits' order (``None``: none). With ``critical_path``, the slices have a
+    ``critical`` column and the flows a ``kind`` (``DEPENDENCY_FLOW``, then
+    ``CRITICAL_FLOW``: the chain's flows into the group's slices, in their order)."""
 
     slices: pa.Table
     flows: pa.Table | None
@@ -566,7 +639,9 @@ class Timeline:
 
     Built on a cursor of the store (``open_timeline`` holds one, and the scratch
     directory, while the timeline is read); ``metadata`` is complete once a pass over
-    ``groups()`` has run to its end.
+    ``groups()`` has run to its end. ``critical_path`` marks the records on their
+    invocation's critical path and adds the path's chain of flows (the cursor must have the
+    ``records.critical_path`` module installed).
     """
 
     def __init__(
@@ -577,11 +652,13 @@ class Timeline:
         *,
         detailed_task_names: bool = False,
         group_rows: int = GROUP_ROWS,
+        critical_path: bool = False,
     ) -> None:
         self._con = con
         self._scratch = scratch
         self.described = selected.described
         self.detailed = detailed_task_names
+        self.critical_path = critical_path
         self._group_rows = group_rows
         # Opening the store's files leaves freed Arrow buffers in the pool: give them back.
         pa.default_memory_pool().release_unused()
@@ -629,6 +706,8 @@ class Timeline:
         self.processes = _processes(
             _fetch(con, "SELECT * FROM proc ORDER BY pid"), self.invocations
         )
+        if critical_path:
+            con.execute(_CRITICAL.format(scope=_scope(self.invocations)))
         self.group_count: int = _one(con, "SELECT count(DISTINCT grp) FROM grp")[0]
         self._slots = _fetch(con, "SELECT * FROM slot ORDER BY slot_code")
         self._invocation_pids = _invocation_pids(self.invocations, self.processes)
@@ -675,12 +754,15 @@ class Timeline:
         pairs, slots = self._pairs, self._slots
         arrows = _GroupFiles(self._scratch, "arrows" if pairs is None else "arrows-on-lanes")
         self._file_arrows(arrows)
+        chain = _GroupFiles(self._scratch, "chain" if pairs is None else "chain-on-lanes")
+        if self.critical_path:
+            self._file_chain(chain)
         used = np.zeros(slots.num_rows, dtype=bool)
         found: list[np.ndarray] = []
         identities: list[pa.Table] = []
         moved_pid: list[np.ndarray] = []
         moved_tid: list[np.ndarray] = []
-        flows = 0
+        flows = critical = chained = 0
         for group in range(self.group_count):
             events = self._events(group)
             pid = numpy_column(events, "pid").astype(np.int64)
@@ -720,6 +802,12 @@ class Timeline:
             )
             group_flows = self._flows(arrows, group)
             flows += 0 if group_flows is None else group_flows.num_rows
+            if self.critical_path:
+                slices = slices.append_column("critical", events["critical"])
+                critical += int(np.count_nonzero(numpy_column(events, "critical")))
+                chain_flows = self._flows(chain, group)
+                chained += 0 if chain_flows is None else chain_flows.num_rows
+                group_flows = _kinds(group_flows, chain_flows)
             yield TimelineGroup(slices, group_flows)
         if found:
             _note_moved(self._con, identities)
@@ -728,6 +816,9 @@ class Timeline:
             raise LayoutChanged()
         moved_keys = (np.concatenate(moved_pid), np.concatenate(moved_tid)) if moved_pid else None
         self.metadata = _summary(self, flows, moved_keys)
+        if self.critical_path:
+            self.metadata["criticalRecordCount"] = critical
+            self.metadata["criticalFlowCount"] = chained
 
     def _events(self, group: int) -> pa.Table:
         """One group's records as events, in their order, from the group's own file."""
@@ -736,14 +827,18 @@ class Timeline:
             return _fetch(
                 self._con,
                 _ORDERED.format(
-                    events=_events("mcprof_group"), detail_join=_detail_join(self.detailed)
+                    events=_events("mcprof_group"),
+                    detail_join=_detail_join(self.detailed),
+                    critical=", c.inv_index IS NOT NULL AS critical" if self.critical_path else "",
+                    critical_join=_CRITICAL_MARKS if self.critical_path else "",
                 ),
             )
         finally:
             self._con.unregister("mcprof_group")
 
     def _flows(self, arrows: _GroupFiles, group: int) -> pa.Table | None:
-        """The flows into one group's waits, in their waits' order (``None``: none)."""
+        """The flows filed (``arrows``, or the chain) into one group's records, in those
+        records' order (``None``: none)."""
         filed = arrows.read(group)
         if filed is None:
             return None
@@ -776,6 +871,31 @@ class Timeline:
                 arrows.add(self._con, sql)
         finally:
             arrows.close()
+
+    def _file_chain(self, chain: _GroupFiles) -> None:
+        """File the critical path's chain by its later record's group (``crit`` holds a
+        few hundred records an invocation, so the whole selection's chain goes at once)."""
+        try:
+            chain.add(
+                self._con,
+                _CHAIN.format(
+                    core_step=CORE_TID_STEP,
+                    lane_step=LANE_TID_STEP,
+                    same_record=_SAME_RECORD.format(side="c"),
+                ),
+            )
+        finally:
+            chain.close()
+
+
+def _kinds(dependencies: pa.Table | None, chain: pa.Table | None) -> pa.Table | None:
+    """One group's arrows, then its chain flows, each with its ``kind`` (``None``: none)."""
+    parts = [
+        flows.append_column("kind", pa.array([kind] * flows.num_rows, pa.string()))
+        for flows, kind in ((dependencies, DEPENDENCY_FLOW), (chain, CRITICAL_FLOW))
+        if flows is not None
+    ]
+    return pa.concat_tables(parts) if parts else None
 
 
 def _scope(invocations: pa.Table) -> str:
@@ -998,14 +1118,17 @@ def open_timeline(
     detailed_task_names: bool = False,
     scratch_dir: Path | None = None,
     group_rows: int = GROUP_ROWS,
+    critical_path: bool = False,
 ) -> Iterator[Timeline]:
     """The ``Timeline`` of ``selection`` in ``store``, readable until the block ends (it
     holds a cursor of the store and a scratch directory, made in ``scratch_dir``, default
-    the system's). DuckDB's errors become ``ExportQueryError``."""
+    the system's); with ``critical_path``, its records on the critical path marked and
+    chained (``Timeline``). DuckDB's errors become ``ExportQueryError``."""
     selected = selection.resolve(store) if isinstance(selection, RecordSelection) else selection
+    modules = ("records.critical_path",) if critical_path else ()
     with (
         tempfile.TemporaryDirectory(prefix=".mcprof-export-", dir=scratch_dir) as scratch,
-        store.reading(runs=selected.runs) as con,
+        store.reading(modules=modules, runs=selected.runs) as con,
         query_errors(selected.described),
     ):
         yield Timeline(
@@ -1014,4 +1137,5 @@ def open_timeline(
             Path(scratch),
             detailed_task_names=detailed_task_names,
             group_rows=group_rows,
+            critical_path=critical_path,
         )
