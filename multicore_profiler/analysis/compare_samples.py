@@ -1,10 +1,11 @@
 """The samples of a run comparison, read from the store in SQL.
 
 A level (``LEVELS``) says what one sample is: a record's duration, an invocation's wall
-time, or an outer-trace kernel's duration. For each group of the ``by`` columns, each side
-(base, head) has the values of its runs (or traces) in that group; ``read_samples`` reads
-them, with how many units (invocations, traces) each side has, which time added is
-counted per. ``comparability`` says where base and head differ in what shapes durations.
+time, an outer-trace kernel's duration, or the share of an invocation's makespan that a
+stage holds on its critical path. For each group of the ``by`` columns, each side (base,
+head) has the values of its runs (or traces) in that group; ``read_samples`` reads them,
+with how many units (invocations, traces) each side has: what a group adds is counted per
+unit. ``comparability`` says where base and head differ in what shapes their values.
 """
 
 from __future__ import annotations
@@ -26,15 +27,24 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Level:
     """What one sample is: the SQL of the samples (``id``: the run or trace they belong to,
-    the group columns, ``value`` in ns), of the units time is added per (one row each, with
-    ``id``), the columns a comparison may group by, its default grouping, and whether its
-    selectors choose runs or traces."""
+    the group columns, ``value``), of the units what a group adds is counted per (one row
+    each, with ``id``), the columns a comparison may group by, its default grouping, whether
+    its selectors choose runs or traces, and the unit of its values: ``ns`` (a duration) or
+    ``share`` (of a makespan, 0 to 1).
+
+    Where ``pooled`` names columns, one sample pools the rows of ``samples`` that share
+    them and the group's columns, and ``value`` is the SQL aggregate over those rows that
+    makes its value (at level ``critical``, a stage's kinds in one invocation); else each
+    row is one sample and ``value`` its column."""
 
     samples: str
     units: str
     columns: tuple[str, ...]
     default_by: tuple[str, ...]
     of: str
+    unit: str = "ns"
+    pooled: tuple[str, ...] = ()
+    value: str = "value"
 
 
 LEVELS = {
@@ -63,17 +73,60 @@ LEVELS = {
         ("family",),
         "traces",
     ),
+    # The share of an invocation's makespan on its critical path per stage (and kind): every
+    # invocation of a kernel has a sample in each group seen on the critical paths of that
+    # kernel's selected invocations, 0 where the group is not on its own path.
+    "critical": Level(
+        """WITH summary AS MATERIALIZED (
+               SELECT run_id, rank, invocation_id, write_id, step, kernel_name, direction,
+                      stage, kind, dur_ns, makespan_ns
+               FROM critical_path_summary
+           ),
+           walked AS (
+               SELECT DISTINCT run_id, rank, invocation_id, write_id, step, kernel_name,
+                      direction, makespan_ns
+               FROM summary
+           ),
+           seen AS (SELECT DISTINCT kernel_name, stage, kind FROM summary)
+           SELECT w.run_id AS id, w.run_id, w.rank, w.invocation_id, w.write_id, w.step,
+                  w.kernel_name, w.direction, g.stage, g.kind,
+                  coalesce(s.dur_ns, 0) AS dur_ns, w.makespan_ns
+           FROM walked w
+           JOIN seen g USING (kernel_name)
+           LEFT JOIN summary s
+               ON s.run_id = w.run_id AND s.rank = w.rank
+               AND s.invocation_id = w.invocation_id AND s.write_id = w.write_id
+               AND s.stage IS NOT DISTINCT FROM g.stage AND s.kind = g.kind""",
+        "SELECT run_id AS id FROM invocations",
+        ("kernel_name", "direction", "stage", "kind", "rank", "step"),
+        ("kernel_name", "stage"),
+        "runs",
+        unit="share",
+        pooled=("run_id", "rank", "invocation_id", "write_id"),
+        value="sum(dur_ns) / any_value(makespan_ns)",
+    ),
 }
-"""What a comparison compares: device records, kernel invocations, or the kernels of
-outer (torch / torch_npu) traces."""
+"""What a comparison compares: device records, kernel invocations, the kernels of outer
+(torch / torch_npu) traces, or the stages' shares of the invocations' critical paths."""
 
-METRICS = ("duration",)
-"""What is compared: durations in ns (of a record, an invocation or a trace kernel)."""
+METRICS = ("duration", "share")
+"""What is compared: durations in ns (of a record, an invocation or a trace kernel) or
+shares of a makespan (level ``critical``); each level compares its own."""
+
+_METRIC = {"ns": "duration", "share": "share"}
 
 
-def grouping(level: str, by: Sequence[str] | None, metric: str) -> tuple[Level, tuple[str, ...]]:
+def metric_of(level: str) -> str:
+    """The metric a level compares: ``duration`` or ``share``."""
+    return _METRIC[LEVELS[level].unit]
+
+
+def grouping(
+    level: str, by: Sequence[str] | None, metric: str | None
+) -> tuple[Level, tuple[str, ...]]:
     """The level and the group columns of a comparison (``by`` or the level's default);
-    ``SelectorError`` for an unknown level or metric, or a column the level lacks."""
+    ``SelectorError`` for an unknown level or metric, a metric the level does not compare,
+    or a column the level lacks."""
     if level not in LEVELS:
         raise SelectorError(f"unknown level {level!r}; one of {sorted(LEVELS)}")
     kind = LEVELS[level]
@@ -83,8 +136,10 @@ def grouping(level: str, by: Sequence[str] | None, metric: str) -> tuple[Level, 
         raise SelectorError(
             f"cannot group {level} by {unknown or 'nothing'}; by takes {kind.columns}"
         )
-    if metric not in METRICS:
+    if metric is not None and metric not in METRICS:
         raise SelectorError(f"unknown metric {metric!r}; one of {METRICS}")
+    if metric is not None and metric != metric_of(level):
+        raise SelectorError(f"level {level} compares {metric_of(level)}, not {metric}")
     return kind, by
 
 
@@ -109,8 +164,8 @@ def select_side(store: Store, selector: RunSelector | str | Sequence[str], of: s
 
 @dataclass(frozen=True)
 class Samples:
-    """Each group's values (ns, sorted) by side (``False``: base, ``True``: head), and how
-    many units (invocations or traces) each side has."""
+    """Each group's values (in the level's unit, sorted) by side (``False``: base,
+    ``True``: head), and how many units (invocations or traces) each side has."""
 
     groups: dict[tuple, dict[bool, np.ndarray]]
     units: dict[bool, int]
@@ -123,10 +178,15 @@ def read_samples(store: Store, level: str, by: tuple[str, ...], base: Side, head
     sides = {"head": list(head.ids), "ids": [*base.ids, *head.ids]}
     scope = sides["ids"] if kind.of == "runs" else None  # read only these runs' files
     columns = ", ".join(sql_identifier(column) for column in by)
+    source = kind.samples
+    if kind.pooled:
+        pooled = ", ".join(sql_identifier(column) for column in kind.pooled)
+        source = f"""SELECT id, {columns}, {kind.value} AS value FROM ({source})
+                     GROUP BY id, {pooled}, {columns}"""
     samples = store.sql(
         f"""SELECT {columns}, list_contains($head, id) AS head,
                    list(value ORDER BY value) AS values
-            FROM ({kind.samples}) WHERE list_contains($ids, id) AND value IS NOT NULL
+            FROM ({source}) WHERE list_contains($ids, id) AND value IS NOT NULL
             GROUP BY ALL ORDER BY ALL""",
         sides,
         runs=scope,
@@ -163,12 +223,15 @@ _COMPARABLE = (
     ("buffer layout", "invocations", "[aic_slots, aiv_slots, aic_capacity, aiv_capacity]"),
     ("kernel spec (stage names)", "invocations", "stage_names"),
     ("schedule", "runs", "schedule"),
+    # Without one, an invocation's critical path cannot cross to a trigger's core.
+    ("whether the kernel handed over its task graph", "invocations", "config_id IS NOT NULL"),
 )
-"""What shapes durations besides the code: (what, the view it is in, its SQL)."""
+"""What shapes durations and critical paths besides the code: (what, the view it is in,
+its SQL)."""
 
 
 def comparability(store: Store, base: Sequence[str], head: Sequence[str]) -> list[str]:
-    """Warnings where the base and head runs differ in what shapes their durations."""
+    """Warnings where the base and head runs differ in what shapes their values."""
     runs = [*base, *head]
     warnings = []
     for what, view, expression in _COMPARABLE:

@@ -18,7 +18,8 @@ from multicore_profiler.export.compare_text import (
 from multicore_profiler.limits import INVOCATION_ID, Range
 
 THRESHOLD = Range("a relative change of the median", 0, 100, integer=False)
-"""``compare --threshold``: 0 (any significant change) to 100 (a 100-fold change)."""
+"""``compare --threshold``: 0 (any significant change) to 100 (a 100-fold change); at level
+``critical`` a change of a share in points, below 1 (checked by ``compare``)."""
 ALPHA = Range("a significance level", 1e-9, 0.5, integer=False)
 """``compare --alpha``: a p-value cut above 0.5 would call noise a change."""
 
@@ -83,8 +84,9 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         help="what got slower (or faster) between two sets of runs, with statistics",
         description="Compare the records of the base runs with those of the head runs, per "
         "group: medians, p90, the median's relative change with a bootstrap interval, a "
-        "Mann-Whitney U p-value and a verdict. Exit status: 1 with --fail-on-regression when "
-        "a group regressed, 2 on a usage error, else 0.",
+        "Mann-Whitney U p-value and a verdict (at --level critical: each stage's share of the "
+        "makespan on the critical path, its change in points). Exit status: 1 with "
+        "--fail-on-regression when a group regressed, 2 on a usage error, else 0.",
     )
     compare.add_argument("--base", required=True, metavar="SELECTOR", help="e.g. commit:3f2a")
     compare.add_argument("--head", required=True, metavar="SELECTOR", help="e.g. commit:9c1e")
@@ -92,19 +94,22 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         "--level",
         choices=sorted(LEVELS),
         default="records",
-        help="records (default), invocations (wall time of each launch), or kernels (of the "
-        "outer traces in the store; the selectors then choose traces)",
+        help="records (default), invocations (wall time of each launch), kernels (of the "
+        "outer traces in the store; the selectors then choose traces), or critical (each "
+        "invocation's share of its makespan on the critical path, per stage)",
     )
     compare.add_argument(
         "--by",
         help="group columns (default: kernel_name,stage,phase for records, kernel_name for "
-        "invocations, family for kernels)",
+        "invocations, family for kernels, kernel_name,stage for critical; add kind there "
+        "for compute, wait, trigger... apart)",
     )
     compare.add_argument(
         "--threshold",
         type=in_range(THRESHOLD),
         default=0.05,
-        help="relative change of the median (0.05)",
+        help="relative change of the median (0.05); at --level critical, change of the "
+        "median share in points (0.05: 5 points)",
     )
     compare.add_argument(
         "--alpha", type=in_range(ALPHA), default=0.01, help="significance level (0.01)"
@@ -123,7 +128,10 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     report = commands.add_parser(
         "report",
         parents=[parents.store],
-        help="write a self-contained HTML report of runs (stages, a timeline, a comparison)",
+        help=(
+            "write a self-contained HTML report of runs (stages, per-core breakdown, a "
+            "timeline with its critical path, speed-up curves, a comparison)"
+        ),
     )
     report.add_argument("--run", required=True, metavar="SELECTOR", help="e.g. commit:9c1e")
     report.add_argument("--base", metavar="SELECTOR", help="compare the runs against these")

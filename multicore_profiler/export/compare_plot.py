@@ -20,7 +20,8 @@ _VERDICT_COLORS = {"regressed": "#c44e52", "improved": "#55a868"}
 def plot_comparison(comparison: Comparison, path: Path | str) -> Path:
     """Draw ``comparison`` into an image (PNG, or whatever ``path``'s suffix names): one row
     per group, in the comparison's order, base and head durations side by side (us,
-    symmetric log scale), regressed groups labelled red and improved ones green."""
+    symmetric log scale; shares in percent, linear), regressed groups labelled red and
+    improved ones green."""
     from matplotlib.figure import Figure
 
     path = Path(path)
@@ -30,6 +31,7 @@ def plot_comparison(comparison: Comparison, path: Path | str) -> Path:
     figure = Figure(figsize=(10, 1.2 + 0.45 * len(rows)), layout="constrained")
     axes = figure.subplots()
     labels = []
+    share = comparison.unit == "share"
     for index, row in enumerate(rows):
         key = tuple(row[column] for column in comparison.by)
         sides = comparison.samples[key]
@@ -38,7 +40,7 @@ def plot_comparison(comparison: Comparison, path: Path | str) -> Path:
             if values is None:
                 continue
             axes.boxplot(
-                np.asarray(values) / 1e3,
+                np.asarray(values) * 100 if share else np.asarray(values) / 1e3,
                 positions=[len(rows) - 1 - index + offset],
                 widths=0.3,
                 orientation="horizontal",
@@ -51,8 +53,11 @@ def plot_comparison(comparison: Comparison, path: Path | str) -> Path:
     axes.set_yticks(range(len(rows)), [label for label, _ in reversed(labels)])
     for tick, (_, verdict) in zip(axes.get_yticklabels(), reversed(labels), strict=True):
         tick.set_color(_VERDICT_COLORS.get(verdict, "black"))
-    axes.set_xscale("symlog", linthresh=1)
-    axes.set_xlabel(f"{comparison.level} duration (us)")
+    if share:
+        axes.set_xlabel("share of the makespan on the critical path (%)")
+    else:
+        axes.set_xscale("symlog", linthresh=1)
+        axes.set_xlabel(f"{comparison.level} duration (us)")
     axes.set_title(f"base {comparison.base} (blue) vs head {comparison.head} (orange)")
     axes.grid(axis="x", alpha=0.3)
     kind = path.suffix.lstrip(".").lower() or "png"

@@ -1,5 +1,7 @@
 """A run comparison as text: Markdown for a pull-request comment, a JSON document for
-machines, and the table a terminal shows."""
+machines, and the table a terminal shows. Durations show in microseconds and their change
+as a percentage; shares of a makespan (level ``critical``) as percentages and their change
+in points."""
 
 from __future__ import annotations
 
@@ -21,10 +23,21 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f"{value:+.1%}"
 
 
+def _share(value: float | None) -> str:
+    """A share as a percentage with one decimal (``51.5%``); nothing for no value."""
+    return "" if value is None else f"{value:.1%}"
+
+
+def _points(value: float | None) -> str:
+    """A change of a share in signed percentage points (``+11.7 pts``); nothing for none."""
+    return "" if value is None else f"{value * 100:+.1f} pts"
+
+
 def comparison_markdown(comparison: Comparison) -> str:
     """The comparison as a Markdown summary and table, for a pull-request comment: one row
-    per group, times in microseconds, "regressed" in bold, empty cells where a side or a
-    statistic is missing (a new or gone group, a base median of zero)."""
+    per group, times in microseconds (shares in percent, their change in points),
+    "regressed" in bold, empty cells where a side or a statistic is missing (a new or gone
+    group, a base median of zero)."""
     lines = [
         f"**mcprof compare**: {comparison.summary()}",
         "",
@@ -33,17 +46,21 @@ def comparison_markdown(comparison: Comparison) -> str:
         "",
     ]
     lines += [f"> warning: {warning}" for warning in comparison.warnings]
-    header = [*comparison.by, "base median (us)", "head median (us)", "change", "interval", "p"]
-    header += ["verdict", "added (us/invocation)"]
+    unit = comparison.unit
+    value, change, added = (_share, _points, _points) if unit == "share" else (_us, _pct, _us)
+    shown, per = ("share", "per invocation") if unit == "share" else ("us", "us/invocation")
+    header = [*comparison.by, f"base median ({shown})", f"head median ({shown})", "change"]
+    header += ["interval", "p", "verdict", f"added ({per})"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in comparison.rows.to_pylist():
         low, high = row["change_low"], row["change_high"]
-        interval = "" if low is None else f"{_pct(low)} .. {_pct(high)}"
+        interval = "" if low is None else f"{change(low)} .. {change(high)}"
         cells = [str(row[column]) for column in comparison.by]
-        cells += [_us(row["base_median_ns"]), _us(row["head_median_ns"]), _pct(row["change"])]
-        cells += [interval, "" if row["p_value"] is None else f"{row['p_value']:.2g}"]
+        cells += [value(row[f"base_median_{unit}"]), value(row[f"head_median_{unit}"])]
+        cells += [change(row["change"]), interval]
+        cells += ["" if row["p_value"] is None else f"{row['p_value']:.2g}"]
         verdict = f"**{row['verdict']}**" if row["verdict"] == "regressed" else row["verdict"]
-        cells += [verdict, _us(row["impact_ns"])]
+        cells += [verdict, added(row[f"impact_{unit}"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -66,22 +83,34 @@ def comparison_json(comparison: Comparison) -> bytes:
     return orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n"
 
 
+_TABLE_VALUES = {
+    "ns": """round(base_median_ns / 1e3, 2) AS base_us,
+             round(head_median_ns / 1e3, 2) AS head_us,
+             printf('%+.1f%%', change * 100) AS change,
+             printf('%+.1f%% .. %+.1f%%', change_low * 100, change_high * 100) AS interval,
+             printf('%.2g', p_value) AS p, verdict,
+             round(impact_ns / 1e3, 2) AS added_us_per_invocation""",
+    "share": """round(base_median_share * 100, 1) AS base_pct,
+                round(head_median_share * 100, 1) AS head_pct,
+                printf('%+.1f pts', change * 100) AS change,
+                printf('%+.1f .. %+.1f pts', change_low * 100, change_high * 100) AS interval,
+                printf('%.2g', p_value) AS p, verdict,
+                round(impact_share * 100, 1) AS added_pts_per_invocation""",
+}
+"""The terminal table's value columns for durations (ns) and for shares."""
+
+
 def comparison_table(comparison: Comparison) -> pa.Table:
     """The comparison's rows as a terminal shows them: the group's columns, both sample
     counts, medians in microseconds (two decimals), the change and its interval as
     percentage text, the p-value (two digits), the verdict and the time added per
-    invocation in microseconds."""
+    invocation in microseconds; for shares, medians in percent (one decimal) and the
+    change, its interval and what is added per invocation in points."""
     con = duckdb.connect()
     con.register("rows", comparison.rows)
     return con.sql(
         f"""SELECT {", ".join(sql_identifier(c) for c in comparison.by)},
                    base_count AS base_n, head_count AS head_n,
-                   round(base_median_ns / 1e3, 2) AS base_us,
-                   round(head_median_ns / 1e3, 2) AS head_us,
-                   printf('%+.1f%%', change * 100) AS change,
-                   printf('%+.1f%% .. %+.1f%%', change_low * 100, change_high * 100)
-                       AS interval,
-                   printf('%.2g', p_value) AS p, verdict,
-                   round(impact_ns / 1e3, 2) AS added_us_per_invocation
+                   {_TABLE_VALUES[comparison.unit]}
             FROM rows""",
     ).to_arrow_table()
