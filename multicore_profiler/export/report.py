@@ -1,8 +1,12 @@
 """A self-contained HTML report of runs: per-stage statistics, one invocation's worker
-timeline, a comparison with base runs, and the step time breakdown of outer traces.
+timeline with its critical path, where each of its cores' time goes, the speed-up curves of
+the latest run's stages, a comparison with base runs, and the step time breakdown of outer
+traces.
 
 Everything is in the one file (no network): the data as JSON in the page, drawn by a small
-script into tables and an SVG timeline (a lane per AIC or AIV worker, stages coloured).
+script into tables and SVG (a timeline lane per AIC or AIV worker, stages coloured; a
+stacked bar per core; a line per stage). The page carries summaries, not the run: the
+records of the one invocation drawn, one row per core, and the median curve per stage.
 The page marks ``<html data-ready="1">`` when it is drawn, and ``data-error`` with the
 message if a script failed, so a headless browser can check it.
 """
@@ -12,9 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
+from multicore_profiler.analysis.analyze import speedup_curves
 from multicore_profiler.analysis.compare import Comparison
+from multicore_profiler.analysis.replay import FIDELITY_LIMIT
+from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.files import written_aside
 from multicore_profiler.storage.selectors import RunSelector
@@ -35,10 +43,53 @@ GROUP BY ALL ORDER BY kernel_name, min(stage_desc_id)
 """
 
 _TIMELINE = """
-SELECT core, block_id, stage, phase, ts_ns, dur_ns
+SELECT core, block_id, record_index, stage, phase, ts_ns, dur_ns
 FROM records_ns
 WHERE run_id = $run AND rank = $rank AND invocation_id = $invocation
-ORDER BY core, block_id, ts_ns
+ORDER BY core, block_id, ts_ns, record_index
+"""
+
+_GRAPHED = """
+SELECT rank, invocation_id
+FROM invocations i
+WHERE run_id = $run AND EXISTS (
+    SELECT 1 FROM tasks g
+    WHERE g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
+)
+"""
+"""The run's invocations that carry their task graph (the timeline's rule)."""
+
+_CORES = """
+SELECT core || '/' || block_id AS core, makespan_ns, compute_ns, wait_ns, trigger_ns,
+       control_ns, front_gap_ns, gap_ns, tail_gap_ns
+FROM core_breakdown
+WHERE run_id = $run AND rank = $rank AND invocation_id = $invocation
+ORDER BY core_type, block_id
+"""
+_CORE_PARTS = {
+    "compute_ns": "#4c72b0",
+    "wait_ns": "#dddddd",
+    "trigger_ns": "#444444",
+    "control_ns": "#8172b3",
+    "front_gap_ns": "#e6b85c",
+    "gap_ns": "#f3dca8",
+    "tail_gap_ns": "#fbeed3",
+}
+"""The parts of a core's bar, in the bar's order: they tile the invocation's makespan."""
+
+_CRITICAL = """
+SELECT core, block_id, record_index, core || '/' || block_id AS lane, start_ns, dur_ns
+FROM critical_path
+WHERE run_id = $run AND rank = $rank AND invocation_id = $invocation
+ORDER BY seq
+"""
+
+_CRITICAL_SHARES = """
+SELECT concat_ws(' ', stage, kind) AS name, share
+FROM critical_path_summary
+WHERE run_id = $run AND rank = $rank AND invocation_id = $invocation
+ORDER BY share DESC, stage NULLS LAST, kind
+LIMIT 4
 """
 
 _PAGE = """<!doctype html>
@@ -57,7 +108,10 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
 <h1>mcprof report</h1>
 <p id="summary"></p>
 <h2>Stages</h2><table id="stages"></table>
-<h2>Timeline of one invocation</h2><p id="timeline-title"></p><div id="timeline"></div>
+<h2>Timeline of one invocation</h2><p id="timeline-title"></p><p id="critical-path-title"></p>
+<div id="timeline"></div>
+<h2>Where each core's time goes</h2><p id="cores-title"></p><div id="cores"></div>
+<h2>What a faster stage buys</h2><p id="curves-title"></p><div id="curves"></div>
 <div id="comparison-section"></div>
 <div id="breakdown-section"></div>
 <script type="application/json" id="data">__DATA__</script>
@@ -85,6 +139,25 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
       });
       element.appendChild(tr);
     });
+  }
+  function swatches(id, names, colorOf) {
+    var key = document.createElement("p"); key.id = id;
+    names.forEach(function (name) {
+      var swatch = document.createElement("span");
+      swatch.style.cssText = "display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;"
+        + "background:" + colorOf(name);
+      key.appendChild(swatch);
+      key.appendChild(document.createTextNode(name));
+    });
+    return key;
+  }
+  function svgText(parent, x, y, text, anchor) {
+    var label = document.createElementNS(SVG, "text");
+    label.setAttribute("class", "lane-label");
+    label.setAttribute("x", x); label.setAttribute("y", y);
+    if (anchor) label.setAttribute("text-anchor", anchor);
+    label.textContent = text;
+    parent.appendChild(label);
   }
   document.getElementById("summary").textContent = data.summary;
   table(document.getElementById("stages"), data.stages.columns, data.stages.rows);
@@ -114,7 +187,7 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
     g.appendChild(label);
     svg.appendChild(g);
   });
-  var groups = svg.querySelectorAll("g.lane");
+  var groups = svg.querySelectorAll("g.lane"), rects = [];
   for (var k = 0; k < t.core.length; k++) {
     var rect = document.createElementNS(SVG, "rect");
     var phase = t.phase[k];
@@ -128,17 +201,143 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
     tip.textContent = t.stage[k] + " " + phase + ": " + (t.dur_ns[k] / 1e3).toFixed(2) + " us";
     rect.appendChild(tip);
     groups[laneOf[t.core[k] + "/" + t.block_id[k]]].appendChild(rect);
+    rects.push(rect);
+  }
+  var critical = data.critical;
+  if (critical.absent) {
+    document.getElementById("critical-path-title").textContent = critical.absent;
+  } else {
+    document.getElementById("critical-path-title").textContent = critical.title;
+    var points = [];
+    critical.at.forEach(function (at, seq) {
+      var y = laneOf[critical.lane[seq]] * laneHeight + 1 + (laneHeight - 3) / 2;
+      var x0 = left + (critical.start_ns[seq] - start) * scale;
+      points.push(x0 + "," + y, (x0 + critical.dur_ns[seq] * scale) + "," + y);
+      if (at < 0) return;
+      rects[at].setAttribute("class", "critical");
+      rects[at].setAttribute("data-seq", seq);
+      rects[at].setAttribute("stroke", "#d62728");
+      rects[at].setAttribute("stroke-width", 1.5);
+    });
+    var path = document.createElementNS(SVG, "polyline");
+    path.setAttribute("id", "critical-path");
+    path.setAttribute("points", points.join(" "));
+    path.setAttribute("fill", "none");
+    path.setAttribute("stroke", "#d62728");
+    path.setAttribute("stroke-width", 1);
+    svg.appendChild(path);
   }
   document.getElementById("timeline").appendChild(svg);
-  var legend = document.createElement("p"); legend.id = "legend";
-  Object.keys(data.colors).concat(["wait", "trigger"]).forEach(function (name) {
-    var swatch = document.createElement("span");
-    swatch.style.cssText = "display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;"
-      + "background:" + (data.colors[name] || (name === "wait" ? "#ddd" : "#444"));
-    legend.appendChild(swatch);
-    legend.appendChild(document.createTextNode(name));
+  document.getElementById("timeline").appendChild(swatches(
+    "legend", Object.keys(data.colors).concat(["wait", "trigger"]), function (name) {
+      return data.colors[name] || (name === "wait" ? "#ddd" : "#444"); }));
+
+  var cores = data.cores, coreHeight = 12, coreWidth = width - left - 10;
+  document.getElementById("cores-title").textContent = "Each core's share of the makespan ("
+    + ((cores.makespan_ns[0] || 0) / 1e3).toFixed(2) + " us) of the invocation above, "
+    + "AIC then AIV by block: a bar is the whole makespan.";
+  var bars = document.createElementNS(SVG, "svg");
+  bars.setAttribute("id", "core-breakdown");
+  bars.setAttribute("width", width);
+  bars.setAttribute("height", cores.core.length * (coreHeight + 3) + 3);
+  cores.core.forEach(function (name, index) {
+    var g = document.createElementNS(SVG, "g");
+    g.setAttribute("class", "core");
+    g.setAttribute("data-core", name);
+    g.setAttribute("transform", "translate(0," + (index * (coreHeight + 3)) + ")");
+    svgText(g, 0, 10, name);
+    var x = left, makespan = cores.makespan_ns[index];
+    cores.parts.forEach(function (part) {
+      var w = makespan > 0 ? cores[part][index] / makespan * coreWidth : 0;
+      var segment = document.createElementNS(SVG, "path");
+      segment.setAttribute("class", "segment"); segment.setAttribute("data-part", part);
+      segment.setAttribute("d", "M" + x + " 0h" + w + "v" + coreHeight + "h" + (-w) + "z");
+      segment.setAttribute("fill", cores.colors[part]);
+      var tip = document.createElementNS(SVG, "title");
+      tip.textContent = name + " " + part + ": " + (cores[part][index] / 1e3).toFixed(2)
+        + " us (" + (makespan > 0 ? cores[part][index] / makespan * 100 : 0).toFixed(1) + " %)";
+      segment.appendChild(tip);
+      g.appendChild(segment);
+      x += w;
+    });
+    bars.appendChild(g);
   });
-  document.getElementById("timeline").appendChild(legend);
+  document.getElementById("cores").appendChild(bars);
+  document.getElementById("cores").appendChild(
+    swatches("cores-legend", cores.parts, function (part) { return cores.colors[part]; }));
+
+  var curves = data.curves;
+  if (curves.absent) {
+    document.getElementById("curves-title").textContent = curves.absent;
+  } else {
+    document.getElementById("curves-title").textContent = curves.title;
+    var plotLeft = 60, plotWidth = 500, plotTop = 24, plotHeight = 260;
+    var all = [1];
+    curves.stages.forEach(function (c) { all = all.concat(c.ratios); });
+    var low = Math.min.apply(null, all), high = Math.max.apply(null, all);
+    var pad = Math.max((high - low) * 0.05, 0.005);
+    low -= pad; high += pad;
+    var most = Math.max.apply(null, curves.speedups.concat([1e-9]));
+    function px(s) { return plotLeft + s / most * plotWidth; }
+    function py(r) { return plotTop + (high - r) / (high - low) * plotHeight; }
+    var plot = document.createElementNS(SVG, "svg");
+    plot.setAttribute("id", "speedup-curves");
+    plot.setAttribute("width", plotLeft + plotWidth + 20);
+    plot.setAttribute("height", plotTop + plotHeight + 40);
+    function rule(x1, y1, x2, y2, color) {
+      var line = document.createElementNS(SVG, "line");
+      line.setAttribute("class", "axis");
+      line.setAttribute("x1", x1); line.setAttribute("y1", y1);
+      line.setAttribute("x2", x2); line.setAttribute("y2", y2);
+      line.setAttribute("stroke", color);
+      plot.appendChild(line);
+    }
+    curves.speedups.forEach(function (s) {
+      rule(px(s), plotTop, px(s), plotTop + plotHeight, "#eee");
+      svgText(plot, px(s), plotTop + plotHeight + 14, Math.round(s * 100) + " %", "middle");
+    });
+    for (var tick = 0; tick <= 4; tick++) {
+      var r = low + (high - low) * tick / 4;
+      rule(plotLeft, py(r), plotLeft + plotWidth, py(r), "#eee");
+      svgText(plot, plotLeft - 4, py(r) + 4, r.toFixed(3), "end");
+    }
+    rule(plotLeft, plotTop + plotHeight, plotLeft + plotWidth, plotTop + plotHeight, "#555");
+    rule(plotLeft, plotTop, plotLeft, plotTop + plotHeight, "#555");
+    svgText(plot, plotLeft + plotWidth / 2, plotTop + plotHeight + 32,
+            "stage compute made faster by", "middle");
+    svgText(plot, 4, 12, "predicted / observed makespan");
+    var curveColor = function (stage) { return data.colors[stage] || "#999"; };
+    curves.stages.forEach(function (c) {
+      var line = document.createElementNS(SVG, "polyline");
+      line.setAttribute("class", "curve");
+      line.setAttribute("data-stage", c.stage);
+      line.setAttribute("points", c.ratios.map(function (r, i) {
+        return px(curves.speedups[i]) + "," + py(r); }).join(" "));
+      line.setAttribute("fill", "none");
+      line.setAttribute("stroke", curveColor(c.stage));
+      line.setAttribute("stroke-width", 2);
+      var tip = document.createElementNS(SVG, "title"); tip.textContent = c.stage;
+      line.appendChild(tip);
+      plot.appendChild(line);
+      c.ratios.forEach(function (r, i) {
+        var dot = document.createElementNS(SVG, "circle");
+        dot.setAttribute("class", "point");
+        dot.setAttribute("data-stage", c.stage);
+        dot.setAttribute("data-speedup", curves.speedups[i]);
+        dot.setAttribute("data-ratio", r);
+        dot.setAttribute("cx", px(curves.speedups[i])); dot.setAttribute("cy", py(r));
+        dot.setAttribute("r", 3); dot.setAttribute("fill", curveColor(c.stage));
+        var note = document.createElementNS(SVG, "title");
+        note.textContent = c.stage + " " + Math.round(curves.speedups[i] * 100) + " % faster: "
+          + "makespan x " + r.toFixed(4);
+        dot.appendChild(note);
+        plot.appendChild(dot);
+      });
+    });
+    document.getElementById("curves").appendChild(plot);
+    document.getElementById("curves").appendChild(swatches(
+      "curves-legend", curves.stages.map(function (c) { return c.stage; }), curveColor));
+  }
 
   if (data.comparison) {
     var section = document.getElementById("comparison-section");
@@ -190,15 +389,8 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
       chart.appendChild(g);
     });
     part.appendChild(chart);
-    var key = document.createElement("p"); key.id = "breakdown-legend";
-    b.parts.forEach(function (name) {
-      var swatch = document.createElement("span");
-      swatch.style.cssText = "display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;"
-        + "background:" + b.colors[name];
-      key.appendChild(swatch);
-      key.appendChild(document.createTextNode(name));
-    });
-    part.appendChild(key);
+    part.appendChild(swatches("breakdown-legend", b.parts, function (name) {
+      return b.colors[name]; }));
   }
   document.documentElement.dataset.ready = "1";
 })();
@@ -256,6 +448,74 @@ def _breakdown(store: Store, traces: RunSelector | str) -> dict[str, Any]:
     for row in rows:
         row["label"] = f"{row['source_id'][:8]} {row['step_name']}"
     return {"parts": list(_BREAKDOWN_PARTS), "colors": _BREAKDOWN_PARTS, "rows": rows}
+
+
+def _cores(store: Store, where: dict[str, Any]) -> dict[str, Any]:
+    """One bar per core of the drawn invocation, AIC then AIV by block: its parts of the
+    makespan (``core_breakdown``), as columns."""
+    rows = store.sql(_CORES, where, runs=[where["run"]]).to_pydict()
+    return {"parts": list(_CORE_PARTS), "colors": _CORE_PARTS, **rows}
+
+
+def _critical_path(
+    store: Store, where: dict[str, Any], graphed: bool, positions: dict[tuple, int]
+) -> dict[str, Any]:
+    """The drawn invocation's critical path in seq order (``critical_path``): each piece's
+    lane, start and duration, and ``at``, the position of its record in the timeline's
+    columns (-1 for a gap); or, for an invocation without a task graph, why there is none."""
+    described = f"invocation {where['invocation']} of run {where['run']}"
+    if not graphed:
+        return {
+            "absent": f"No critical path: {described} carries no task graph (its kernel "
+            "handed over no tasks), so no wait can be charged to the trigger that released it."
+        }
+    pieces = store.sql(_CRITICAL, where, runs=[where["run"]]).to_pydict()
+    shares = store.sql(_CRITICAL_SHARES, where, runs=[where["run"]]).to_pylist()
+    keys = zip(pieces["core"], pieces["block_id"], pieces["record_index"], strict=True)
+    at = [-1 if key[2] is None else positions[key] for key in keys]
+    bound = ", ".join(f"{row['name']} {row['share']:.1%}" for row in shares)
+    return {
+        "title": f"Critical path of {described} (outlined records and the red line): "
+        f"{sum(i >= 0 for i in at)} records in {len(at)} pieces; most of its makespan: {bound}.",
+        "at": at,
+        "lane": pieces["lane"],
+        "start_ns": pieces["start_ns"],
+        "dur_ns": pieces["dur_ns"],
+    }
+
+
+def _curves(store: Store, run: str, graphed: set[tuple[int, int]]) -> dict[str, Any]:
+    """Per stage, the median over ``run``'s invocations with a task graph (those the replay
+    reproduces) of the predicted / observed makespan at each speed-up (``speedup_curves``);
+    or why there are none."""
+    if not graphed:
+        return {
+            "absent": f"No speed-up curves: no invocation of run {run} carries a task graph, "
+            "so the replay cannot tell what a faster stage would release."
+        }
+    rows = speedup_curves(store, RecordSelection(run=run)).to_pylist()
+    ratios: dict[str, dict[float, list[float]]] = {}
+    used: set[tuple[int, int]] = set()
+    for row in rows:
+        if (row["rank"], row["invocation_id"]) in graphed and row["ratio"] is not None:
+            ratios.setdefault(row["stage"], {}).setdefault(row["speedup"], []).append(row["ratio"])
+            used.add((row["rank"], row["invocation_id"]))
+    if not used:
+        return {
+            "absent": f"No speed-up curves: the replay reproduces none of the {len(graphed)} "
+            f"invocations of run {run} with a task graph within {FIDELITY_LIMIT:.0%}."
+        }
+    speedups = sorted({row["speedup"] for row in rows})
+    return {
+        "title": f"Predicted makespan / observed with one stage's compute made faster: the "
+        f"median over {len(used)} of the {len(graphed)} invocations of run {run} with a task "
+        f"graph (those the replay reproduces within {FIDELITY_LIMIT:.0%}).",
+        "speedups": speedups,
+        "stages": [
+            {"stage": stage, "ratios": [float(np.median(by[s])) for s in speedups]}
+            for stage, by in ratios.items()
+        ],
+    }
 
 
 def _us(value: float | None) -> float | None:
@@ -317,10 +577,17 @@ def _page(
         raise ExportError(f"run {latest} has {what} to draw")
     rank, invocation_id, kernel = (chosen[0][k] for k in ("rank", "invocation_id", "kernel_name"))
     stages = store.sql(_STAGES, {"runs": selected}, runs=selected)
-    timeline = store.sql(
-        _TIMELINE, {"run": latest, "rank": rank, "invocation": invocation_id}, runs=[latest]
-    ).to_pydict()
-    names = sorted({name for name in timeline["stage"] if name is not None})
+    drawn = {"run": latest, "rank": rank, "invocation": invocation_id}
+    timeline = store.sql(_TIMELINE, drawn, runs=[latest]).to_pydict()
+    keys = zip(timeline["core"], timeline["block_id"], timeline.pop("record_index"), strict=True)
+    positions = {key: at for at, key in enumerate(keys)}
+    graphed = {
+        (row["rank"], row["invocation_id"])
+        for row in store.sql(_GRAPHED, {"run": latest}, runs=[latest]).to_pylist()
+    }
+    curves = _curves(store, latest, graphed)
+    shown = {c["stage"] for c in curves.get("stages", ())}
+    names = sorted(shown | {name for name in timeline["stage"] if name is not None})
     data = {
         "summary": f"{len(selected)} run(s) selected by {runs}: {', '.join(selected)}",
         "stages": {"columns": stages.column_names, "rows": stages.to_pylist()},
@@ -330,6 +597,9 @@ def _page(
             **timeline,
         },
         "colors": {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(names)},
+        "cores": _cores(store, drawn),
+        "critical": _critical_path(store, drawn, (rank, invocation_id) in graphed, positions),
+        "curves": curves,
         "comparison": None if base is None else _comparison(store.compare(base, runs)),
         "breakdown": None if traces is None else _breakdown(store, traces),
     }
