@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import duckdb
 import pyarrow as pa
 
-from multicore_profiler.analysis import replay, what_if as changes_module
+from multicore_profiler.analysis import replay
+from multicore_profiler.analysis import what_if as changes_module
 from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.analysis.what_if import DEFAULT_SPEEDUPS, Change
 from multicore_profiler.errors import AnalysisError
@@ -94,6 +95,9 @@ class KernelAnalysis:
     - ``critical_path`` and ``critical_path_summary``: the views' rows;
     - ``critical_shares``: share of the selection's total makespan per kernel, stage and
       kind on the critical paths (the selection's ``bound_by``).
+
+    ``what_if`` and ``speedup_curves`` replay the same invocations again, without reading
+    the store.
     """
 
     described: str
@@ -104,10 +108,24 @@ class KernelAnalysis:
     critical_path: pa.Table
     critical_path_summary: pa.Table
     critical_shares: pa.Table
+    graph: replay.ReplayGraph = field(repr=False)
 
     def tables(self) -> dict[str, pa.Table]:
         """Every table by name, in the order above."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "described"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_TABLES}
+
+    def what_if(self, changes: Sequence[Change | str], *, strict: bool = False) -> pa.Table:
+        """``what_if`` of these invocations (see the module function)."""
+        return changes_module.what_if(self.graph, changes, strict=strict)
+
+    def speedup_curves(
+        self, stages: Sequence[str] | None = None, speedups: Sequence[float] = DEFAULT_SPEEDUPS
+    ) -> pa.Table:
+        """``speedup_curves`` of these invocations (see the module function)."""
+        return changes_module.speedup_curves(self.graph, stages, speedups)
+
+
+_NOT_TABLES = ("described", "graph")
 
 
 @contextmanager
@@ -179,7 +197,7 @@ def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAna
                LEFT JOIN _fidelity f USING (run_id, rank, invocation_id, write_id)
                ORDER BY i.run_id, i.rank, i.invocation_id""",
         )
-    return KernelAnalysis(described=described, invocations=invocations, **tables)
+    return KernelAnalysis(described=described, invocations=invocations, graph=graph, **tables)
 
 
 def what_if(

@@ -21,6 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from multicore_profiler.cli import (
+    analyze,
     compare,
     demo,
     export,
@@ -35,7 +36,7 @@ from multicore_profiler.cli.output import one_line, warn
 from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
 from multicore_profiler.storage.location import os_reason
 
-COMMANDS = (runs, compare, outer_kernels, ingest, maintenance, export, fuse, demo)
+COMMANDS = (runs, compare, analyze, outer_kernels, ingest, maintenance, export, fuse, demo)
 """The command modules, in the order ``mcprof --help`` lists their commands."""
 
 

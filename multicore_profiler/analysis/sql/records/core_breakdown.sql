@@ -50,16 +50,16 @@ cores AS (
         count(*) AS records,
         any_value(cycle_ns(span_end, anchor_cycle, frequency_hz)
             - cycle_ns(span_start, anchor_cycle, frequency_hz)) AS makespan_ns,
-        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'compute'), 0)
+        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'compute'), 0)::BIGINT
             AS compute_ns,
-        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'wait'), 0)
+        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'wait'), 0)::BIGINT
             AS wait_ns,
-        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'trigger'), 0)
+        coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'trigger'), 0)::BIGINT
             AS trigger_ns,
         coalesce(sum(piece_end_ns - piece_start_ns) FILTER (WHERE phase = 'terminate'), 0)
-            AS control_ns,
-        sum(piece_start_ns - cursor_ns) FILTER (WHERE first) AS front_gap_ns,
-        coalesce(sum(piece_start_ns - cursor_ns) FILTER (WHERE NOT first), 0) AS gap_ns,
+            ::BIGINT AS control_ns,
+        sum(piece_start_ns - cursor_ns) FILTER (WHERE first)::BIGINT AS front_gap_ns,
+        coalesce(sum(piece_start_ns - cursor_ns) FILTER (WHERE NOT first), 0)::BIGINT AS gap_ns,
         any_value(cycle_ns(span_end, anchor_cycle, frequency_hz)) - max(piece_end_ns)
             AS tail_gap_ns
     FROM pieces
