@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import enum
 import math
+import sys
 import threading
 import time
 import weakref
@@ -64,28 +66,34 @@ WorkerTask = tuple[Callable[[int, int], object], int, int, int, int, int, int, i
 trigger_event, task_id, desc_id, stage_task_index, owner_id)."""
 
 
-_SPIN_NS = 150_000
-"""The tail of an extra busy time spent spinning instead of sleeping: more than a sleep's
-usual overshoot (50-100 us on Linux), little enough that the GIL it holds stalls the
-other workers only briefly."""
+_PR_SET_TIMERSLACK = 29
+"""Linux's prctl option for a thread's timer slack: the time a sleep may overshoot by
+(50 us by default) so that the kernel can batch wake-ups."""
+_slack_set = threading.local()
+
+
+def _tight_timer() -> None:
+    """Set the calling thread's timer slack to 1 ns, once, where Linux's prctl exists."""
+    if getattr(_slack_set, "done", False):
+        return
+    _slack_set.done = True
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
 
 
 def _busy(ns: int) -> None:
-    """Keep the calling worker busy for ``ns`` ns of the real clock, close to exactly:
-    ``time.sleep`` for all but the last ``_SPIN_NS`` (no CPU and no GIL taken from the
-    other workers), then a spin to the deadline.
+    """Keep the calling worker busy for ``ns`` ns of the real clock, close to exactly and
+    without holding the GIL: sleeps to the deadline with the thread's timer slack at 1 ns.
 
-    Measured in this kernel on 2 busy cores (time over the asked 0.2-2 ms, p50 / p90):
-    this +0.4 / +12-47 us; a sleep alone +75-85 / +95-150 us; a spin alone +0.2 / +0.6 us
-    but two spinning workers take turns on the GIL (2 ms per GMM1 task: 17.5 ms makespans
-    for 9.3 ms with this); the same sleep then a spin that releases the GIL, on
-    ``time.sleep(0)`` +36-42 / +78 us, on ``os.sched_yield`` +1-3 / +46-100 us, and up to
-    a 5 ms GIL switch behind a busy worker."""
+    Measured on 2 busy cores for 0.2 ms (time over the asked, p50 / p90 / p99): this +27 /
+    +36 / +290 us; a sleep with the default slack +72 / +112 / +3,400 us. A spin to the
+    deadline overshoots by under 1 us but holds the GIL: two GMM1 workers padding at once
+    take turns, and a capture with 200 us per GMM1 task ran 1.6 ms longer where the
+    replay, which models no contention, predicts 0.8 ms."""
+    _tight_timer()
     deadline = time.perf_counter_ns() + ns
-    if ns > _SPIN_NS:
-        time.sleep((ns - _SPIN_NS) / 1e9)
-    while time.perf_counter_ns() < deadline:
-        pass
+    while (left := deadline - time.perf_counter_ns()) > 0:
+        time.sleep(left / 1e9)
 
 
 def _padded(run: Callable[[int, int], object], ns: int) -> Callable[[int, int], None]:
