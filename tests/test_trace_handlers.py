@@ -93,3 +93,32 @@ def test_a_handler_outside_a_window_refuses(tmp_path: Path) -> None:
     session = SimpleNamespace(windows=[], run_id=None)
     with pytest.raises(ExportError, match="before any capture window ended"):
         chrome_trace_handler(tmp_path)(session)  # type: ignore[arg-type]
+
+
+def test_the_handler_and_the_session_mark_the_critical_path(tmp_path: Path) -> None:
+    router, w1, w2 = make_moe_weights(
+        EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
+    )
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    with (
+        ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
+        mega_kernel_profile(
+            store=tmp_path / "store",
+            on_trace_ready=chrome_trace_handler(tmp_path, worker_name="w", critical_path=True),
+        ) as prof,
+    ):
+        kernel(x, *route(x, router, TOP_K))
+    prof.export_chrome_trace(tmp_path / "session.json", critical_path=True)
+    path = prof.store.sql(
+        "SELECT count(*) AS n FROM critical_path WHERE run_id = $1 AND record_index IS NOT NULL",
+        [prof.run_id],
+    )
+    expected = path.column("n")[0].as_py()
+    for name in (f"w.{prof.run_id}.window0.pt.trace.json", "session.json"):
+        trace = load_trace(tmp_path / name)
+        check_trace(trace)
+        events = trace["traceEvents"]
+        critical = [e for e in events if e["ph"] == "X" and e["args"].get("critical") == 1]
+        chain = [e for e in events if e.get("cat") == "critical_path" and e["ph"] == "s"]
+        assert len(critical) == expected
+        assert len(chain) == expected - 1

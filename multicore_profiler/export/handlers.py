@@ -48,12 +48,14 @@ def chrome_trace_handler(
     worker_name: str | None = None,
     use_gzip: bool = False,
     detailed_task_names: bool | None = None,
+    critical_path: bool = False,
 ) -> Callable[[ProfiledSession], ExportedTrace]:
     """A handler that writes the Chrome Trace of each window that ends (that rank's records
     of the window) to ``dir_name/<worker>.<run>.window<k>.pt.trace.json[.gz]``.
 
     ``worker_name`` defaults to ``<host>_<pid>``, as torch's handler does; names are
-    detailed if the session asked for it (or ``detailed_task_names`` says so). The
+    detailed if the session asked for it (or ``detailed_task_names`` says so);
+    ``critical_path`` marks each invocation's critical path (see ``export_chrome_trace``). The
     directory is created if missing. Raises ``ExportError`` when it is called before any
     window ended (not from a session) or the trace cannot be written.
     """
@@ -72,6 +74,7 @@ def chrome_trace_handler(
             session,
             directory / trace_file_name(worker, session.run_id, window, use_gzip),
             detailed_task_names,
+            critical_path,
         )
 
     return handler
@@ -83,21 +86,22 @@ def export_last_window(
     path: str | os.PathLike[str],
     *,
     detailed_task_names: bool | None = None,
+    critical_path: bool = False,
 ) -> ExportedTrace:
     """``prof.export_chrome_trace(path)``, as torch.profiler's: write the Chrome Trace of
     the last window that ended (this rank's records) to ``path``; names are detailed if
-    the session asked for it (or ``detailed_task_names`` says so). ``SessionError`` before
-    any window ended."""
+    the session asked for it (or ``detailed_task_names`` says so), and ``critical_path``
+    marks each invocation's critical path. ``SessionError`` before any window ended."""
     if not session.windows:
         raise SessionError(
             "no capture window has ended yet: call step() past a window's last active "
             "step, or leave the session"
         )
-    return _export_last_window(session, Path(path), detailed_task_names)
+    return _export_last_window(session, Path(path), detailed_task_names, critical_path)
 
 
 def _export_last_window(
-    session: ProfiledSession, path: Path, detailed_task_names: bool | None
+    session: ProfiledSession, path: Path, detailed_task_names: bool | None, critical_path: bool
 ) -> ExportedTrace:
     """The trace of the session's last window that ended, of its rank, at ``path``."""
     return export_chrome_trace(
@@ -109,4 +113,5 @@ def _export_last_window(
         detailed_task_names=(
             session.detailed_task_names if detailed_task_names is None else detailed_task_names
         ),
+        critical_path=critical_path,
     )

@@ -115,7 +115,8 @@ CREATE OR REPLACE VIEW critical_path AS
 WITH items AS (
     SELECT
         r.run_id, r.step, r.rank, r.invocation_id, r.write_id, r.core_type, r.block_id,
-        r.record_index, r.task_id, r.owner_id, r.phase, s.seg, s.span_start, s.span_end,
+        r.record_index, r.task_id, r.desc_id, r.owner_id, r.phase, s.seg, s.span_start,
+        s.span_end,
         r.record_index IS NOT DISTINCT FROM s.lo AS crossed,
         r.end_cycle AS end_point,
         CASE WHEN r.record_index IS NOT DISTINCT FROM s.lo THEN s.lo_released
@@ -169,7 +170,9 @@ SELECT
     ) - 1)::BIGINT AS seq,
     CASE p.core_type WHEN 1 THEN 'AIC' WHEN 2 THEN 'AIV' END AS core,
     p.core_type, p.block_id, p.kind,
-    CASE WHEN p.part = 0 THEN n.stage END AS stage,
+    CASE WHEN p.part = 0 THEN stage_name(
+        i.stage_names, record_stage_desc_id(p.phase, p.desc_id, g.desc_id, t.stage_desc_id)
+    ) END AS stage,
     CASE WHEN p.part = 0 THEN p.task_id END AS task_id,
     CASE WHEN p.part = 0 THEN p.owner_id END AS owner_id,
     CASE WHEN p.part = 0 THEN p.record_index END AS record_index,
@@ -183,10 +186,13 @@ FROM pieces p
 JOIN invocations i
     ON i.run_id = p.run_id AND i.rank = p.rank AND i.invocation_id = p.invocation_id
     AND i.write_id = p.write_id
-LEFT JOIN records_ns n
-    ON p.part = 0 AND n.run_id = p.run_id AND n.rank = p.rank
-    AND n.invocation_id = p.invocation_id AND n.core_type = p.core_type AND n.block_id = p.block_id
-    AND n.record_index = p.record_index;
+LEFT JOIN tasks g
+    ON p.part = 0 AND p.phase <> 'compute' AND g.run_id = p.run_id AND g.rank = p.rank
+    AND g.config_id = i.config_id AND g.task_id = p.task_id
+LEFT JOIN task_stages t
+    ON p.part = 0 AND p.phase <> 'compute' AND t.run_id = p.run_id AND t.rank = p.rank
+    AND t.invocation_id = p.invocation_id AND t.write_id = p.write_id
+    AND t.task_id = p.task_id;
 
 -- Share of each invocation's makespan per stage and kind on its critical path (HTA's
 -- bound_by, in the kernel's terms); gaps have no stage.
