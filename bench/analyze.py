@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import networkx as nx
-from export import fill, task_graph
+from export import CONFIG_ID, fill
 from ingest import store_launches
 
 from multicore_profiler import open_store, speedup_curves
@@ -125,8 +125,8 @@ def main() -> None:
             kernel,
             1,
             label="bench-sweep",
-            config_id="simulated-moe",
-            tasks=task_graph(kernel),
+            config_id=CONFIG_ID,
+            tasks=kernel.tasks_table(CONFIG_ID),
         )
         selection = RecordSelection(run=sweep_run, invocation=0)
         whole = timed(lambda: speedup_curves(store, selection), args.repeat)

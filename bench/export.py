@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
 from ingest import best, store_launches
 
 from multicore_profiler.abi import NO_OWNER
@@ -35,39 +34,11 @@ from multicore_profiler.storage.store import Store, open_store
 CONFIG_ID = "simulated-moe"
 
 
-def task_graph(kernel: SimulatedMoeKernel) -> pa.Table:
-    """The simulated kernel's tasks as ``tasks`` rows: a task waits on an event of its own,
-    which each task it depends on triggers once."""
-    consumer = {d: t.task_id for t in kernel.tasks for d in t.depends_on}
-    tasks = kernel.tasks
-    return pa.table(
-        {
-            "rank": pa.array([0] * len(tasks), pa.int32()),
-            "config_id": [CONFIG_ID] * len(tasks),
-            "kernel_name": [kernel.kernel_name] * len(tasks),
-            "task_id": pa.array([t.task_id for t in tasks], pa.uint32()),
-            "task_type": pa.array([t.stage for t in tasks], pa.uint32()),
-            "desc_id": pa.array([t.stage for t in tasks], pa.uint32()),
-            "stage_task_index": pa.array([t.stage_task_index for t in tasks], pa.uint32()),
-            "owner_id": pa.array([t.owner for t in tasks], pa.uint32()),
-            "core_type": pa.array([int(t.core_type) for t in tasks], pa.uint8()),
-            "worker": pa.array([t.worker for t in tasks], pa.uint32()),
-            "wait_event": pa.array([t.task_id if t.waits else -1 for t in tasks], pa.int32()),
-            "wait_count": pa.array([len(t.depends_on) for t in tasks], pa.uint32()),
-            "trigger_event": pa.array(
-                [consumer.get(t.task_id, -1) if t.triggers else -1 for t in tasks], pa.int32()
-            ),
-            "tiling_position": pa.array([0] * len(tasks), pa.uint32()),
-            "input_position": pa.array([0] * len(tasks), pa.uint32()),
-        }
-    )
-
-
 def fill(store: Store, records: int) -> tuple[str, int]:
     """A run of about ``records`` records; return its id and its exact record count."""
     kernel = SimulatedMoeKernel(experts=32, tiles=30, aic_workers=24, aiv_workers=48)
     count = -(-records // kernel.records_per_launch)
-    tasks = task_graph(kernel)
+    tasks = kernel.tasks_table(CONFIG_ID)
     run_id = store_launches(
         store, kernel, count, label="bench-export", config_id=CONFIG_ID, tasks=tasks
     )

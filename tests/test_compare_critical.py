@@ -3,8 +3,8 @@ path per stage. A slower GMM1 holds more of the path (regressed), identical code
 nothing, a stage that joins the path is compared against the zeros of the base's
 invocations, and the command line's formats and exit statuses.
 
-The runs are the simulated MoE kernel's with its task graph (as ``bench/export.py``'s
-``task_graph`` builds it); the expected samples are worked out from the
+The runs are the simulated MoE kernel's with its task graph (``tasks_table``); the
+expected samples are worked out from the
 ``critical_path_summary`` view's rows, not from the comparison's SQL.
 """
 
@@ -13,80 +13,27 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from simulated_runs import START, write_run
+from simulated_runs import write_run
 
 from multicore_profiler import cli, open_store
 from multicore_profiler.analysis.compare import Comparison
 from multicore_profiler.errors import SelectorError
 from multicore_profiler.export.compare_text import comparison_markdown, comparison_table
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.kernels.synthetic import GMM1, SWIGLU, SimulatedMoeKernel
-from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
 CONFIG = "simulated-moe"
 KERNEL = "SimulatedMegaMoe"
 
 
-def task_graph(kernel: SimulatedMoeKernel) -> pa.Table:
-    """The kernel's tasks as ``tasks`` rows: a task waits on an event of its own, which each
-    task it depends on triggers once."""
-    consumer = {d: t.task_id for t in kernel.tasks for d in t.depends_on}
-    tasks = kernel.tasks
-    count = len(tasks)
-    return pa.table(
-        {
-            "rank": pa.array([0] * count, pa.int32()),
-            "config_id": [CONFIG] * count,
-            "kernel_name": [kernel.kernel_name] * count,
-            "task_id": pa.array([t.task_id for t in tasks], pa.uint32()),
-            "task_type": pa.array([t.stage for t in tasks], pa.uint32()),
-            "desc_id": pa.array([t.stage for t in tasks], pa.uint32()),
-            "stage_task_index": pa.array([t.stage_task_index for t in tasks], pa.uint32()),
-            "owner_id": pa.array([t.owner for t in tasks], pa.uint32()),
-            "core_type": pa.array([int(t.core_type) for t in tasks], pa.uint8()),
-            "worker": pa.array([t.worker for t in tasks], pa.uint32()),
-            "wait_event": pa.array([t.task_id if t.waits else -1 for t in tasks], pa.int32()),
-            "wait_count": pa.array([len(t.depends_on) for t in tasks], pa.uint32()),
-            "trigger_event": pa.array(
-                [consumer.get(t.task_id, -1) if t.triggers else -1 for t in tasks], pa.int32()
-            ),
-            "tiling_position": pa.array([0] * count, pa.uint32()),
-            "input_position": pa.array([0] * count, pa.uint32()),
-        }
-    )
-
-
 def write_graphed_run(store: Store, kernel: SimulatedMoeKernel, *, seed: int, commit: str) -> str:
-    """Eight launches of ``kernel`` (compute times drawn with ``seed``) with its task graph,
-    as a run of ``commit``."""
-    batch = kernel.launches(np.random.default_rng(seed), 8, start_cycle=10**6, period=10**6)
-    info = KernelInfo(
-        kernel_name=kernel.kernel_name,
-        owner_label=kernel.owner_label,
-        stage_names=kernel.stage_names,
-        config_id=CONFIG,
-    )
-    run = RunInfo(f"run-{commit}-{seed}", START + timedelta(minutes=seed), commit=commit)
-    store.write_run(run)
-    store.write_tasks(run.run_id, task_graph(kernel))
-    ingest_buffers(
-        store,
-        batch,
-        kernel.layout,
-        frequency_hz=kernel.frequency_hz,
-        run_id=run.run_id,
-        kernel=info,
-        launches=Launches(step=0),
-    )
-    store.write_run(run.finish())
-    return run.run_id
+    """``write_run`` with the kernel's task graph."""
+    return write_run(store, kernel, seed=seed, commit=commit, config_id=CONFIG)
 
 
 @pytest.fixture(scope="module")

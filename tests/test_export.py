@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 import torch
 from golden import AIC, AIV, GMM1, NO_OWNER, TRIGGER, WAIT, Slot, pack
+from task_graphs import tasks_table
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler import cli
@@ -86,24 +87,20 @@ def golden_buffer() -> bytearray:
 def golden_tasks() -> pa.Table:
     """The graph of the golden kernel: task 7 waits on event 1 (never triggered here) and
     triggers event 0, which task 8 waits for once."""
-    return pa.table(
-        {
-            "rank": pa.array([3, 3, 3], pa.int32()),
-            "config_id": [CONFIG] * 3,
-            "kernel_name": ["GoldenMoe"] * 3,
-            "task_id": pa.array([7, 8, 9], pa.uint32()),
-            "task_type": pa.array([103, SWIGLU_TYPE, 104], pa.uint32()),
-            "desc_id": pa.array([GMM1, 0x20000 + SWIGLU_TYPE, UNNAMED], pa.uint32()),
-            "stage_task_index": pa.array([2, 0, 0], pa.uint32()),
-            "owner_id": pa.array([5, 5, NO_OWNER], pa.uint32()),
-            "core_type": pa.array([AIC, AIV, AIV], pa.uint8()),
-            "worker": pa.array([0, 1, 1], pa.uint32()),
-            "wait_event": pa.array([1, 0, -1], pa.int32()),
-            "wait_count": pa.array([1, 1, 0], pa.uint32()),
-            "trigger_event": pa.array([0, -1, -1], pa.int32()),
-            "tiling_position": pa.array([0, 0, 0], pa.uint32()),
-            "input_position": pa.array([0, 0, 0], pa.uint32()),
-        }
+    return tasks_table(
+        CONFIG,
+        "GoldenMoe",
+        task_id=[7, 8, 9],
+        desc_id=[GMM1, 0x20000 + SWIGLU_TYPE, UNNAMED],
+        core_type=[AIC, AIV, AIV],
+        worker=[0, 1, 1],
+        wait_event=[1, 0, -1],
+        wait_count=[1, 1, 0],
+        trigger_event=[0, -1, -1],
+        task_type=[103, SWIGLU_TYPE, 104],
+        stage_task_index=[2, 0, 0],
+        owner_id=[5, 5, NO_OWNER],
+        rank=3,
     )
 
 

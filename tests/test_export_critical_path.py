@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
+from task_graphs import tasks_table
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler import cli
@@ -87,25 +88,18 @@ def tasks() -> pa.Table:
     """Tasks 1 and 2 trigger events 10 and 11, which tasks 3 and 4 wait for once; task 5
     triggers event 12."""
     ids = [1, 2, 3, 4, 5]
-    count = len(ids)
-    return pa.table(
-        {
-            "rank": pa.array([0] * count, pa.int32()),
-            "config_id": [CONFIG] * count,
-            "kernel_name": ["CriticalMoe"] * count,
-            "task_id": pa.array(ids, pa.uint32()),
-            "task_type": pa.array([101, 101, 102, 102, 102], pa.uint32()),
-            "desc_id": pa.array([GMM1, GMM1, SWIGLU, SWIGLU, SWIGLU], pa.uint32()),
-            "stage_task_index": pa.array([0, 1, 0, 1, 2], pa.uint32()),
-            "owner_id": pa.array([0] * count, pa.uint32()),
-            "core_type": pa.array([AIC, AIC, AIV, AIV, AIV], pa.uint8()),
-            "worker": pa.array([0, 0, 0, 0, 1], pa.uint32()),
-            "wait_event": pa.array([-1, -1, 10, 11, -1], pa.int32()),
-            "wait_count": pa.array([0, 0, 1, 1, 0], pa.uint32()),
-            "trigger_event": pa.array([10, 11, -1, -1, 12], pa.int32()),
-            "tiling_position": pa.array([0] * count, pa.uint32()),
-            "input_position": pa.array([0] * count, pa.uint32()),
-        }
+    return tasks_table(
+        CONFIG,
+        "CriticalMoe",
+        task_id=ids,
+        desc_id=[GMM1, GMM1, SWIGLU, SWIGLU, SWIGLU],
+        core_type=[AIC, AIC, AIV, AIV, AIV],
+        worker=[0, 0, 0, 0, 1],
+        wait_event=[-1, -1, 10, 11, -1],
+        wait_count=[0, 0, 1, 1, 0],
+        trigger_event=[10, 11, -1, -1, 12],
+        task_type=[101, 101, 102, 102, 102],
+        stage_task_index=[0, 1, 0, 1, 2],
     )
 
 

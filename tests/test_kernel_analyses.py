@@ -11,6 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from golden import AIC, AIV, TRIGGER, WAIT, Slot, pack
+from task_graphs import tasks_table
 
 from multicore_profiler import analyze, what_if
 from multicore_profiler.abi import BufferLayout
@@ -79,25 +80,18 @@ def buffer() -> bytearray:
 
 def tasks() -> pa.Table:
     ids = [1, 2, 3, 4, 5, 6]
-    count = len(ids)
-    return pa.table(
-        {
-            "rank": pa.array([0] * count, pa.int32()),
-            "config_id": [CONFIG] * count,
-            "kernel_name": ["AnalysesMoe"] * count,
-            "task_id": pa.array(ids, pa.uint32()),
-            "task_type": pa.array([0] * count, pa.uint32()),
-            "desc_id": pa.array([GMM1, GMM1, SWIGLU, COMBINE, SWIGLU, DISPATCH], pa.uint32()),
-            "stage_task_index": pa.array([0, 1, 0, 0, 1, 0], pa.uint32()),
-            "owner_id": pa.array([0, 0, 0, 0xFFFFFFFF, 0, 0], pa.uint32()),
-            "core_type": pa.array([AIC, AIC, AIV, AIV, AIV, AIV], pa.uint8()),
-            "worker": pa.array([0, 0, 0, 0, 1, 1], pa.uint32()),
-            "wait_event": pa.array([-1, -1, E1, E2, E0, -1], pa.int32()),
-            "wait_count": pa.array([0, 0, 1, 1, 1, 0], pa.uint32()),
-            "trigger_event": pa.array([E1, E2, -1, -1, -1, E0], pa.int32()),
-            "tiling_position": pa.array([0] * count, pa.uint32()),
-            "input_position": pa.array([0] * count, pa.uint32()),
-        }
+    return tasks_table(
+        CONFIG,
+        "AnalysesMoe",
+        task_id=ids,
+        desc_id=[GMM1, GMM1, SWIGLU, COMBINE, SWIGLU, DISPATCH],
+        core_type=[AIC, AIC, AIV, AIV, AIV, AIV],
+        worker=[0, 0, 0, 0, 1, 1],
+        wait_event=[-1, -1, E1, E2, E0, -1],
+        wait_count=[0, 0, 1, 1, 1, 0],
+        trigger_event=[E1, E2, -1, -1, -1, E0],
+        stage_task_index=[0, 1, 0, 0, 1, 0],
+        owner_id=[0, 0, 0, 0xFFFFFFFF, 0, 0],
     )
 
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from golden import AIC, AIV, GMM1, TERMINATE, TRIGGER, WAIT, Slot, pack
 from simulated_runs import write_run
+from task_graphs import tasks_table
 
 from multicore_profiler import cli
 from multicore_profiler.abi import BufferLayout
@@ -171,24 +172,18 @@ def graph_tasks() -> pa.Table:
     """Task 1 (AIC/0) triggers event 10, which task 2 (AIV/0) waits for; task 3 (AIV/0)
     triggers event 11, which task 4 (AIV/1) waits for."""
     ids = [1, 2, 3, 4]
-    return pa.table(
-        {
-            "rank": pa.array([0] * 4, pa.int32()),
-            "config_id": [CONFIG] * 4,
-            "kernel_name": ["ReportMoe"] * 4,
-            "task_id": pa.array(ids, pa.uint32()),
-            "task_type": pa.array([101, 102, 102, 102], pa.uint32()),
-            "desc_id": pa.array([GMM1, SWIGLU, SWIGLU, SWIGLU], pa.uint32()),
-            "stage_task_index": pa.array([0, 1, 0, 2], pa.uint32()),
-            "owner_id": pa.array([0] * 4, pa.uint32()),
-            "core_type": pa.array([AIC, AIV, AIV, AIV], pa.uint8()),
-            "worker": pa.array([0, 0, 0, 1], pa.uint32()),
-            "wait_event": pa.array([-1, 10, -1, 11], pa.int32()),
-            "wait_count": pa.array([0, 1, 0, 1], pa.uint32()),
-            "trigger_event": pa.array([10, -1, 11, -1], pa.int32()),
-            "tiling_position": pa.array([0] * 4, pa.uint32()),
-            "input_position": pa.array([0] * 4, pa.uint32()),
-        }
+    return tasks_table(
+        CONFIG,
+        "ReportMoe",
+        task_id=ids,
+        desc_id=[GMM1, SWIGLU, SWIGLU, SWIGLU],
+        core_type=[AIC, AIV, AIV, AIV],
+        worker=[0, 0, 0, 1],
+        wait_event=[-1, 10, -1, 11],
+        wait_count=[0, 1, 0, 1],
+        trigger_event=[10, -1, 11, -1],
+        task_type=[101, 102, 102, 102],
+        stage_task_index=[0, 1, 0, 2],
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
+from task_graphs import tasks_table
 
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
@@ -73,25 +74,18 @@ def buffer() -> bytearray:
 def tasks() -> pa.Table:
     """Tasks 1, 2 and 6 trigger event 10; 3 waits for it thrice, 4 once; 5 waits on 11."""
     ids = [1, 2, 3, 4, 5, 6]
-    count = len(ids)
-    return pa.table(
-        {
-            "rank": pa.array([0] * count, pa.int32()),
-            "config_id": [CONFIG] * count,
-            "kernel_name": ["EdgesMoe"] * count,
-            "task_id": pa.array(ids, pa.uint32()),
-            "task_type": pa.array([101, 101, 102, 102, 102, 102], pa.uint32()),
-            "desc_id": pa.array([GMM1, GMM1] + [SWIGLU] * 4, pa.uint32()),
-            "stage_task_index": pa.array([0, 1, 0, 1, 3, 2], pa.uint32()),
-            "owner_id": pa.array([0] * count, pa.uint32()),
-            "core_type": pa.array([AIC, AIC, AIV, AIV, AIV, AIV], pa.uint8()),
-            "worker": pa.array([0, 0, 0, 0, 1, 1], pa.uint32()),
-            "wait_event": pa.array([-1, -1, EVENT, EVENT, NEVER, -1], pa.int32()),
-            "wait_count": pa.array([0, 0, 3, 1, 1, 0], pa.uint32()),
-            "trigger_event": pa.array([EVENT, EVENT, -1, -1, -1, EVENT], pa.int32()),
-            "tiling_position": pa.array([0] * count, pa.uint32()),
-            "input_position": pa.array([0] * count, pa.uint32()),
-        }
+    return tasks_table(
+        CONFIG,
+        "EdgesMoe",
+        task_id=ids,
+        desc_id=[GMM1, GMM1] + [SWIGLU] * 4,
+        core_type=[AIC, AIC, AIV, AIV, AIV, AIV],
+        worker=[0, 0, 0, 0, 1, 1],
+        wait_event=[-1, -1, EVENT, EVENT, NEVER, -1],
+        wait_count=[0, 0, 3, 1, 1, 0],
+        trigger_event=[EVENT, EVENT, -1, -1, -1, EVENT],
+        task_type=[101, 101, 102, 102, 102, 102],
+        stage_task_index=[0, 1, 0, 1, 3, 2],
     )
 
 

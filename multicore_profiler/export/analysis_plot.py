@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.analysis_text import speedup_medians
-from multicore_profiler.export.files import written_aside
+from multicore_profiler.export.files import save_figure
 
 
 def plot_speedup_curves(curves: pa.Table, path: Path | str) -> Path:
@@ -43,9 +43,4 @@ def plot_speedup_curves(curves: pa.Table, path: Path | str) -> Path:
     axes.set_title("What a faster stage buys (what-if replay)")
     axes.grid(alpha=0.3)
     axes.legend(title="stage")
-    kind = path.suffix.lstrip(".").lower() or "png"
-    if kind not in figure.canvas.get_supported_filetypes():
-        raise ExportError(f"cannot draw {path}: {kind!r} is not an image format matplotlib writes")
-    with written_aside(path, ExportError, "the picture") as aside:
-        figure.savefig(aside, format=kind, dpi=110)
-    return path
+    return save_figure(figure, path)

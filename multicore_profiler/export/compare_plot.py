@@ -11,7 +11,7 @@ import numpy as np
 
 from multicore_profiler.analysis.compare import Comparison
 from multicore_profiler.errors import ExportError
-from multicore_profiler.export.files import written_aside
+from multicore_profiler.export.files import save_figure
 
 _COLORS = {False: "#4c72b0", True: "#dd8452"}
 _VERDICT_COLORS = {"regressed": "#c44e52", "improved": "#55a868"}
@@ -60,9 +60,4 @@ def plot_comparison(comparison: Comparison, path: Path | str) -> Path:
         axes.set_xlabel(f"{comparison.level} duration (us)")
     axes.set_title(f"base {comparison.base} (blue) vs head {comparison.head} (orange)")
     axes.grid(axis="x", alpha=0.3)
-    kind = path.suffix.lstrip(".").lower() or "png"
-    if kind not in figure.canvas.get_supported_filetypes():
-        raise ExportError(f"cannot draw {path}: {kind!r} is not an image format matplotlib writes")
-    with written_aside(path, ExportError, "the picture") as aside:
-        figure.savefig(aside, format=kind, dpi=110)
-    return path
+    return save_figure(figure, path)

@@ -8,8 +8,9 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from multicore_profiler.errors import ProfileError
+from multicore_profiler.errors import ExportError, ProfileError
 from multicore_profiler.storage.location import special_file
 
 
@@ -58,3 +59,14 @@ def _check_target(path: Path) -> None:
     kind = special_file(mode)
     if kind is not None:
         raise ValueError(f"it exists and is {kind}, not a regular file")
+
+
+def save_figure(figure: Any, path: Path) -> Path:
+    """Write a matplotlib figure to ``path`` in the format its suffix names (PNG without
+    one), aside then renamed; ``ExportError`` for a format matplotlib does not write."""
+    kind = path.suffix.lstrip(".").lower() or "png"
+    if kind not in figure.canvas.get_supported_filetypes():
+        raise ExportError(f"cannot draw {path}: {kind!r} is not an image format matplotlib writes")
+    with written_aside(path, ExportError, "the picture") as aside:
+        figure.savefig(aside, format=kind, dpi=110)
+    return path

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from multicore_profiler.abi import (
     DESC_TRIGGER_EVENT,
@@ -132,6 +133,34 @@ class SimulatedMoeKernel:
     def records_per_launch(self) -> int:
         """Records one launch writes: compute, plus a wait and a trigger where the task has them."""
         return sum(1 + t.waits + t.triggers for t in self.tasks)
+
+    def tasks_table(self, config_id: str, rank: int = 0) -> pa.Table:
+        """The task graph as rows of the store's ``tasks`` table: a task that depends on
+        others waits on an event of its own (its task id), which each of them triggers once."""
+        consumer = {d: t.task_id for t in self.tasks for d in t.depends_on}
+        tasks = self.tasks
+        count = len(tasks)
+        return pa.table(
+            {
+                "rank": pa.array([rank] * count, pa.int32()),
+                "config_id": [config_id] * count,
+                "kernel_name": [self.kernel_name] * count,
+                "task_id": pa.array([t.task_id for t in tasks], pa.uint32()),
+                "task_type": pa.array([t.stage for t in tasks], pa.uint32()),
+                "desc_id": pa.array([t.stage for t in tasks], pa.uint32()),
+                "stage_task_index": pa.array([t.stage_task_index for t in tasks], pa.uint32()),
+                "owner_id": pa.array([t.owner for t in tasks], pa.uint32()),
+                "core_type": pa.array([int(t.core_type) for t in tasks], pa.uint8()),
+                "worker": pa.array([t.worker for t in tasks], pa.uint32()),
+                "wait_event": pa.array([t.task_id if t.waits else -1 for t in tasks], pa.int32()),
+                "wait_count": pa.array([len(t.depends_on) for t in tasks], pa.uint32()),
+                "trigger_event": pa.array(
+                    [consumer.get(t.task_id, -1) if t.triggers else -1 for t in tasks], pa.int32()
+                ),
+                "tiling_position": pa.array([0] * count, pa.uint32()),
+                "input_position": pa.array([0] * count, pa.uint32()),
+            }
+        )
 
     def launch(self, rng: np.random.Generator, start_cycle: int) -> np.ndarray:
         """Simulate one launch starting at ``start_cycle``; return its profile buffer."""
