@@ -27,11 +27,11 @@ import pyarrow as pa
 import pytest
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 from task_graphs import tasks_table
+from test_export import exported
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler import cli
 from multicore_profiler.abi import BufferLayout
-from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.export.timeline import RecordSelection, open_timeline
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.storage.runs import RunInfo
@@ -124,15 +124,6 @@ def paths(store: Store) -> Store:
         store.write_run(run.finish())
     store.write_tasks(RUN_A, tasks())
     return store
-
-
-def exported(store: Store, path: Path, **options: Any) -> dict[str, Any]:
-    trace = export_chrome_trace(store, path, **options)
-    loaded = load_trace(path)
-    check_trace(loaded)
-    assert trace.events == len(loaded["traceEvents"])
-    assert trace.metadata == loaded["megaKernelCycleTrace"]
-    return loaded
 
 
 def critical_slices(trace: dict[str, Any]) -> list[tuple[int, int, int, int]]:
