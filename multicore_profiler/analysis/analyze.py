@@ -31,35 +31,40 @@ _MODULES = (
 )
 _SELECTED = "SEMI JOIN _analyzed USING (run_id, rank, invocation_id)"
 
-_INVOCATIONS = f"""
+# The analysis reads the two views its tables share once, into _cores (core_breakdown)
+# and _path (critical_path) of the selected invocations; _bounds and _fidelity are the
+# replay's tables.
+_INVOCATIONS = """
 SELECT
     b.run_id, b.rank, b.invocation_id, b.write_id, b.step, b.kernel_name, b.direction,
     count(*) AS cores, sum(b.records)::BIGINT AS records, any_value(b.makespan_ns) AS makespan_ns,
     any_value(p.path_ns) AS critical_path_ns,
-    any_value(p.path_ns) = any_value(b.makespan_ns) AS path_tiles
-FROM core_breakdown b
+    any_value(p.path_ns) = any_value(b.makespan_ns) AS path_tiles,
+    any_value(s.static_bound_ns) AS static_bound_ns, any_value(s.slack_ns) AS slack_ns,
+    any_value(s.slack_share) AS slack_share,
+    any_value(f.replayed_makespan_ns) AS replayed_makespan_ns,
+    any_value(f.fidelity_error) AS fidelity_error, any_value(f.faithful) AS faithful
+FROM _cores b
 LEFT JOIN (
-    SELECT run_id, rank, invocation_id, sum(dur_ns)::BIGINT AS path_ns
-    FROM critical_path {_SELECTED} GROUP BY ALL
+    SELECT run_id, rank, invocation_id, sum(dur_ns)::BIGINT AS path_ns FROM _path GROUP BY ALL
 ) p USING (run_id, rank, invocation_id)
-{_SELECTED}
+LEFT JOIN _bounds s USING (run_id, rank, invocation_id, write_id)
+LEFT JOIN _fidelity f USING (run_id, rank, invocation_id, write_id)
 GROUP BY ALL
 ORDER BY b.run_id, b.rank, b.invocation_id
 """
 
-_SHARES = f"""
+_SHARES = """
 WITH spans AS (
     SELECT kernel_name, sum(makespan_ns) AS total_ns FROM (
-        SELECT DISTINCT run_id, rank, invocation_id, kernel_name, makespan_ns
-        FROM critical_path {_SELECTED}
+        SELECT DISTINCT run_id, rank, invocation_id, kernel_name, makespan_ns FROM _path
     ) GROUP BY ALL
 )
 SELECT
     c.kernel_name, c.stage, c.kind, count(*) AS pieces, sum(c.dur_ns)::BIGINT AS dur_ns,
     sum(c.dur_ns) / any_value(s.total_ns) AS share
-FROM critical_path c
+FROM _path c
 JOIN spans s USING (kernel_name)
-{_SELECTED}
 GROUP BY ALL
 ORDER BY c.kernel_name, share DESC, c.stage NULLS LAST, c.kind
 """
@@ -159,13 +164,16 @@ def _graph(con: duckdb.DuckDBPyConnection) -> replay.ReplayGraph:
 def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAnalysis:
     """Every analysis of the invocations ``selection`` picks (default: the latest run)."""
     with _selected(store, selection) as (con, described):
-        invocations = _fetch(con, _INVOCATIONS)
+        con.execute(f"CREATE TEMP TABLE _cores AS SELECT * FROM core_breakdown {_SELECTED}")
+        con.execute(f"CREATE TEMP TABLE _path AS SELECT * FROM critical_path {_SELECTED}")
         graph = _graph(con)
+        con.register("_bounds", replay.static_bound(graph))
+        con.register("_fidelity", replay.replay(graph))
+        invocations = _fetch(con, _INVOCATIONS)
         tables = {
             "core_breakdown": _fetch(
                 con,
-                f"SELECT * FROM core_breakdown {_SELECTED} "
-                "ORDER BY run_id, rank, invocation_id, core_type, block_id",
+                "SELECT * FROM _cores ORDER BY run_id, rank, invocation_id, core_type, block_id",
             ),
             "core_imbalance": _fetch(
                 con,
@@ -174,9 +182,7 @@ def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAna
             ),
             "blockers": _fetch(con, _BLOCKERS),
             "critical_path": _fetch(
-                con,
-                f"SELECT * FROM critical_path {_SELECTED} "
-                "ORDER BY run_id, rank, invocation_id, seq",
+                con, "SELECT * FROM _path ORDER BY run_id, rank, invocation_id, seq"
             ),
             "critical_path_summary": _fetch(
                 con,
@@ -185,18 +191,6 @@ def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAna
             ),
             "critical_shares": _fetch(con, _SHARES),
         }
-        con.register("_bounds", replay.static_bound(graph))
-        con.register("_fidelity", replay.replay(graph))
-        con.register("_invocations", invocations)
-        invocations = _fetch(
-            con,
-            """SELECT i.*, b.static_bound_ns, b.slack_ns, b.slack_share,
-                      f.replayed_makespan_ns, f.fidelity_error, f.faithful
-               FROM _invocations i
-               LEFT JOIN _bounds b USING (run_id, rank, invocation_id, write_id)
-               LEFT JOIN _fidelity f USING (run_id, rank, invocation_id, write_id)
-               ORDER BY i.run_id, i.rank, i.invocation_id""",
-        )
     return KernelAnalysis(described=described, invocations=invocations, graph=graph, **tables)
 
 
