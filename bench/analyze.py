@@ -12,7 +12,8 @@
    call (its SQL included) and the replay alone. Goal < 1 s.
 3. The real experiment (tests/what_if_experiment.py): the CPU reference kernel captured
    without and with 200 us more per GMM1 task; the what-if's prediction against the
-   measured median makespan over 16 invocations each. Goal: error <= 10 %.
+   measured median makespan, over 4 alternating rounds of 8 launches each. Goal: error
+   <= 10 %.
 
     .venv/bin/python bench/analyze.py [--records 5000000] [--repeat 3] [--sample 8]
 """
@@ -141,7 +142,8 @@ def main() -> None:
 
         errors = []
         for attempt in range(args.repeat):
-            result = run_experiment(open_store(Path(scratch) / f"experiment{attempt}"), launches=16)
+            store_path = Path(scratch) / f"experiment{attempt}"
+            result = run_experiment(open_store(store_path), launches=8, rounds=4)
             errors.append(result.error)
             print(
                 f"3. real experiment {attempt + 1}: baseline {result.baseline_ns / 1e6:.3f} ms, "

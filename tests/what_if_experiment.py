@@ -2,7 +2,9 @@
 
 Capture a baseline, predict what ``extra_ns`` more per task of one stage does to the
 makespan (``<stage>+<extra_ns>ns``), capture again with the kernel's ``extra_compute_ns``
-knob adding exactly that busy time, and compare the medians over the invocations. Used by
+knob adding exactly that busy time, and compare the medians over the invocations. The two
+are captured in alternating rounds, so that both see the same machine: the host threads'
+makespans drift by a third between one minute and the next on a busy machine. Used by
 tests/test_what_if_experiment.py and bench/analyze.py.
 """
 
@@ -20,6 +22,7 @@ from multicore_profiler.storage.store import Store
 
 TOKENS, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 128, 64, 128, 4, 2
 WARMUP_LAUNCHES = 2
+WORKERS = {"aic_workers": 2, "aiv_workers": 2}
 
 
 @dataclass(frozen=True)
@@ -55,28 +58,40 @@ def _capture(
     return prof.run_id
 
 
-def _median_makespan(store: Store, run_id: str) -> float:
+def _median_makespan(store: Store, runs: list[str]) -> float:
     rows = store.sql(
-        "SELECT DISTINCT invocation_id, makespan_ns FROM core_breakdown WHERE run_id = $1",
-        [run_id],
+        "SELECT DISTINCT run_id, invocation_id, makespan_ns FROM core_breakdown", runs=runs
     ).column("makespan_ns")
     return float(statistics.median(rows.to_pylist()))
 
 
 def run_experiment(
-    store: Store, *, stage: str = "GMM1", extra_ns: int = 200_000, launches: int = 8
+    store: Store,
+    *,
+    stage: str = "GMM1",
+    extra_ns: int = 200_000,
+    launches: int = 8,
+    rounds: int = 2,
 ) -> Experiment:
-    """The experiment above, on a 2 AIC + 2 AIV worker reference kernel."""
+    """The experiment above, on a 2 AIC + 2 AIV worker reference kernel: ``rounds`` rounds
+    of ``launches`` recorded launches without the knob, then as many with it."""
     router, w1, w2 = make_moe_weights(
         EXPERTS, HIDDEN, INTERMEDIATE, generator=torch.Generator().manual_seed(0)
     )
     x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
     batch = (x, *route(x, router, TOP_K))
-    with ReferenceMoeKernel(w1, w2, token_tile=32) as kernel:
-        baseline = _capture(store, kernel, batch, launches, "baseline")
-    with ReferenceMoeKernel(w1, w2, token_tile=32, extra_compute_ns={stage: extra_ns}) as kernel:
-        slowed = _capture(store, kernel, batch, launches, f"{stage}+{extra_ns}ns")
-    predicted = what_if(store, RecordSelection(run=baseline), [f"{stage}+{extra_ns}ns"])
+    change = f"{stage}+{extra_ns}ns"
+    baseline, slowed = [], []
+    with (
+        ReferenceMoeKernel(w1, w2, token_tile=32, **WORKERS) as plain,
+        ReferenceMoeKernel(
+            w1, w2, token_tile=32, extra_compute_ns={stage: extra_ns}, **WORKERS
+        ) as padded,
+    ):
+        for _ in range(rounds):
+            baseline.append(_capture(store, plain, batch, launches, "baseline"))
+            slowed.append(_capture(store, padded, batch, launches, change))
+    predicted = what_if(store, RecordSelection(run=tuple(baseline)), [change])
     return Experiment(
         baseline_ns=_median_makespan(store, baseline),
         predicted_ns=float(
