@@ -312,7 +312,7 @@ def test_query_explain_and_show_run(capsys, place) -> None:
     out = capsys.readouterr().out
     assert out.startswith("explain_key,explain_value\n")
     tables = out.split("name\n", 1)[1].splitlines()
-    assert {"cores", "core_breakdown", "records", "task_edges"} <= set(tables)
+    assert {"cores", "records", "records_ns", "task_edges"} <= set(tables)
 
 
 LATEST = "latest:100000000000000000000000"

@@ -42,16 +42,24 @@ register(
     ),
     SqlModule("records.run_summary", _sql("records/run_summary.sql")),
     SqlModule("records.task_edges", _sql("records/task_edges.sql")),
-    SqlModule("records.core_breakdown", _sql("records/core_breakdown.sql"), needs=("units",)),
+    # The analyses' views take milliseconds to create: they wait for a query naming them.
+    SqlModule(
+        "records.core_breakdown",
+        _sql("records/core_breakdown.sql"),
+        needs=("units",),
+        on_demand=True,
+    ),
     SqlModule(
         "records.wait_attribution",
         _sql("records/wait_attribution.sql"),
         needs=("units", "records.names", "records.records_ns", "records.task_edges"),
+        on_demand=True,
     ),
     SqlModule(
         "records.replay_records",
         _sql("records/replay_records.sql"),
         needs=("records.records_ns",),
+        on_demand=True,
     ),
     SqlModule(
         "critical_path_tolerance",

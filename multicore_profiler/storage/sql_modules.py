@@ -5,8 +5,9 @@ Perfetto's trace-processor stdlib. Rooms above storage (``analysis``) register t
 ``register``; storage imports none of them (the package imports every room on its first
 import, so registration is done before a store opens). A store installs a module, after
 what it needs, when a query names anything the module defines; modules that only define
-views and macros (DuckDB keeps their text: creating them costs microseconds) are installed
-with the first read. A materialized module's tables are built on install and rebuilt when
+views and macros are installed with the first read, unless they are marked ``on_demand``
+(views whose creation, which binds them, costs milliseconds every store would pay on its
+first query). A materialized module's tables are built on install and rebuilt when
 its ``freshness`` query says the data under them changed; a module with a ``Setting`` (the
 outer-kernel rules) is configured per store.
 """
@@ -43,7 +44,8 @@ class SqlModule:
     """One named module: its statements, the modules it needs, the tables it materializes
     (each ``CREATE OR REPLACE TABLE t AS SELECT * FROM _live_t``, rebuilt in this order when
     the result of ``freshness`` changes) and its setting, if it takes one. ``defines`` adds
-    names a setting's install creates; the names its SQL creates are found in the SQL."""
+    names a setting's install creates; the names its SQL creates are found in the SQL.
+    ``on_demand`` makes a module of views wait for a query that names it."""
 
     name: str
     sql: str = ""
@@ -52,6 +54,7 @@ class SqlModule:
     freshness: str | None = None
     setting: Setting | None = None
     defines: tuple[str, ...] = ()
+    on_demand: bool = False
     names: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -60,8 +63,9 @@ class SqlModule:
 
     @property
     def lazy(self) -> bool:
-        """Whether it waits for a query that names it (it builds tables or takes a setting)."""
-        return bool(self.materialized) or self.setting is not None
+        """Whether it waits for a query that names it (it builds tables, takes a setting or
+        is marked on demand)."""
+        return bool(self.materialized) or self.setting is not None or self.on_demand
 
 
 class ModuleRegistry:
