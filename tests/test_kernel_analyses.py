@@ -370,3 +370,13 @@ def test_what_if_replays_a_faster_stage(analysed: Store) -> None:
         what_if(analysed, RecordSelection(run=RUN), ["GMM3*0.5"])
     with pytest.raises(AnalysisError, match="no records match"):
         analyze(analysed, RecordSelection(run=RUN, invocation=9))
+
+
+def test_the_analysis_views_install_when_a_query_names_them(store: Store) -> None:
+    installed = (
+        "SELECT count(*) AS n FROM duckdb_views() "
+        "WHERE view_name IN ('core_breakdown', 'wait_attribution', 'replay_records')"
+    )
+    assert store.sql(installed).to_pylist() == [{"n": 0}]  # named in strings only
+    assert store.sql("SELECT count(*) AS n FROM core_breakdown").to_pylist() == [{"n": 0}]
+    assert store.sql(installed).to_pylist() == [{"n": 1}]
