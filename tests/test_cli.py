@@ -145,9 +145,13 @@ def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
         ("GMM2", "144", "0"),
         ("Combine", "24", "0"),
     ]
-    trace = Path(lines[-7].removeprefix("torch.profiler trace of window 0: "))
+    trace = Path(lines[-8].removeprefix("torch.profiler trace of window 0: "))
     assert trace.parent == tmp_path / "store-torch"
     run_id = trace.name.removesuffix(".window0.pt.trace.json")
+    assert lines[-3] == (
+        f"     mcprof analyze --store {tmp_path / 'store'} --what-if 'GMM1*0.8'"
+        "  # where the time goes"
+    )
     assert lines[-2] == (
         f"     mcprof export --store {tmp_path / 'store'} -o {run_id}.json  # for ui.perfetto.dev"
     )
@@ -155,19 +159,19 @@ def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
         f"     mcprof fuse {trace} --store {tmp_path / 'store'} --run {run_id} --window 0 "
         f"--allow-host-alignment -o {run_id}.fused.json"
     )
-    assert lines[-6] == (
+    assert lines[-7] == (
         "fuse: refused without --allow-host-alignment: kernel pattern "
         "'(?i)reference_?mega_?moe' matches 3 host event(s) but no device kernel: aligning "
         "device records to host-side events (CPU ops, launches) would misplace them; pass "
         "allow_host_alignment=True (--allow-host-alignment) to do it anyway"
     )
-    assert lines[-5] == (
+    assert lines[-6] == (
         "fuse: with --allow-host-alignment, warning: aligned to 3 host-side event(s) matching "
         "'(?i)reference_?mega_?moe': no device kernel matches, so the records sit on host "
         "events' times, not the device's"
     )
     fused = trace.with_name(f"{run_id}.window0.fused.json")
-    assert lines[-4] == f"fused trace of window 0: {fused} (552 records, 872 events added)"
+    assert lines[-5] == f"fused trace of window 0: {fused} (552 records, 872 events added)"
     merged = json.loads(fused.read_text())
     # 552 records, 4 threads (name, sort index), and the 3 launches' 52 arrows each (s, f).
     assert merged["megaKernelTraceMerge"]["counts"]["dependencyArrows"] == 156

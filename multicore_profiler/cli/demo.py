@@ -97,6 +97,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         f"{merged.added_events} events added)"
     )
     print(f'try: mcprof query --store {store.uri} "SELECT * FROM stage_stats"')
+    print(f"     mcprof analyze --store {store.uri} --what-if 'GMM1*0.8'  # where the time goes")
     print(f"     mcprof export --store {store.uri} -o {prof.run_id}.json  # for ui.perfetto.dev")
     print(
         f"     mcprof fuse {trace_path} --store {store.uri} --run {prof.run_id} "
