@@ -14,22 +14,17 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test lint layers bench clean
 
-# Packages are installed without compiling every module to bytecode (--no-compile): Python
-# compiles what it imports, once, and torch's and Spark's thousands of modules took 40 of
-# the 90 s that installing the dev venv took on a 2-core machine.
-PIP := $(BIN)/python -m pip install --quiet --no-compile
-
 # What the demo needs: the package and torch.
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first, so that installing the project never fetches a CUDA one.
-	$(PIP) torch==2.13.0
-	$(PIP) -e .
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e .
 	touch $(BASE)
 
 # What the checks and benchmarks add: pytest, ruff, import-linter, Spark, the S3 server, HTA.
 $(DEV): $(BASE) pyproject.toml
-	$(PIP) -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(DEV)
 
 demo: $(BASE)
