@@ -28,6 +28,7 @@ from multicore_profiler.analysis.replay import (
     ComputeRecords,
     ReplayGraph,
     predict_makespans,
+    replay,
     replay_table,
 )
 from multicore_profiler.errors import AnalysisError, ArgumentError
@@ -192,9 +193,7 @@ def what_if(
     """``replay`` with the changes (``Change`` objects or their text). With ``strict``,
     ``AnalysisError`` naming the invocations whose replay is not faithful instead of
     their NULL predictions."""
-    changes = _changes(changes)
-    spans = predict_makespans(graph, [(), changes])
-    table = replay_table(graph, spans[:, 0], spans[:, 1])
+    table = replay(graph, _changes(changes))
     if strict:
         unfaithful = np.flatnonzero(~table.column("faithful").to_numpy())
         if unfaithful.size:
