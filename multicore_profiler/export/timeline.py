@@ -380,8 +380,8 @@ FROM placed
 _EVENTS = """
 SELECT
     p.pid, s.core_type, s.block_id, i.inv_index, i.naming, sl.slot_code,
-    round((s.start_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS ts_ns,
-    round((s.end_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS end_ns,
+    cycle_ns(s.start_cycle, p.anchor, i.frequency_hz) AS ts_ns,
+    cycle_ns(s.end_cycle, p.anchor, i.frequency_hz) AS end_ns,
     s.task_id, s.desc_id, s.stage_task_index, s.owner_id, s.start_cycle, s.end_cycle,
     CASE WHEN s.desc_id IN ({wait}, {trigger}) THEN coalesce(g.desc_id, t.stage_desc_id) END
         AS task_stage,
@@ -481,8 +481,8 @@ WITH released AS MATERIALIZED (
 timed AS NOT MATERIALIZED (
     SELECT
         s.*, i.inv_index, p.pid,
-        round((s.start_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS ts_ns,
-        round((s.end_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS end_ns
+        cycle_ns(s.start_cycle, p.anchor, i.frequency_hz) AS ts_ns,
+        cycle_ns(s.end_cycle, p.anchor, i.frequency_hz) AS end_ns
     FROM sel s
     JOIN inv i USING (cand)
     JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
@@ -576,8 +576,8 @@ _CHAIN = """
 WITH timed AS MATERIALIZED (
     SELECT
         c.*, p.pid,
-        round((c.start_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS ts_ns,
-        round((c.end_cycle::HUGEINT - p.anchor) * (1e9 / i.frequency_hz))::BIGINT AS end_ns,
+        cycle_ns(c.start_cycle, p.anchor, i.frequency_hz) AS ts_ns,
+        cycle_ns(c.end_cycle, p.anchor, i.frequency_hz) AS end_ns,
         c.core_type * {core_step} + c.block_id + {lane_step} * coalesce(mc.lane, 0) AS tid,
         row_number() OVER (PARTITION BY c.inv_index ORDER BY c.seq) AS nth
     FROM crit c
