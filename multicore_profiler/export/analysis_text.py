@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from multicore_profiler.analysis.analyze import KernelAnalysis
 from multicore_profiler.analysis.replay import FIDELITY_LIMIT
+from multicore_profiler.export.markdown import markdown_table
 
 FEW_INVOCATIONS = 8
 """Up to this many invocations the makespan table has a row per invocation; above, one
@@ -268,10 +269,6 @@ def analysis_table(report: AnalysisReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _markdown_cell(cell: str) -> str:
-    return cell.replace("|", "\\|")
-
-
 def analysis_markdown(report: AnalysisReport) -> str:
     """The summary in Markdown (for a pull-request comment): the heading in bold, the
     checks as a list, each summary table under its title."""
@@ -282,9 +279,7 @@ def analysis_markdown(report: AnalysisReport) -> str:
         if not cells:
             lines.append("(none)")
             continue
-        lines.append("| " + " | ".join(header) + " |")
-        lines.append("|" + "---|" * len(header))
-        lines += ["| " + " | ".join(_markdown_cell(c) for c in row) + " |" for row in cells]
+        lines += markdown_table(header, cells)
     return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,7 @@ import orjson
 import pyarrow as pa
 
 from multicore_profiler.analysis.compare import VERDICTS, Comparison
+from multicore_profiler.export.markdown import markdown_table
 from multicore_profiler.storage.sql_text import sql_identifier
 
 
@@ -51,7 +52,7 @@ def comparison_markdown(comparison: Comparison) -> str:
     shown, per = ("share", "per invocation") if unit == "share" else ("us", "us/invocation")
     header = [*comparison.by, f"base median ({shown})", f"head median ({shown})", "change"]
     header += ["interval", "p", "verdict", f"added ({per})"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for row in comparison.rows.to_pylist():
         low, high = row["change_low"], row["change_high"]
         interval = "" if low is None else f"{change(low)} .. {change(high)}"
@@ -61,7 +62,8 @@ def comparison_markdown(comparison: Comparison) -> str:
         cells += ["" if row["p_value"] is None else f"{row['p_value']:.2g}"]
         verdict = f"**{row['verdict']}**" if row["verdict"] == "regressed" else row["verdict"]
         cells += [verdict, added(row[f"impact_{unit}"])]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines += markdown_table(header, rows)
     return "\n".join(lines) + "\n"
 
 
