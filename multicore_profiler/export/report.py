@@ -52,10 +52,7 @@ ORDER BY core, block_id, ts_ns, record_index
 _GRAPHED = """
 SELECT rank, invocation_id
 FROM invocations i
-WHERE run_id = $run AND EXISTS (
-    SELECT 1 FROM tasks g
-    WHERE g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
-)
+WHERE run_id = $run AND has_task_graph(i.run_id, i.rank, i.config_id)
 """
 """The run's invocations that carry their task graph (the timeline's rule)."""
 

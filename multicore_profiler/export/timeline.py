@@ -306,10 +306,7 @@ SELECT
     r.label, r.commit,
     dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
     dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label) AS naming,
-    EXISTS (
-        SELECT 1 FROM tasks g
-        WHERE g.run_id = p.run_id AND g.rank = p.rank AND g.config_id = p.config_id
-    ) AS has_graph,
+    has_task_graph(p.run_id, p.rank, p.config_id) AS has_graph,
     (row_number() OVER (ORDER BY r.start_time, p.run_id, p.rank, p.invocation_id) - 1)::INTEGER
         AS inv_index
 FROM picked p LEFT JOIN runs r USING (run_id)

@@ -8,6 +8,13 @@
 -- along for consumers that match records by value (the exporter). event is the released
 -- event's id for release edges, NULL for core_order. write_id names the invocation's
 -- write its records belong to.
+
+-- Whether an invocation (its run, rank and config) comes with its kernel's task graph. Pass
+-- qualified columns (i.run_id): a bare run_id would name the graph's own column here.
+CREATE OR REPLACE MACRO has_task_graph(run_id_, rank_, config_id_) AS EXISTS (
+    SELECT 1 FROM tasks g WHERE g.run_id = run_id_ AND g.rank = rank_ AND g.config_id = config_id_
+);
+
 -- The release edges alone (kind = 'release'), with task_edges' columns: what wait
 -- attribution and the critical path read, without ordering every record of each core.
 CREATE OR REPLACE VIEW task_releases AS
