@@ -8,6 +8,7 @@ in one place.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from multicore_profiler.errors import ExportError
@@ -68,6 +69,30 @@ class RecordSelection:
                 check_run_id(run_id)
             if not isinstance(self.run, str):
                 object.__setattr__(self, "run", runs)
+
+    @classmethod
+    def given(
+        cls,
+        selection: RecordSelection | None,
+        run: str | Sequence[str] | None = None,
+        step: int | None = None,
+        invocation: int | None = None,
+        rank: int | None = None,
+        window: int | None = None,
+        where: str | None = None,
+        query: str | None = None,
+    ) -> RecordSelection:
+        """``selection``, or the selection the other arguments make, as a writer's keyword
+        arguments take them: ``ExportError`` when both are given."""
+        narrowed = (run, step, invocation, rank, window, where, query)
+        if selection is None:
+            run = run if run is None or isinstance(run, str) else tuple(run)
+            return cls(run, step, invocation, rank, window, where, query)
+        if any(v is not None for v in narrowed):
+            raise ExportError(
+                "give either a selection or run/step/invocation/rank/window/where/query"
+            )
+        return selection
 
     def resolve(self, store: Store) -> SelectedRecords:
         """The selection's SQL, description and runs in ``store`` (the latest run when no

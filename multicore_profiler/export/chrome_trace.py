@@ -22,7 +22,7 @@ import gzip
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from multicore_profiler.abi import DESC_COMPUTE_FALLBACK, MAX_TASK_TYPE, NO_OWNER
 from multicore_profiler.errors import ExportError
-from multicore_profiler.export.files import written_aside
+from multicore_profiler.export.files import ExportedTrace, written_aside
 from multicore_profiler.export.json_rows import Row, Span, joined, span_of, strings
 from multicore_profiler.export.timeline import (
     CORE_NAMES,
@@ -81,20 +81,6 @@ __all__ = [
 """The timeline's constants stay importable from here, where they were first defined."""
 
 
-@dataclass(frozen=True)
-class ExportedTrace:
-    """What ``export_chrome_trace`` wrote: where, how many events, and the trace's
-    ``megaKernelCycleTrace`` object; ``flows`` counts the dependency arrows, and
-    ``critical_flows`` the critical path's chain (with ``critical_path``)."""
-
-    path: Path
-    events: int
-    records: int
-    flows: int
-    metadata: dict[str, Any] = field(repr=False)
-    critical_flows: int = 0
-
-
 def export_chrome_trace(
     store: Store,
     path: str | os.PathLike[str],
@@ -130,12 +116,7 @@ def export_chrome_trace(
     frequency, or DuckDB cannot run the SQL (``ExportQueryError``). No file is left behind
     then (the trace is written aside and renamed into place).
     """
-    given = (run, step, invocation, rank, window, where, query)
-    if selection is None:
-        run = run if run is None or isinstance(run, str) else tuple(run)
-        selection = RecordSelection(run, step, invocation, rank, window, where, query)
-    elif any(v is not None for v in given):
-        raise ExportError("give either a selection or run/step/invocation/rank/window/where/query")
+    selection = RecordSelection.given(selection, run, step, invocation, rank, window, where, query)
     selected = selection.resolve(store)
     path = Path(path)
     with (

@@ -1,5 +1,6 @@
 """Trace files written aside and renamed into place: no reader sees half a trace, and a
-failure leaves no file behind and an older one at the path as it was."""
+failure leaves no file behind and an older one at the path as it was; and what a trace
+writer reports it wrote (``ExportedTrace``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,27 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from multicore_profiler.errors import ExportError, ProfileError
 from multicore_profiler.storage.location import special_file
+
+
+@dataclass(frozen=True)
+class ExportedTrace:
+    """What a trace writer wrote: where, how many events, and the trace's
+    ``megaKernelCycleTrace`` object; ``flows`` counts the dependency arrows, and
+    ``critical_flows`` the critical path's chain (with ``critical_path``). ``events`` counts
+    what the format counts: JSON's events, Perfetto's track events."""
+
+    path: Path
+    events: int
+    records: int
+    flows: int
+    metadata: dict[str, Any] = field(repr=False)
+    critical_flows: int = 0
 
 
 @contextmanager

@@ -21,6 +21,10 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
 - with ``critical_path``, each slice's ``critical`` mark (its record is on its
   invocation's critical path, the ``critical_path`` view) and a second kind of flow, the
   path's chain: from each critical record to the next one along the path;
+- with ``flow_ids``, each slice's ``flows_out`` and ``flows_in``: the ids of the flows
+  (arrows and chain) that leave it and enter it, unique in the timeline (a flow whose
+  wait ends before its trigger begins has none: no format that binds flows to slices can
+  draw it);
 - ``names``, ``spans`` (each slice column's range over the whole selection) and
   ``metadata``, the ``megaKernelCycleTrace`` object describing the selection.
 
@@ -215,21 +219,28 @@ class _GroupFiles:
     def path(self, group: int) -> Path:
         return self.scratch / f"{self.kind}{int(group)}.arrow"
 
-    def add(self, con: duckdb.DuckDBPyConnection, sql: str) -> None:
-        """File the rows of ``sql`` (a ``grp`` column says each row's group) by group."""
+    def add(
+        self, con: duckdb.DuckDBPyConnection, sql: str, departures: _GroupFiles | None = None
+    ) -> None:
+        """File the rows of ``sql`` (a ``grp`` column says each row's group) by group, and
+        with ``departures`` there too by their ``source_grp`` (the group a flow leaves)."""
         for batch in con.sql(sql).to_arrow_reader(1 << 16):
-            group = batch.column("grp").to_numpy()
-            order = np.argsort(group, kind="stable")
-            group = group[order]
-            rows = batch.drop_columns(["grp"]).take(pa.array(order))
-            edges = np.flatnonzero(np.diff(group)) + 1
-            for first, stop in zip(
-                [0, *edges.tolist()], [*edges.tolist(), len(group)], strict=True
-            ):
-                number = int(group[first])
-                if number not in self._writers:
-                    self._writers[number] = pa.ipc.new_file(self.path(number), rows.schema)
-                self._writers[number].write_batch(rows.slice(first, stop - first))
+            self._file(batch, "grp")
+            if departures is not None:
+                departures._file(batch, "source_grp")
+
+    def _file(self, batch: pa.RecordBatch, column: str) -> None:
+        group = batch.column(column).to_numpy()
+        order = np.argsort(group, kind="stable")
+        group = group[order]
+        placed = [c for c in ("grp", "source_grp") if c in batch.column_names]
+        rows = batch.drop_columns(placed).take(pa.array(order))
+        edges = np.flatnonzero(np.diff(group)) + 1
+        for first, stop in zip([0, *edges.tolist()], [*edges.tolist(), len(group)], strict=True):
+            number = int(group[first])
+            if number not in self._writers:
+                self._writers[number] = pa.ipc.new_file(self.path(number), rows.schema)
+            self._writers[number].write_batch(rows.slice(first, stop - first))
 
     def close(self) -> None:
         for writer in self._writers.values():
@@ -443,12 +454,12 @@ _ORDERED = """
 SELECT
     e.pid, e.core_type, e.block_id, e.inv_index, e.slot_code, e.ts_ns, e.end_ns,
     e.task_id, e.desc_id, e.stage_task_index, e.owner_id, e.start_cycle, e.end_cycle,
-    n.name_code{critical}
+    n.name_code{marks}
 FROM ({events}) e
 JOIN names n
     ON n.naming = e.naming AND n.desc_id = e.desc_id
     AND n.task_stage IS NOT DISTINCT FROM e.task_stage{detail_join}
-{critical_join}
+{mark_joins}
 ORDER BY e.pid, e.core_type, e.block_id, e.ts_ns, e.end_ns DESC, e.desc_id, e.task_id
 """
 
@@ -475,7 +486,7 @@ WITH released AS MATERIALIZED (
         AND e.write_id = i.write_id
     WHERE e.kind = 'release' AND ({scope}) AND i.inv_index BETWEEN {first} AND {last}
 ),
-timed AS NOT MATERIALIZED (
+timed AS MATERIALIZED (
     SELECT
         s.*, i.inv_index, p.pid,
         cycle_ns(s.start_cycle, p.anchor, i.frequency_hz) AS ts_ns,
@@ -491,7 +502,10 @@ sources AS MATERIALIZED (
         e.inv_index, e.dst_core_type, e.dst_block_id, e.dst_task_id, e.dst_start_cycle,
         e.dst_end_cycle, x.pid AS source_pid, x.ts_ns AS source_ts,
         x.core_type * {core_step} + x.block_id + {lane_step} * coalesce(mx.lane, 0)
-            AS source_tid
+            AS source_tid,
+        x.core_type AS source_core_type, x.block_id AS source_block_id,
+        x.start_cycle AS source_start_cycle, x.end_cycle AS source_end_cycle,
+        x.desc_id AS source_desc_id, x.task_id AS source_task_id
     FROM timed x
     JOIN released e
         ON e.inv_index = x.inv_index AND e.src_core_type = x.core_type
@@ -510,7 +524,14 @@ waits AS MATERIALIZED (
 )
 SELECT
     gr.grp, w.inv_index, x.source_pid, x.source_tid, x.source_ts, w.pid AS target_pid, w.target_tid,
-    w.ts_ns AS target_ts, w.end_ns AS target_end, w.core_type, w.block_id, w.desc_id, w.task_id
+    w.ts_ns AS target_ts, w.end_ns AS target_end, w.core_type, w.block_id, w.desc_id, w.task_id,
+    w.start_cycle, w.end_cycle,
+    (w.inv_index::UBIGINT << 32) | row_number() OVER (
+        PARTITION BY w.inv_index
+        ORDER BY w.core_type, w.block_id, w.start_cycle, w.end_cycle, w.task_id, x.source_ts
+    )::UBIGINT AS flow_id,
+    gs.grp AS source_grp, x.source_core_type, x.source_block_id, x.source_start_cycle,
+    x.source_end_cycle, x.source_desc_id, x.source_task_id
 FROM waits w
 JOIN sources x
     ON x.inv_index = w.inv_index AND x.dst_core_type = w.core_type
@@ -518,12 +539,18 @@ JOIN sources x
     AND x.dst_start_cycle = w.start_cycle AND x.dst_end_cycle = w.end_cycle
 JOIN grp gr
     ON gr.inv_index = w.inv_index AND gr.core_type = w.core_type AND gr.block_id = w.block_id
+JOIN grp gs
+    ON gs.inv_index = w.inv_index AND gs.core_type = x.source_core_type
+    AND gs.block_id = x.source_block_id
 """
 """The arrows into the selected waits of invocations ``first`` to ``last``, with their
 wait's group: from the trigger that released the wait (``task_edges``' release edges,
 each end matched to a selected record by its core, task and cycles), on the tracks and
-lanes of both. ``scope`` bounds the edges' runs, ranks, steps and invocations by constants,
-which DuckDB pushes down to the records the edges are ranked from."""
+lanes of both. Each carries its ``flow_id`` (the invocation's index in the high 32 bits,
+the wait's rank in the invocation below: unique in the timeline) and its trigger's group
+and identity, which ``flow_ids`` files the arrow under too. ``scope`` bounds the edges'
+runs, ranks, steps and invocations by constants, which DuckDB pushes down to the records
+the edges are ranked from."""
 
 _FLOWS = """
 SELECT
@@ -569,6 +596,47 @@ LEFT JOIN (SELECT DISTINCT inv_index, core_type, block_id, start_cycle, end_cycl
     AND c.desc_id = e.desc_id AND c.task_id = e.task_id"""
 """What marks an event ``critical`` in ``_ORDERED``: its record is in ``crit``."""
 
+_FLOW_LISTS = """
+LEFT JOIN (
+    SELECT
+        inv_index, core_type, block_id, start_cycle, end_cycle, desc_id, task_id,
+        list(flow_id ORDER BY flow_id) AS flows_in
+    FROM ({arriving}) WHERE target_end > source_ts
+    GROUP BY ALL
+) fi
+    ON fi.inv_index = e.inv_index AND fi.core_type = e.core_type AND fi.block_id = e.block_id
+    AND fi.start_cycle = e.start_cycle AND fi.end_cycle = e.end_cycle
+    AND fi.desc_id = e.desc_id AND fi.task_id = e.task_id
+LEFT JOIN (
+    SELECT
+        inv_index, source_core_type, source_block_id, source_start_cycle, source_end_cycle,
+        source_desc_id, source_task_id, list(flow_id ORDER BY flow_id) AS flows_out
+    FROM ({leaving}) WHERE target_end > source_ts
+    GROUP BY ALL
+) fo
+    ON fo.inv_index = e.inv_index AND fo.source_core_type = e.core_type
+    AND fo.source_block_id = e.block_id AND fo.source_start_cycle = e.start_cycle
+    AND fo.source_end_cycle = e.end_cycle AND fo.source_desc_id = e.desc_id
+    AND fo.source_task_id = e.task_id"""
+"""What gives each event of ``_ORDERED`` the ids of the flows that enter it (``fi``) and
+leave it (``fo``), matched by record identity: only flows that end after they begin, the
+ones a format that binds a flow to its slices' begin and end can draw."""
+
+_FLOW_LIST_COLUMNS = """,
+    coalesce(fi.flows_in, []::UBIGINT[]) AS flows_in,
+    coalesce(fo.flows_out, []::UBIGINT[]) AS flows_out"""
+
+_NO_FLOWS = """SELECT
+    NULL::INTEGER AS inv_index, NULL::UTINYINT AS core_type, NULL::UINTEGER AS block_id,
+    NULL::UBIGINT AS start_cycle, NULL::UBIGINT AS end_cycle, NULL::UINTEGER AS desc_id,
+    NULL::UINTEGER AS task_id, NULL::UTINYINT AS source_core_type,
+    NULL::UINTEGER AS source_block_id, NULL::UBIGINT AS source_start_cycle,
+    NULL::UBIGINT AS source_end_cycle, NULL::UINTEGER AS source_desc_id,
+    NULL::UINTEGER AS source_task_id, NULL::UBIGINT AS flow_id, NULL::BIGINT AS source_ts,
+    NULL::BIGINT AS target_end
+WHERE false"""
+"""A group's flows when it has none, with the columns ``_FLOW_LISTS`` reads."""
+
 _CHAIN = """
 WITH timed AS MATERIALIZED (
     SELECT
@@ -585,15 +653,22 @@ WITH timed AS MATERIALIZED (
 SELECT
     gr.grp, w.inv_index, x.pid AS source_pid, x.tid AS source_tid, x.ts_ns AS source_ts,
     w.pid AS target_pid, w.tid AS target_tid, w.ts_ns AS target_ts, w.end_ns AS target_end,
-    w.core_type, w.block_id, w.desc_id, w.task_id
+    w.core_type, w.block_id, w.desc_id, w.task_id, w.start_cycle, w.end_cycle,
+    (1::UBIGINT << 63) | (w.inv_index::UBIGINT << 32) | w.nth::UBIGINT AS flow_id,
+    gs.grp AS source_grp, x.core_type AS source_core_type, x.block_id AS source_block_id,
+    x.start_cycle AS source_start_cycle, x.end_cycle AS source_end_cycle,
+    x.desc_id AS source_desc_id, x.task_id AS source_task_id
 FROM timed w
 JOIN timed x ON x.inv_index = w.inv_index AND x.nth + 1 = w.nth
 JOIN grp gr
     ON gr.inv_index = w.inv_index AND gr.core_type = w.core_type AND gr.block_id = w.block_id
+JOIN grp gs
+    ON gs.inv_index = x.inv_index AND gs.core_type = x.core_type AND gs.block_id = x.block_id
 """
 """The critical path's chain: one flow from each critical record to the next one in ``seq``
 order, on the tracks and lanes of both, with the later record's group (rows as
-``_ARROWS``'s, so ``_FLOWS`` orders them by their later record)."""
+``_ARROWS``'s, so ``_FLOWS`` orders them by their later record); its ``flow_id`` has the
+top bit set, so it is never an arrow's."""
 
 
 @dataclass(frozen=True)
@@ -638,7 +713,9 @@ class Timeline:
     directory, while the timeline is read); ``metadata`` is complete once a pass over
     ``groups()`` has run to its end. ``critical_path`` marks the records on their
     invocation's critical path and adds the path's chain of flows (the cursor must have the
-    ``records.critical_path`` module installed).
+    ``records.critical_path`` module installed). ``flow_ids`` gives each slice the ids of
+    the flows that leave it (``flows_out``) and enter it (``flows_in``), for formats that
+    bind a flow to its slices rather than draw it from its own events.
     """
 
     def __init__(
@@ -650,12 +727,14 @@ class Timeline:
         detailed_task_names: bool = False,
         group_rows: int = GROUP_ROWS,
         critical_path: bool = False,
+        flow_ids: bool = False,
     ) -> None:
         self._con = con
         self._scratch = scratch
         self.described = selected.described
         self.detailed = detailed_task_names
         self.critical_path = critical_path
+        self.flow_ids = flow_ids
         self._group_rows = group_rows
         # Opening the store's files leaves freed Arrow buffers in the pool: give them back.
         pa.default_memory_pool().release_unused()
@@ -749,11 +828,10 @@ class Timeline:
         """The slices and flows, group by group. A pass that finds records on sub-tracks it
         did not know of finds every lane, then raises ``LayoutChanged``."""
         pairs, slots = self._pairs, self._slots
-        arrows = _GroupFiles(self._scratch, "arrows" if pairs is None else "arrows-on-lanes")
-        self._file_arrows(arrows)
-        chain = _GroupFiles(self._scratch, "chain" if pairs is None else "chain-on-lanes")
+        files = _FlowFiles(self._scratch, "" if pairs is None else "-on-lanes")
+        self._file_arrows(files.arrows, files.departures if self.flow_ids else None)
         if self.critical_path:
-            self._file_chain(chain)
+            self._file_chain(files.chain, files.chain_departures if self.flow_ids else None)
         used = np.zeros(slots.num_rows, dtype=bool)
         found: list[np.ndarray] = []
         identities: list[pa.Table] = []
@@ -761,7 +839,7 @@ class Timeline:
         moved_tid: list[np.ndarray] = []
         flows = critical = chained = 0
         for group in range(self.group_count):
-            events = self._events(group)
+            events = self._events(group, files if self.flow_ids else None)
             pid = numpy_column(events, "pid").astype(np.int64)
             tid = track_tid(
                 numpy_column(events, "core_type").astype(np.int64),
@@ -797,12 +875,15 @@ class Timeline:
                     **{c: events[c] for c in _SLICE_RECORD_COLUMNS},
                 }
             )
-            group_flows = self._flows(arrows, group)
+            if self.flow_ids:
+                slices = slices.append_column("flows_out", events["flows_out"])
+                slices = slices.append_column("flows_in", events["flows_in"])
+            group_flows = self._flows(files.arrows, group)
             flows += 0 if group_flows is None else group_flows.num_rows
             if self.critical_path:
                 slices = slices.append_column("critical", events["critical"])
                 critical += int(np.count_nonzero(numpy_column(events, "critical")))
-                chain_flows = self._flows(chain, group)
+                chain_flows = self._flows(files.chain, group)
                 chained += 0 if chain_flows is None else chain_flows.num_rows
                 group_flows = _kinds(group_flows, chain_flows)
             yield TimelineGroup(slices, group_flows)
@@ -817,21 +898,32 @@ class Timeline:
             self.metadata["criticalRecordCount"] = critical
             self.metadata["criticalFlowCount"] = chained
 
-    def _events(self, group: int) -> pa.Table:
-        """One group's records as events, in their order, from the group's own file."""
-        self._con.register("mcprof_group", _GroupFiles(self._scratch, "records").read(group))
+    def _events(self, group: int, files: _FlowFiles | None) -> pa.Table:
+        """One group's records as events, in their order, from the group's own file; with
+        ``files``, each with the ids of the flows that leave it and that enter it."""
+        registered = {"mcprof_group": _GroupFiles(self._scratch, "records").read(group)}
+        marks = ", c.inv_index IS NOT NULL AS critical" if self.critical_path else ""
+        joins = _CRITICAL_MARKS if self.critical_path else ""
+        if files is not None:
+            arriving = _registered(registered, "mcprof_in", files.arriving(group))
+            leaving = _registered(registered, "mcprof_out", files.leaving(group))
+            marks += _FLOW_LIST_COLUMNS
+            joins += _FLOW_LISTS.format(arriving=arriving, leaving=leaving)
+        for name, table in registered.items():
+            self._con.register(name, table)
         try:
             return _fetch(
                 self._con,
                 _ORDERED.format(
                     events=_events("mcprof_group"),
                     detail_join=_detail_join(self.detailed),
-                    critical=", c.inv_index IS NOT NULL AS critical" if self.critical_path else "",
-                    critical_join=_CRITICAL_MARKS if self.critical_path else "",
+                    marks=marks,
+                    mark_joins=joins,
                 ),
             )
         finally:
-            self._con.unregister("mcprof_group")
+            for name in registered:
+                self._con.unregister(name)
 
     def _flows(self, arrows: _GroupFiles, group: int) -> pa.Table | None:
         """The flows filed (``arrows``, or the chain) into one group's records, in those
@@ -845,10 +937,11 @@ class Timeline:
         finally:
             self._con.unregister("mcprof_arrows")
 
-    def _file_arrows(self, arrows: _GroupFiles) -> None:
-        """File every arrow by its wait's group, invocations of about 4 groups' records at a
-        time: triggers are ranked within their invocation, so each part is exact on its own,
-        and ranking them all at once would hold every trigger of the selection."""
+    def _file_arrows(self, arrows: _GroupFiles, departures: _GroupFiles | None) -> None:
+        """File every arrow by its wait's group (and with ``departures`` by its trigger's),
+        invocations of about 4 groups' records at a time: triggers are ranked within their
+        invocation, so each part is exact on its own, and ranking them all at once would hold
+        every trigger of the selection."""
         selected = np.cumsum(numpy_column(self.invocations, "selected"))
         part = np.concatenate([[0], selected[:-1]]) // (4 * self._group_rows)
         edges = np.flatnonzero(np.diff(part, prepend=-1, append=part[-1] + 1))
@@ -865,13 +958,16 @@ class Timeline:
                     first=first,
                     last=stop - 1,
                 )
-                arrows.add(self._con, sql)
+                arrows.add(self._con, sql, departures)
         finally:
             arrows.close()
+            if departures is not None:
+                departures.close()
 
-    def _file_chain(self, chain: _GroupFiles) -> None:
-        """File the critical path's chain by its later record's group (``crit`` holds a
-        few hundred records an invocation, so the whole selection's chain goes at once)."""
+    def _file_chain(self, chain: _GroupFiles, departures: _GroupFiles | None) -> None:
+        """File the critical path's chain by its later record's group (and with
+        ``departures`` by its earlier record's); ``crit`` holds a few hundred records an
+        invocation, so the whole selection's chain goes at once."""
         try:
             chain.add(
                 self._con,
@@ -880,9 +976,46 @@ class Timeline:
                     lane_step=LANE_TID_STEP,
                     same_record=_SAME_RECORD.format(side="c"),
                 ),
+                departures,
             )
         finally:
             chain.close()
+            if departures is not None:
+                departures.close()
+
+
+class _FlowFiles:
+    """One pass's flows filed by group: the arrows and the critical path's chain by the group
+    they enter and (for ``flow_ids``) by the group they leave; ``suffix`` names the pass."""
+
+    def __init__(self, scratch: Path, suffix: str) -> None:
+        self.arrows = _GroupFiles(scratch, "arrows" + suffix)
+        self.departures = _GroupFiles(scratch, "departures" + suffix)
+        self.chain = _GroupFiles(scratch, "chain" + suffix)
+        self.chain_departures = _GroupFiles(scratch, "chain-departures" + suffix)
+
+    def arriving(self, group: int) -> list[pa.Table]:
+        """The flows (arrows, then chain) into ``group``'s records."""
+        return _present(self.arrows.read(group), self.chain.read(group))
+
+    def leaving(self, group: int) -> list[pa.Table]:
+        """The flows (arrows, then chain) out of ``group``'s records."""
+        return _present(self.departures.read(group), self.chain_departures.read(group))
+
+
+def _present(*tables: pa.Table | None) -> list[pa.Table]:
+    return [t for t in tables if t is not None]
+
+
+def _registered(registered: dict[str, pa.Table], prefix: str, tables: list[pa.Table]) -> str:
+    """The SQL of the rows of ``tables`` (``_NO_FLOWS`` when there are none), each added to
+    ``registered`` under ``prefix`` and its position."""
+    names = []
+    for number, table in enumerate(tables):
+        name = f"{prefix}{number}"
+        registered[name] = table
+        names.append(f"SELECT * FROM {name}")
+    return "\nUNION ALL BY NAME\n".join(names) or _NO_FLOWS
 
 
 def _kinds(dependencies: pa.Table | None, chain: pa.Table | None) -> pa.Table | None:
@@ -1116,11 +1249,13 @@ def open_timeline(
     scratch_dir: Path | None = None,
     group_rows: int = GROUP_ROWS,
     critical_path: bool = False,
+    flow_ids: bool = False,
 ) -> Iterator[Timeline]:
     """The ``Timeline`` of ``selection`` in ``store``, readable until the block ends (it
     holds a cursor of the store and a scratch directory, made in ``scratch_dir``, default
     the system's); with ``critical_path``, its records on the critical path marked and
-    chained (``Timeline``). DuckDB's errors become ``ExportQueryError``."""
+    chained, and with ``flow_ids`` each slice's flow ids (``Timeline``). DuckDB's errors
+    become ``ExportQueryError``."""
     selected = selection.resolve(store) if isinstance(selection, RecordSelection) else selection
     modules = ("records.critical_path",) if critical_path else ()
     with (
@@ -1135,4 +1270,5 @@ def open_timeline(
             detailed_task_names=detailed_task_names,
             group_rows=group_rows,
             critical_path=critical_path,
+            flow_ids=flow_ids,
         )
