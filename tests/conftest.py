@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from perfetto_checker import check_perfetto_files
 from simulated_runs import write_run
 
 from multicore_profiler.kernels.synthetic import GMM1, SWIGLU, SimulatedMoeKernel
@@ -69,3 +70,15 @@ def s3_uri(s3_env: dict[str, str], request: pytest.FixtureRequest) -> str:
     bucket = f"{bucket}-{uuid.uuid4().hex[:8]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     return f"s3://{bucket}/store"
+
+
+@pytest.fixture(autouse=True)
+def _perfetto_traces_pass_the_importer_rules(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that used tmp_path, every ``*.pftrace`` / ``*.pftrace.gz`` it wrote there
+    (recursively) must pass perfetto_checker's rules of Perfetto's TrackEvent importer."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp_path = request.getfixturevalue("tmp_path")  # set up here, so it is torn down after us
+    yield
+    check_perfetto_files(tmp_path)
