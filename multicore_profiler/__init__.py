@@ -3,9 +3,11 @@
 The public API: the capture session (``mega_kernel_profile``, ``schedule``,
 ``ProfilerAction``), ``open_store`` (and ``Store``), the device buffer decoder
 (``BufferLayout``, ``decode_buffer``, ``decode_buffers``), ``ingest_buffers`` to write
-decoded launches as a step of a run, ``export_chrome_trace`` for timelines of the store's
-records (``RecordSelection``, ``open_timeline`` and ``Timeline`` underneath,
-``chrome_trace_handler`` for ``on_trace_ready``), ``ingest_trace`` to load torch.profiler /
+decoded launches as a step of a run, ``export_trace`` for timelines of the store's
+records as Chrome JSON or Perfetto protobuf (``export_chrome_trace`` and
+``export_perfetto_trace`` for one format; ``RecordSelection``, ``open_timeline`` and
+``Timeline`` underneath; ``chrome_trace_handler`` and ``perfetto_trace_handler`` for
+``on_trace_ready``), ``ingest_trace`` to load torch.profiler /
 kineto and torch_npu traces into the store, ``merge_chrome_traces`` to fuse a MegaKernel's
 tracks into such a trace, ``OuterKernelRules`` (alias ``KernelRules``) for the
 outer-kernel views of those traces (``Store.use_kernel_rules``), ``RunInfo``,
@@ -30,9 +32,12 @@ from multicore_profiler.analysis.analyze import KernelAnalysis, analyze, speedup
 from multicore_profiler.analysis.outer_kernel_rules import KernelRules, OuterKernelRules
 from multicore_profiler.analysis.what_if import Change
 from multicore_profiler.errors import ProfileError
-from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
-from multicore_profiler.export.handlers import chrome_trace_handler
+from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.export.files import ExportedTrace
+from multicore_profiler.export.handlers import chrome_trace_handler, perfetto_trace_handler
+from multicore_profiler.export.perfetto_trace import export_perfetto_trace
 from multicore_profiler.export.timeline import RecordSelection, Timeline, open_timeline
+from multicore_profiler.export.trace_formats import export_trace
 from multicore_profiler.fuse.merge import MergedTrace, merge_chrome_traces
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
@@ -68,12 +73,15 @@ __all__ = [
     "decode_buffer",
     "decode_buffers",
     "export_chrome_trace",
+    "export_perfetto_trace",
+    "export_trace",
     "ingest_buffers",
     "ingest_trace",
     "mega_kernel_profile",
     "merge_chrome_traces",
     "open_store",
     "open_timeline",
+    "perfetto_trace_handler",
     "schedule",
     "speedup_curves",
     "what_if",

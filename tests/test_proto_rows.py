@@ -10,7 +10,7 @@ from hypothesis.extra.numpy import arrays
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from multicore_profiler.export import proto_rows
-from multicore_profiler.export.proto_rows import Messages, encode_field
+from multicore_profiler.export.proto_rows import Fragments, Messages, encode_field
 
 MASK = (1 << 64) - 1
 INTEGER_TYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
@@ -315,3 +315,16 @@ def test_write_into_at_shuffled_offsets(shape, random, threads: int) -> None:
         assert out[offsets[row] : offsets[row] + len(data)].tobytes() == data
         written[offsets[row] : offsets[row] + len(data)] = True
     assert (out[~written] == 0xEE).all()
+
+
+def test_a_table_flattened_once_looks_up_the_same() -> None:
+    table = [b"\x10\x01", b"", encode_field(23, "ab")]
+    codes = np.array([2, 1, 0, 2], np.int64)
+    flattened = Fragments.of(table)
+    assert len(flattened) == 3
+    assert not flattened.uniform
+    assert Fragments.of([b"ab", b"cd"]).uniform
+    once = Messages(4).lookup(flattened, codes).encode()
+    assert once == Messages(4).lookup(table, codes).encode()
+    with pytest.raises(ValueError, match="bytes entries expected"):
+        Fragments.of([b"a", "b"])  # type: ignore[list-item]

@@ -224,3 +224,20 @@ def test_export_takes_a_selection_or_its_arguments(golden: Store, tmp_path: Path
     assert trace.metadata == golden_summary(detailed=False)
     with pytest.raises(ExportError, match="give either a selection or run/step"):
         export_chrome_trace(golden, tmp_path / "t.json", selection=RecordSelection(), step=4)
+
+
+def test_flow_ids_name_each_flow_at_both_of_its_slices(golden: Store) -> None:
+    """With ``flow_ids``, the trigger's slice lists the arrow it starts and the wait's slice
+    the arrow it ends, under one id: the wait's slot code above its record index."""
+    with open_timeline(golden, RecordSelection(run=RUN), flow_ids=True) as timeline:
+        (group,) = list(timeline.groups())
+    slices = group.slices.select(["task_id", "desc_id", "flows_out", "flows_in"]).to_pylist()
+    flow = 1 << 8  # AIV/1 is the invocation's second slot; the wait is its record 0
+    assert slices == [
+        {"task_id": 7, "desc_id": WAIT, "flows_out": [], "flows_in": []},
+        {"task_id": 7, "desc_id": GMM1, "flows_out": [], "flows_in": []},
+        {"task_id": 7, "desc_id": TRIGGER, "flows_out": [flow], "flows_in": []},
+        {"task_id": 8, "desc_id": WAIT, "flows_out": [], "flows_in": [flow]},
+        {"task_id": 8, "desc_id": SWIGLU, "flows_out": [], "flows_in": []},
+        {"task_id": 9, "desc_id": UNNAMED, "flows_out": [], "flows_in": []},
+    ]

@@ -1,4 +1,4 @@
-"""``mcprof export``: the Chrome Trace of records of the store."""
+"""``mcprof export``: the trace (Chrome JSON or Perfetto protobuf) of records of the store."""
 
 from __future__ import annotations
 
@@ -12,16 +12,19 @@ from multicore_profiler.cli.arguments import (
     record_selection,
 )
 from multicore_profiler.cli.output import warn
-from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.export.perfetto_trace import sidecar_path
+from multicore_profiler.export.trace_formats import TRACE_FORMATS, export_trace, trace_format
 
 
 def cmd_export(args: argparse.Namespace) -> None:
     """Write the trace of the records selected and say what it holds."""
     store = open_given_store(args)
-    trace = export_chrome_trace(
+    chosen = trace_format(args.output, args.format)
+    trace = export_trace(
         store,
         args.output,
-        selection=record_selection(args),
+        record_selection(args),
+        format=chosen,
         detailed_task_names=args.detailed,
         critical_path=args.critical_path,
     )
@@ -32,11 +35,14 @@ def cmd_export(args: argparse.Namespace) -> None:
         if args.critical_path
         else ""
     )
+    events = "events" if chosen == "json" else "track events"
     print(
-        f"{trace.path}: {trace.events} events ({trace.records} records of "
+        f"{trace.path}: {trace.events} {events} ({trace.records} records of "
         f"{trace.metadata['invocationCount']} invocation(s), {trace.flows} dependency arrows"
         f"{critical}) from {trace.metadata['selection']}"
     )
+    if chosen == "perfetto":
+        print(f"{sidecar_path(trace.path)}: the trace's megaKernelCycleTrace metadata")
 
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
@@ -44,12 +50,22 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     export = commands.add_parser(
         "export",
         parents=[parents.store],
-        help="write a Chrome Trace (Perfetto, chrome://tracing) of records in the store",
-        description="Write the Chrome Trace of a run (default: the latest), narrowed to a step, "
-        "invocation, rank, window or SQL condition, or of the rows of any query.",
+        help="write the trace (Chrome JSON or Perfetto protobuf) of records in the store",
+        description="Write the trace of a run (default: the latest), narrowed to a step, "
+        "invocation, rank, window or SQL condition, or of the rows of any query: Perfetto's "
+        "protobuf for a .pftrace or .pftrace.gz file, Chrome Trace JSON otherwise.",
     )
     export.add_argument(
-        "-o", "--output", type=path, required=True, help="trace file (.json, or .json.gz)"
+        "-o",
+        "--output",
+        type=path,
+        required=True,
+        help="trace file: .pftrace or .pftrace.gz (Perfetto), .json or .json.gz (Chrome JSON)",
+    )
+    export.add_argument(
+        "--format",
+        choices=sorted(TRACE_FORMATS),
+        help="the trace's format, whatever the file's suffix says",
     )
     add_record_selection(export)
     export.add_argument(
@@ -59,6 +75,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         "--critical-path",
         action="store_true",
         help="mark each record on its invocation's critical path (args.critical = 1) and chain "
-        "them in path order with flow events of category critical_path",
+        "them in path order with flows (JSON: of category critical_path)",
     )
     export.set_defaults(func=cmd_export)

@@ -1,4 +1,6 @@
-"""Handlers for ``mega_kernel_profile(on_trace_ready=...)`` that write each window's trace.
+"""Handlers for ``mega_kernel_profile(on_trace_ready=...)`` that write each window's trace
+(Chrome JSON or Perfetto protobuf), and the session's ``export_chrome_trace`` and
+``export_trace``.
 
 Like ``torch.profiler.tensorboard_trace_handler``: the capture session calls the handler
 each time a recording window ends, and the handler exports that window. The handler comes
@@ -14,8 +16,9 @@ from pathlib import Path
 from typing import Protocol
 
 from multicore_profiler.errors import ExportError, SessionError
-from multicore_profiler.export.chrome_trace import ExportedTrace, export_chrome_trace
+from multicore_profiler.export.files import ExportedTrace
 from multicore_profiler.export.timeline import RecordSelection
+from multicore_profiler.export.trace_formats import export_trace
 from multicore_profiler.extension import extend
 from multicore_profiler.storage.store import Store
 
@@ -37,9 +40,16 @@ class ProfiledSession(Protocol):
     detailed_task_names: bool
 
 
-def trace_file_name(worker_name: str, run_id: str, window: int, use_gzip: bool) -> str:
-    """``<worker>.<run>.window<k>.pt.trace.json`` (``.gz`` added when gzipped)."""
-    return f"{worker_name}.{run_id}.window{window}.pt.trace.json" + (".gz" if use_gzip else "")
+_SUFFIXES = {"json": ".pt.trace.json", "perfetto": ".pftrace"}
+
+
+def trace_file_name(
+    worker_name: str, run_id: str, window: int, use_gzip: bool, format: str = "json"
+) -> str:
+    """``<worker>.<run>.window<k>.pt.trace.json`` (``.pftrace`` for Perfetto; ``.gz`` added
+    when gzipped)."""
+    name = f"{worker_name}.{run_id}.window{window}{_SUFFIXES[format]}"
+    return name + (".gz" if use_gzip else "")
 
 
 def chrome_trace_handler(
@@ -59,6 +69,35 @@ def chrome_trace_handler(
     directory is created if missing. Raises ``ExportError`` when it is called before any
     window ended (not from a session) or the trace cannot be written.
     """
+    return _window_handler(
+        "json", dir_name, worker_name, use_gzip, detailed_task_names, critical_path
+    )
+
+
+def perfetto_trace_handler(
+    dir_name: str | os.PathLike[str],
+    *,
+    worker_name: str | None = None,
+    use_gzip: bool = False,
+    detailed_task_names: bool | None = None,
+    critical_path: bool = False,
+) -> Callable[[ProfiledSession], ExportedTrace]:
+    """``chrome_trace_handler`` for Perfetto's protobuf: each window's trace goes to
+    ``dir_name/<worker>.<run>.window<k>.pftrace[.gz]``, with its ``.meta.json`` beside it."""
+    return _window_handler(
+        "perfetto", dir_name, worker_name, use_gzip, detailed_task_names, critical_path
+    )
+
+
+def _window_handler(
+    format: str,
+    dir_name: str | os.PathLike[str],
+    worker_name: str | None,
+    use_gzip: bool,
+    detailed_task_names: bool | None,
+    critical_path: bool,
+) -> Callable[[ProfiledSession], ExportedTrace]:
+    """A handler that writes each window's trace in ``format`` under ``dir_name``."""
     directory = Path(dir_name)
     worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
 
@@ -72,7 +111,8 @@ def chrome_trace_handler(
             raise ExportError(f"cannot create {directory}: {exc.strerror or exc}") from None
         return _export_last_window(
             session,
-            directory / trace_file_name(worker, session.run_id, window, use_gzip),
+            directory / trace_file_name(worker, session.run_id, window, use_gzip, format),
+            format,
             detailed_task_names,
             critical_path,
         )
@@ -92,24 +132,42 @@ def export_last_window(
     the last window that ended (this rank's records) to ``path``; names are detailed if
     the session asked for it (or ``detailed_task_names`` says so), and ``critical_path``
     marks each invocation's critical path. ``SessionError`` before any window ended."""
+    return _export_last_window(session, Path(path), "json", detailed_task_names, critical_path)
+
+
+@extend("multicore_profiler.ingest.session.MegaKernelProfile", name="export_trace")
+def export_last_window_trace(
+    session: ProfiledSession,
+    path: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    detailed_task_names: bool | None = None,
+    critical_path: bool = False,
+) -> ExportedTrace:
+    """``prof.export_trace(path)``: ``prof.export_chrome_trace`` in the format ``format``
+    names, else the one the file's suffix asks for (``.pftrace``: Perfetto's protobuf)."""
+    return _export_last_window(session, Path(path), format, detailed_task_names, critical_path)
+
+
+def _export_last_window(
+    session: ProfiledSession,
+    path: Path,
+    format: str | None,
+    detailed_task_names: bool | None,
+    critical_path: bool,
+) -> ExportedTrace:
+    """The trace of the session's last window that ended, of its rank, at ``path``
+    (``SessionError`` before any window ended)."""
     if not session.windows:
         raise SessionError(
             "no capture window has ended yet: call step() past a window's last active "
             "step, or leave the session"
         )
-    return _export_last_window(session, Path(path), detailed_task_names, critical_path)
-
-
-def _export_last_window(
-    session: ProfiledSession, path: Path, detailed_task_names: bool | None, critical_path: bool
-) -> ExportedTrace:
-    """The trace of the session's last window that ended, of its rank, at ``path``."""
-    return export_chrome_trace(
+    return export_trace(
         session.store,
         path,
-        selection=RecordSelection(
-            run=session.run_id, rank=session.rank, window=session.windows[-1].index
-        ),
+        RecordSelection(run=session.run_id, rank=session.rank, window=session.windows[-1].index),
+        format=format,
         detailed_task_names=(
             session.detailed_task_names if detailed_task_names is None else detailed_task_names
         ),

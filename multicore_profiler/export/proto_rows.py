@@ -242,6 +242,34 @@ class _Repeated:
 
 
 @dataclass(frozen=True)
+class Fragments:
+    """A table of pre-encoded byte strings for ``Messages.lookup``, flattened once into one
+    buffer with each entry's start and length."""
+
+    flat: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    uniform: bool
+    """Whether every entry has the same length."""
+
+    @classmethod
+    def of(cls, entries: Sequence[bytes]) -> Fragments:
+        """The table of ``entries`` (``ValueError`` for one that is not bytes)."""
+        if not all(isinstance(entry, bytes) for entry in entries):
+            raise ValueError("table: bytes entries expected")
+        lengths = np.array([len(entry) for entry in entries], np.int64)
+        return cls(
+            np.frombuffer(b"".join(entries), np.uint8),
+            np.cumsum(lengths) - lengths,
+            lengths,
+            len(set(lengths.tolist())) == 1,
+        )
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+@dataclass(frozen=True)
 class _Lookup:
     """Each row's table entry: ``flat[starts[c]:][:lengths[c]]`` for its code ``c``."""
 
@@ -393,13 +421,16 @@ class Messages:
         return self._add(_Nested(tag, sub, payload.view(np.uint64), lengths, present, sizes))
 
     def lookup(
-        self, table: Sequence[bytes], codes: np.ndarray, present: np.ndarray | None = None
+        self,
+        table: Fragments | Sequence[bytes],
+        codes: np.ndarray,
+        present: np.ndarray | None = None,
     ) -> Messages:
         """Pre-encoded bytes (whole fields, tags included, any length, may be b"") chosen per row
         by ``codes`` (int array of rows) from a small table: per-core annotations, interned
-        strings. Codes of rows not ``present`` are not read."""
-        if not all(isinstance(entry, bytes) for entry in table):
-            raise ValueError("table: bytes entries expected")
+        strings. Codes of rows not ``present`` are not read. A table looked up many times is
+        best flattened once (``Fragments``)."""
+        table = table if isinstance(table, Fragments) else Fragments.of(table)
         codes, present = self._column("codes", codes, "iu"), self._present(present)
         chosen = codes if present is None else codes[present]
         if chosen.size and (int(chosen.min()) < 0 or int(chosen.max()) >= len(table)):
@@ -407,12 +438,10 @@ class Messages:
                 f"codes outside the table of {len(table)}: {int(chosen.min())}..{int(chosen.max())}"
             )
         codes = codes.astype(np.intp) if present is None else np.where(present, codes, 0)
-        lengths = np.array([len(entry) for entry in table], np.int64)
-        starts = np.cumsum(lengths) - lengths
-        flat = np.frombuffer(b"".join(table), np.uint8)
-        same = len(set(lengths.tolist())) == 1 and present is None
+        lengths = table.lengths
+        same = table.uniform and present is None
         sizes = int(lengths[0]) if same else _sized(lengths[codes], present)
-        return self._add(_Lookup(flat, starts, lengths, codes, present, sizes))
+        return self._add(_Lookup(table.flat, table.starts, lengths, codes, present, sizes))
 
     def raw(self, data: bytes, present: np.ndarray | None = None) -> Messages:
         """The same pre-encoded bytes on every (present) row."""

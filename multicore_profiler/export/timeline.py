@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,10 +319,14 @@ SELECT
     dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
     dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label) AS naming,
     has_task_graph(p.run_id, p.rank, p.config_id) AS has_graph,
+    {from_records} AND p.selected = p.record_count AS whole,
     (row_number() OVER (ORDER BY r.start_time, p.run_id, p.rank, p.invocation_id) - 1)::INTEGER
         AS inv_index
 FROM picked p LEFT JOIN runs r USING (run_id)
 """
+"""The selected invocations, each with its stored row, its order, naming and task graph,
+and whether the selection holds all of its records (``whole``: only a selection of the
+store's ``records``, never a query's rows, which need not be the stored ones)."""
 
 _SLOTS = """
 CREATE TEMP TABLE slot AS
@@ -479,7 +484,7 @@ _SAME_RECORD = """m{side}.inv_index = {side}.inv_index AND m{side}.core_type = {
 
 _ARROWS = """
 WITH released AS MATERIALIZED (
-    SELECT i.inv_index, e.*
+    SELECT i.inv_index, i.whole, e.*
     FROM task_edges e
     JOIN inv i
         ON e.run_id = i.run_id AND e.rank = i.rank AND e.invocation_id = i.invocation_id
@@ -487,70 +492,81 @@ WITH released AS MATERIALIZED (
     WHERE e.kind = 'release' AND ({scope}) AND i.inv_index BETWEEN {first} AND {last}
 ),
 timed AS MATERIALIZED (
-    SELECT
-        s.*, i.inv_index, p.pid,
-        cycle_ns(s.start_cycle, p.anchor, i.frequency_hz) AS ts_ns,
-        cycle_ns(s.end_cycle, p.anchor, i.frequency_hz) AS end_ns
-    FROM sel s
-    JOIN inv i USING (cand)
-    JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
-    WHERE i.has_graph AND s.desc_id IN ({wait}, {trigger})
-        AND i.inv_index BETWEEN {first} AND {last}
+    SELECT s.inv_index, s.core_type, s.block_id, s.task_id, s.desc_id, s.start_cycle, s.end_cycle
+    FROM (SELECT s.*, i.inv_index FROM sel s JOIN inv i USING (cand)
+          WHERE i.has_graph AND NOT i.whole AND i.inv_index BETWEEN {first} AND {last}) s
+    WHERE s.desc_id IN ({wait}, {trigger})
 ),
-sources AS MATERIALIZED (
-    SELECT
-        e.inv_index, e.dst_core_type, e.dst_block_id, e.dst_task_id, e.dst_start_cycle,
-        e.dst_end_cycle, x.pid AS source_pid, x.ts_ns AS source_ts,
-        x.core_type * {core_step} + x.block_id + {lane_step} * coalesce(mx.lane, 0)
-            AS source_tid,
-        x.core_type AS source_core_type, x.block_id AS source_block_id,
-        x.start_cycle AS source_start_cycle, x.end_cycle AS source_end_cycle,
-        x.desc_id AS source_desc_id, x.task_id AS source_task_id
-    FROM timed x
-    JOIN released e
-        ON e.inv_index = x.inv_index AND e.src_core_type = x.core_type
-        AND e.src_block_id = x.block_id AND e.src_task_id = x.task_id
-        AND e.src_start_cycle = x.start_cycle AND e.src_end_cycle = x.end_cycle
-    LEFT JOIN moved mx ON {same_source}
-    WHERE x.desc_id = {trigger}
-),
-waits AS MATERIALIZED (
-    SELECT
-        w.*,
-        w.core_type * {core_step} + w.block_id + {lane_step} * coalesce(mw.lane, 0) AS target_tid
-    FROM timed w
-    LEFT JOIN moved mw ON {same_target}
-    WHERE w.desc_id = {wait}
+kept AS (
+    SELECT * FROM released WHERE whole
+    UNION ALL
+    SELECT * FROM released e
+    WHERE NOT e.whole
+        AND EXISTS (
+            SELECT 1 FROM timed x
+            WHERE x.inv_index = e.inv_index AND x.desc_id = {trigger}
+                AND x.core_type = e.src_core_type AND x.block_id = e.src_block_id
+                AND x.task_id = e.src_task_id AND x.start_cycle = e.src_start_cycle
+                AND x.end_cycle = e.src_end_cycle
+        )
+        AND EXISTS (
+            SELECT 1 FROM timed w
+            WHERE w.inv_index = e.inv_index AND w.desc_id = {wait}
+                AND w.core_type = e.dst_core_type AND w.block_id = e.dst_block_id
+                AND w.task_id = e.dst_task_id AND w.start_cycle = e.dst_start_cycle
+                AND w.end_cycle = e.dst_end_cycle
+        )
 )
 SELECT
-    gr.grp, w.inv_index, x.source_pid, x.source_tid, x.source_ts, w.pid AS target_pid, w.target_tid,
-    w.ts_ns AS target_ts, w.end_ns AS target_end, w.core_type, w.block_id, w.desc_id, w.task_id,
-    w.start_cycle, w.end_cycle,
-    (w.inv_index::UBIGINT << 32) | row_number() OVER (
-        PARTITION BY w.inv_index
-        ORDER BY w.core_type, w.block_id, w.start_cycle, w.end_cycle, w.task_id, x.source_ts
-    )::UBIGINT AS flow_id,
-    gs.grp AS source_grp, x.source_core_type, x.source_block_id, x.source_start_cycle,
-    x.source_end_cycle, x.source_desc_id, x.source_task_id
-FROM waits w
-JOIN sources x
-    ON x.inv_index = w.inv_index AND x.dst_core_type = w.core_type
-    AND x.dst_block_id = w.block_id AND x.dst_task_id = w.task_id
-    AND x.dst_start_cycle = w.start_cycle AND x.dst_end_cycle = w.end_cycle
+    gr.grp, k.inv_index, p.pid AS source_pid,
+    k.src_core_type * {core_step} + k.src_block_id + {lane_step} * coalesce(mx.lane, 0)
+        AS source_tid,
+    cycle_ns(k.src_start_cycle, p.anchor, i.frequency_hz) AS source_ts,
+    p.pid AS target_pid,
+    k.dst_core_type * {core_step} + k.dst_block_id + {lane_step} * coalesce(mw.lane, 0)
+        AS target_tid,
+    cycle_ns(k.dst_start_cycle, p.anchor, i.frequency_hz) AS target_ts,
+    cycle_ns(k.dst_end_cycle, p.anchor, i.frequency_hz) AS target_end,
+    k.dst_core_type AS core_type, k.dst_block_id AS block_id, {wait}::UINTEGER AS desc_id,
+    k.dst_task_id AS task_id, k.dst_start_cycle AS start_cycle, k.dst_end_cycle AS end_cycle,
+    (sw.slot_code::UBIGINT << {index_bits}) | k.dst_record_index::UBIGINT AS flow_id,
+    gs.grp AS source_grp, k.src_core_type AS source_core_type,
+    k.src_block_id AS source_block_id, k.src_start_cycle AS source_start_cycle,
+    k.src_end_cycle AS source_end_cycle, {trigger}::UINTEGER AS source_desc_id,
+    k.src_task_id AS source_task_id
+FROM kept k
+JOIN inv i USING (inv_index)
+JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
+LEFT JOIN moved mx
+    ON mx.inv_index = k.inv_index AND mx.core_type = k.src_core_type
+    AND mx.block_id = k.src_block_id AND mx.start_cycle = k.src_start_cycle
+    AND mx.end_cycle = k.src_end_cycle AND mx.desc_id = {trigger}
+    AND mx.task_id = k.src_task_id
+LEFT JOIN moved mw
+    ON mw.inv_index = k.inv_index AND mw.core_type = k.dst_core_type
+    AND mw.block_id = k.dst_block_id AND mw.start_cycle = k.dst_start_cycle
+    AND mw.end_cycle = k.dst_end_cycle AND mw.desc_id = {wait}
+    AND mw.task_id = k.dst_task_id
+JOIN slot sw
+    ON sw.inv_index = k.inv_index AND sw.core_type = k.dst_core_type
+    AND sw.block_id = k.dst_block_id
 JOIN grp gr
-    ON gr.inv_index = w.inv_index AND gr.core_type = w.core_type AND gr.block_id = w.block_id
+    ON gr.inv_index = k.inv_index AND gr.core_type = k.dst_core_type
+    AND gr.block_id = k.dst_block_id
 JOIN grp gs
-    ON gs.inv_index = w.inv_index AND gs.core_type = x.source_core_type
-    AND gs.block_id = x.source_block_id
+    ON gs.inv_index = k.inv_index AND gs.core_type = k.src_core_type
+    AND gs.block_id = k.src_block_id
 """
 """The arrows into the selected waits of invocations ``first`` to ``last``, with their
-wait's group: from the trigger that released the wait (``task_edges``' release edges,
-each end matched to a selected record by its core, task and cycles), on the tracks and
-lanes of both. Each carries its ``flow_id`` (the invocation's index in the high 32 bits,
-the wait's rank in the invocation below: unique in the timeline) and its trigger's group
-and identity, which ``flow_ids`` files the arrow under too. ``scope`` bounds the edges'
-runs, ranks, steps and invocations by constants, which DuckDB pushes down to the records
-the edges are ranked from."""
+wait's group: from the trigger that released the wait (``task_edges``' release edges), on
+the tracks and lanes of both, timed from the edge's own cycles. Every edge of an invocation
+the selection holds whole (``whole``) is kept; of another, those whose two ends are both
+selected records (matched by core, task and cycles). Each carries its ``flow_id`` (the
+wait's slot code above its record index, which a slot's capacity bounds: unique in the
+timeline, as a wait has one releasing trigger) and its trigger's group and identity,
+which ``flow_ids`` files the arrow under too. ``scope`` bounds the edges' runs, ranks,
+steps and invocations by constants, which DuckDB pushes down to the records the edges are
+ranked from."""
 
 _FLOWS = """
 SELECT
@@ -739,7 +755,7 @@ class Timeline:
         # Opening the store's files leaves freed Arrow buffers in the pool: give them back.
         pa.default_memory_pool().release_unused()
         self.records = _select(con, selected.sql, selected.described, scratch)
-        con.execute(_INVOCATIONS)
+        con.execute(_INVOCATIONS.format(from_records=selected.runs is not None))
         bad = con.execute(
             "SELECT run_id, rank, invocation_id, frequency_hz FROM inv "
             "WHERE NOT coalesce(frequency_hz > 0 AND isfinite(frequency_hz), false) ORDER BY ALL"
@@ -953,8 +969,7 @@ class Timeline:
                     wait=DESC_WAIT_DEPENDENCY,
                     lane_step=LANE_TID_STEP,
                     core_step=CORE_TID_STEP,
-                    same_source=_SAME_RECORD.format(side="x"),
-                    same_target=_SAME_RECORD.format(side="w"),
+                    index_bits=(MAX_CAPACITY - 1).bit_length(),
                     first=first,
                     last=stop - 1,
                 )
@@ -1016,6 +1031,17 @@ def _registered(registered: dict[str, pa.Table], prefix: str, tables: list[pa.Ta
         registered[name] = table
         names.append(f"SELECT * FROM {name}")
     return "\nUNION ALL BY NAME\n".join(names) or _NO_FLOWS
+
+
+def ahead(groups: Iterator[TimelineGroup]) -> Iterator[TimelineGroup]:
+    """``groups`` with the next group made on a worker thread while the caller renders this
+    one: DuckDB's queries and a writer's numpy overlap (both release the GIL). The
+    generator's exceptions (``LayoutChanged`` too) come out of the caller's loop."""
+    with ThreadPoolExecutor(1, thread_name_prefix="mcprof-timeline") as pool:
+        pending = pool.submit(next, groups, None)
+        while (group := pending.result()) is not None:
+            pending = pool.submit(next, groups, None)
+            yield group
 
 
 def _kinds(dependencies: pa.Table | None, chain: pa.Table | None) -> pa.Table | None:
