@@ -21,15 +21,12 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import networkx as nx
-from export import CONFIG_ID, fill
+from export import CONFIG_ID, fill, seconds_of, spread
 from ingest import store_launches
 
 from multicore_profiler import open_store, speedup_curves
@@ -48,21 +45,6 @@ SELECT invocation_id,
        dst_core_type * 100000 + dst_block_id * 1000 + dst_record_index AS dst
 FROM task_edges WHERE run_id = $1 AND invocation_id < $2
 """
-
-
-def spread(values: list[float]) -> str:
-    """Median and range of repeats."""
-    return f"median {statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
-
-
-def timed(fn: Callable[[], object], repeat: int) -> list[float]:
-    """Seconds of each of ``repeat`` calls."""
-    seconds = []
-    for _ in range(repeat):
-        began = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - began)
-    return seconds
 
 
 def ours(store: Store) -> None:
@@ -100,10 +82,10 @@ def main() -> None:
         store = open_store(Path(scratch) / "store")
         run_id, records = fill(store, args.records)
 
-        seconds = timed(lambda: ours(store), args.repeat)
+        seconds = seconds_of(lambda: ours(store), args.repeat)
         ours_rate = [records / s for s in seconds]
         sampled: list[int] = []
-        nx_seconds = timed(
+        nx_seconds = seconds_of(
             lambda: sampled.append(networkx_longest_paths(store, run_id, args.sample)),
             args.repeat,
         )
@@ -130,10 +112,10 @@ def main() -> None:
             tasks=kernel.tasks_table(CONFIG_ID),
         )
         selection = RecordSelection(run=sweep_run, invocation=0)
-        whole = timed(lambda: speedup_curves(store, selection), args.repeat)
+        whole = seconds_of(lambda: speedup_curves(store, selection), args.repeat)
         rows = store.sql("SELECT * FROM replay_records WHERE run_id = $1", [sweep_run])
         graph = replay.prepare(rows)
-        alone = timed(lambda: what_if.speedup_curves(graph), args.repeat)
+        alone = seconds_of(lambda: what_if.speedup_curves(graph), args.repeat)
         print(
             f"2. what-if sweep, 5 stages x 6 speed-ups, one invocation of {rows.num_rows:,} records"
         )
