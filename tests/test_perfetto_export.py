@@ -291,6 +291,9 @@ def test_detailed_names_selections_and_gzip(golden: Store, tmp_path: Path) -> No
         gzip.decompress((tmp_path / "t.pftrace.gz").read_bytes())
         == (tmp_path / "t.pftrace").read_bytes()
     )
+    loud = export_perfetto_trace(golden, tmp_path / "T.PFTRACE.GZ")
+    assert sidecar_path(loud.path) == tmp_path / "T.PFTRACE.meta.json"
+    assert (tmp_path / "T.PFTRACE.GZ").read_bytes()[:2] == b"\x1f\x8b"
 
 
 def test_runs_invocations_and_the_critical_path(paths: Store, tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from multicore_profiler.abi import DESC_COMPUTE_FALLBACK, MAX_TASK_TYPE, NO_OWNER
 from multicore_profiler.errors import ExportError
-from multicore_profiler.export.files import ExportedTrace, written_aside
+from multicore_profiler.export.files import ExportedTrace, gzipped, written_aside
 from multicore_profiler.export.json_rows import Row, Span, joined, span_of, strings
 from multicore_profiler.export.timeline import (
     CORE_NAMES,
@@ -130,7 +130,7 @@ def export_chrome_trace(
             critical_path=critical_path,
         ) as timeline,
     ):
-        written = _write(timeline, aside, path.suffix == ".gz")
+        written = _write(timeline, aside, gzipped(path))
     return ExportedTrace(
         path=path,
         events=written.metadata_events + timeline.records + written.flow_rows,

@@ -31,6 +31,11 @@ class ExportedTrace:
     critical_flows: int = 0
 
 
+def gzipped(path: Path) -> bool:
+    """Whether a trace at ``path`` is written gzipped: its name ends in ``.gz``, in any case."""
+    return path.suffix.lower() == ".gz"
+
+
 @contextmanager
 def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[Path]:
     """The hidden path beside ``path`` to write; renamed to ``path`` when the block ends.

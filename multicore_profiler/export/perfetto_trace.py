@@ -69,7 +69,7 @@ from tqdm import tqdm
 from multicore_profiler.abi import DESC_COMPUTE_FALLBACK, MAX_TASK_TYPE, NO_OWNER
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.chrome_trace import CATEGORY
-from multicore_profiler.export.files import ExportedTrace, written_aside
+from multicore_profiler.export.files import ExportedTrace, gzipped, written_aside
 from multicore_profiler.export.proto_rows import Fragments, Messages, encode_field
 from multicore_profiler.export.timeline import (
     GROUP_ROWS,
@@ -128,6 +128,10 @@ _SLICE_BEGIN, _SLICE_END = 1, 2
 _INCREMENTAL_STATE_CLEARED, _NEEDS_INCREMENTAL_STATE = 1, 2
 _EXPLICIT_ORDER, _NEVER_MERGE = 3, 2
 
+PERFETTO_GROUP_ROWS = GROUP_ROWS // 2
+"""Records of a timeline group: half the JSON writer's, as two groups are in memory at once
+(the next one is made while one is encoded); at 5 M records this keeps a fresh process
+under 500 MB for about 5 % more time."""
 PACKET_CHUNK = 1 << 16
 """Packets encoded at once: the arrays of their fields stay a few tens of MB, whatever the
 size of a group."""
@@ -139,7 +143,8 @@ _RECORD_CATEGORY_IID, _INVOCATION_CATEGORY_IID = 1, 2
 def sidecar_path(path: Path) -> Path:
     """Where the ``megaKernelCycleTrace`` object of the trace at ``path`` goes:
     ``run.pftrace`` (or ``run.pftrace.gz``) -> ``run.pftrace.meta.json``."""
-    return path.with_name(path.name.removesuffix(".gz") + ".meta.json")
+    name = path.name[: -len(path.suffix)] if gzipped(path) else path.name
+    return path.with_name(name + ".meta.json")
 
 
 def export_perfetto_trace(
@@ -171,7 +176,7 @@ def export_perfetto_trace(
     ).resolve(store)
     path = Path(path)
     sidecar = sidecar_path(path)
-    gz = path.suffix == ".gz"
+    gz = gzipped(path)
     with (
         written_aside(path, ExportError, "the trace") as aside,
         written_aside(sidecar, ExportError, "the trace's metadata") as sidecar_aside,
@@ -180,7 +185,7 @@ def export_perfetto_trace(
             selected,
             detailed_task_names=detailed_task_names,
             scratch_dir=aside.parent,
-            group_rows=GROUP_ROWS,
+            group_rows=PERFETTO_GROUP_ROWS,
             critical_path=critical_path,
             flow_ids=True,
         ) as timeline,
