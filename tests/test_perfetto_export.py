@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 import pytest
-import torch
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 from perfetto_checker import PerfettoTrace, Slice, read_perfetto_trace
 from test_export import LAYOUT, NAMED, RUN, fill, golden_buffer, golden_tasks
@@ -27,12 +26,11 @@ from test_export_critical_path import buffer as critical_buffer
 from test_export_critical_path import tasks as critical_tasks
 from trace_checker import check_trace, load_trace
 
-from multicore_profiler import cli, mega_kernel_profile, schedule
+from multicore_profiler import cli
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import ExportError, ProfileError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.export.files import ExportedTrace
-from multicore_profiler.export.handlers import perfetto_trace_handler
 from multicore_profiler.export.perfetto_trace import (
     CONTEXT_ARGS,
     INVOCATION_CATEGORY,
@@ -42,7 +40,6 @@ from multicore_profiler.export.perfetto_trace import (
 from multicore_profiler.export.timeline import RecordSelection
 from multicore_profiler.export.trace_formats import export_trace, trace_format
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
@@ -282,6 +279,8 @@ def test_golden_bytes(golden: Store, tmp_path: Path) -> None:
 def test_detailed_names_selections_and_gzip(golden: Store, tmp_path: Path) -> None:
     both(golden, tmp_path, detailed_task_names=True)
     both(golden, tmp_path, where="task_id <> 8")
+    partial, trace = both(golden, tmp_path, where="task_id <> 9")  # both ends of the arrow
+    assert partial.flows == len(trace.flows) == 1
     both(golden, tmp_path, query="SELECT * FROM records_ns WHERE core_type = 2")
     plain = export_perfetto_trace(golden, tmp_path / "t.pftrace")
     packed = export_perfetto_trace(golden, tmp_path / "t.pftrace.gz")
@@ -468,28 +467,3 @@ def test_failures_leave_neither_file(golden: Store, tmp_path: Path) -> None:
     assert list(out.iterdir()) == []
     with pytest.raises(ExportError, match="cannot write the trace to"):
         export_perfetto_trace(golden, out / "missing" / "t.pftrace")
-
-
-def test_the_handler_writes_each_window(tmp_path: Path) -> None:
-    router, w1, w2 = make_moe_weights(4, 16, 32, generator=torch.Generator().manual_seed(0))
-    x = torch.randn(48, 16, generator=torch.Generator().manual_seed(1))
-    out = tmp_path / "traces"
-    with (
-        ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
-        mega_kernel_profile(
-            store=tmp_path / "store",
-            schedule=schedule(wait=0, warmup=0, active=1, repeat=2),
-            on_trace_ready=perfetto_trace_handler(out, worker_name="w0"),
-        ) as prof,
-    ):
-        for _ in range(2):
-            kernel(x, *route(x, router, 2))
-            prof.step()
-    names = sorted(p.name for p in out.iterdir())
-    suffixes = ("pftrace", "pftrace.meta.json")
-    assert names == [f"w0.{prof.run_id}.window{k}.{end}" for k in (0, 1) for end in suffixes]
-    last = prof.export_trace(tmp_path / "last.pftrace")
-    trace = read_perfetto_trace(tmp_path / "last.pftrace")
-    assert last.metadata["invocations"][0]["step"] == 1
-    assert len(trace.flows) == last.flows > 0
-    assert len(trace.slices) == last.records + last.metadata["invocationSliceCount"]

@@ -1,4 +1,5 @@
-"""``chrome_trace_handler``: each window that ends writes that window's trace, by name."""
+"""``chrome_trace_handler`` and ``perfetto_trace_handler``: each window that ends writes
+that window's trace, by name."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from perfetto_checker import read_perfetto_trace
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler import mega_kernel_profile, schedule
 from multicore_profiler.errors import ExportError
-from multicore_profiler.export.handlers import chrome_trace_handler
+from multicore_profiler.export.handlers import chrome_trace_handler, perfetto_trace_handler
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOP_K = 48, 16, 32, 4, 2
@@ -27,12 +29,17 @@ def per_launch(kernel: ReferenceMoeKernel) -> tuple[int, int]:
     return len(tasks["task_id"]) + waits + triggers, waits
 
 
-@pytest.mark.parametrize("use_gzip", [False, True])
-def test_each_window_writes_its_trace(tmp_path: Path, use_gzip: bool) -> None:
+def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference kernel's router and expert weights, and its tokens, seeded."""
     router, w1, w2 = make_moe_weights(
         EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
     )
-    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    return router, w1, w2, torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("use_gzip", [False, True])
+def test_each_window_writes_its_trace(tmp_path: Path, use_gzip: bool) -> None:
+    router, w1, w2, x = inputs()
     out = tmp_path / "traces"
     with (
         ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
@@ -67,10 +74,7 @@ def test_each_window_writes_its_trace(tmp_path: Path, use_gzip: bool) -> None:
 
 
 def test_detailed_names_follow_the_session_unless_given(tmp_path: Path) -> None:
-    router, w1, w2 = make_moe_weights(
-        EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
-    )
-    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    router, w1, w2, x = inputs()
     handlers = [
         chrome_trace_handler(tmp_path / "session", worker_name="w"),
         chrome_trace_handler(tmp_path / "plain", worker_name="w", detailed_task_names=False),
@@ -96,10 +100,7 @@ def test_a_handler_outside_a_window_refuses(tmp_path: Path) -> None:
 
 
 def test_the_handler_and_the_session_mark_the_critical_path(tmp_path: Path) -> None:
-    router, w1, w2 = make_moe_weights(
-        EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
-    )
-    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    router, w1, w2, x = inputs()
     with (
         ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
         mega_kernel_profile(
@@ -122,3 +123,35 @@ def test_the_handler_and_the_session_mark_the_critical_path(tmp_path: Path) -> N
         chain = [e for e in events if e.get("cat") == "critical_path" and e["ph"] == "s"]
         assert len(critical) == expected
         assert len(chain) == expected - 1
+
+
+def test_the_perfetto_handler_writes_each_window(tmp_path: Path) -> None:
+    """Each window's ``.pftrace`` and its metadata, by name; every record of the window's
+    launches on a record slice, every wait's arrow a flow; ``prof.export_trace`` picks the
+    format by suffix."""
+    router, w1, w2, x = inputs()
+    out = tmp_path / "traces"
+    with (
+        ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
+        mega_kernel_profile(
+            store=tmp_path / "store",
+            schedule=schedule(wait=0, warmup=0, active=1, repeat=2),
+            on_trace_ready=perfetto_trace_handler(out, worker_name="w0"),
+        ) as prof,
+    ):
+        for _ in range(2):
+            for _ in range(LAUNCHES_PER_STEP):
+                kernel(x, *route(x, router, TOP_K))
+            prof.step()
+    suffixes = ("pftrace", "pftrace.meta.json")
+    names = [f"w0.{prof.run_id}.window{k}.{end}" for k in (0, 1) for end in suffixes]
+    assert sorted(p.name for p in out.iterdir()) == names
+    records, arrows = per_launch(kernel)
+    for window in (0, 1):
+        trace = read_perfetto_trace(out / f"w0.{prof.run_id}.window{window}.pftrace")
+        shown = [s for s in trace.slices if "MegaKernelInternal" in s.categories]
+        assert len(shown) == LAUNCHES_PER_STEP * records
+        assert len(trace.flows) == LAUNCHES_PER_STEP * arrows
+    last = prof.export_trace(tmp_path / "last.pftrace")
+    assert [i["step"] for i in last.metadata["invocations"]] == [1, 1]
+    assert len(read_perfetto_trace(tmp_path / "last.pftrace").flows) == last.flows

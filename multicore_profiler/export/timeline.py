@@ -501,29 +501,15 @@ kept AS (
     SELECT * FROM released WHERE whole
     UNION ALL
     SELECT * FROM released e
-    WHERE NOT e.whole
-        AND EXISTS (
-            SELECT 1 FROM timed x
-            WHERE x.inv_index = e.inv_index AND x.desc_id = {trigger}
-                AND x.core_type = e.src_core_type AND x.block_id = e.src_block_id
-                AND x.task_id = e.src_task_id AND x.start_cycle = e.src_start_cycle
-                AND x.end_cycle = e.src_end_cycle
-        )
-        AND EXISTS (
-            SELECT 1 FROM timed w
-            WHERE w.inv_index = e.inv_index AND w.desc_id = {wait}
-                AND w.core_type = e.dst_core_type AND w.block_id = e.dst_block_id
-                AND w.task_id = e.dst_task_id AND w.start_cycle = e.dst_start_cycle
-                AND w.end_cycle = e.dst_end_cycle
-        )
+    WHERE NOT e.whole AND {source_selected} AND {target_selected}
 )
 SELECT
     gr.grp, k.inv_index, p.pid AS source_pid,
-    k.src_core_type * {core_step} + k.src_block_id + {lane_step} * coalesce(mx.lane, 0)
+    k.src_core_type * {core_step} + k.src_block_id + {lane_step} * coalesce(msrc.lane, 0)
         AS source_tid,
     cycle_ns(k.src_start_cycle, p.anchor, i.frequency_hz) AS source_ts,
     p.pid AS target_pid,
-    k.dst_core_type * {core_step} + k.dst_block_id + {lane_step} * coalesce(mw.lane, 0)
+    k.dst_core_type * {core_step} + k.dst_block_id + {lane_step} * coalesce(mdst.lane, 0)
         AS target_tid,
     cycle_ns(k.dst_start_cycle, p.anchor, i.frequency_hz) AS target_ts,
     cycle_ns(k.dst_end_cycle, p.anchor, i.frequency_hz) AS target_end,
@@ -537,16 +523,8 @@ SELECT
 FROM kept k
 JOIN inv i USING (inv_index)
 JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
-LEFT JOIN moved mx
-    ON mx.inv_index = k.inv_index AND mx.core_type = k.src_core_type
-    AND mx.block_id = k.src_block_id AND mx.start_cycle = k.src_start_cycle
-    AND mx.end_cycle = k.src_end_cycle AND mx.desc_id = {trigger}
-    AND mx.task_id = k.src_task_id
-LEFT JOIN moved mw
-    ON mw.inv_index = k.inv_index AND mw.core_type = k.dst_core_type
-    AND mw.block_id = k.dst_block_id AND mw.start_cycle = k.dst_start_cycle
-    AND mw.end_cycle = k.dst_end_cycle AND mw.desc_id = {wait}
-    AND mw.task_id = k.dst_task_id
+{source_moved}
+{target_moved}
 JOIN slot sw
     ON sw.inv_index = k.inv_index AND sw.core_type = k.dst_core_type
     AND sw.block_id = k.dst_block_id
@@ -567,6 +545,22 @@ timeline, as a wait has one releasing trigger) and its trigger's group and ident
 which ``flow_ids`` files the arrow under too. ``scope`` bounds the edges' runs, ranks,
 steps and invocations by constants, which DuckDB pushes down to the records the edges are
 ranked from."""
+
+_EDGE_END_SELECTED = """EXISTS (
+        SELECT 1 FROM timed t
+        WHERE t.inv_index = e.inv_index AND t.desc_id = {desc}
+            AND t.core_type = e.{end}_core_type AND t.block_id = e.{end}_block_id
+            AND t.task_id = e.{end}_task_id AND t.start_cycle = e.{end}_start_cycle
+            AND t.end_cycle = e.{end}_end_cycle
+    )"""
+"""Whether the record at one end (``src`` or ``dst``) of a release edge ``e`` is selected."""
+
+_EDGE_END_MOVED = """LEFT JOIN moved m{end}
+    ON m{end}.inv_index = k.inv_index AND m{end}.core_type = k.{end}_core_type
+    AND m{end}.block_id = k.{end}_block_id AND m{end}.start_cycle = k.{end}_start_cycle
+    AND m{end}.end_cycle = k.{end}_end_cycle AND m{end}.desc_id = {desc}
+    AND m{end}.task_id = k.{end}_task_id"""
+"""The sub-track (``m<end>.lane``) of the record at one end of a kept edge ``k``."""
 
 _FLOWS = """
 SELECT
@@ -963,10 +957,16 @@ class Timeline:
         edges = np.flatnonzero(np.diff(part, prepend=-1, append=part[-1] + 1))
         try:
             for first, stop in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+                source = {"end": "src", "desc": DESC_TRIGGER_EVENT}
+                target = {"end": "dst", "desc": DESC_WAIT_DEPENDENCY}
                 sql = _ARROWS.format(
                     scope=_scope(self.invocations.slice(first, stop - first)),
                     trigger=DESC_TRIGGER_EVENT,
                     wait=DESC_WAIT_DEPENDENCY,
+                    source_selected=_EDGE_END_SELECTED.format(**source),
+                    target_selected=_EDGE_END_SELECTED.format(**target),
+                    source_moved=_EDGE_END_MOVED.format(**source),
+                    target_moved=_EDGE_END_MOVED.format(**target),
                     lane_step=LANE_TID_STEP,
                     core_step=CORE_TID_STEP,
                     index_bits=(MAX_CAPACITY - 1).bit_length(),
