@@ -106,6 +106,11 @@ def tasks() -> pa.Table:
 @pytest.fixture
 def paths(store: Store) -> Store:
     """Run A (two invocations, with the graph), then run B (one, without)."""
+    return two_runs(store)
+
+
+def two_runs(store: Store) -> Store:
+    """Write run A (two invocations, with the graph), then run B (one, without)."""
     for run_id, buffers, config in (
         (RUN_A, [buffer(), buffer(1000)], CONFIG),
         (RUN_B, [buffer()], None),

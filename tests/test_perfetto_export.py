@@ -19,11 +19,7 @@ import pytest
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 from perfetto_checker import PerfettoTrace, Slice, read_perfetto_trace
 from test_export import LAYOUT, NAMED, RUN, fill, golden_buffer, golden_tasks
-from test_export_critical_path import CONFIG as CRITICAL_CONFIG
-from test_export_critical_path import KERNEL as CRITICAL_KERNEL
-from test_export_critical_path import LAYOUT as CRITICAL_LAYOUT
-from test_export_critical_path import buffer as critical_buffer
-from test_export_critical_path import tasks as critical_tasks
+from test_export_critical_path import two_runs
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler import cli
@@ -39,7 +35,7 @@ from multicore_profiler.export.perfetto_trace import (
 )
 from multicore_profiler.export.timeline import RecordSelection
 from multicore_profiler.export.trace_formats import export_trace, trace_format
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import Launches, ingest_buffers
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
@@ -67,24 +63,7 @@ def golden(store: Store) -> Store:
 def paths(store: Store) -> Store:
     """Run A (two invocations, with the graph) and run B (one, without), as in
     test_export_critical_path."""
-    for run_id, buffers, config in (
-        ("critical-a", [critical_buffer(), critical_buffer(1000)], CRITICAL_CONFIG),
-        ("critical-b", [critical_buffer()], None),
-    ):
-        run = RunInfo.begin(run_id=run_id, label=run_id)
-        store.write_run(run)
-        ingest_buffers(
-            store,
-            buffers,
-            CRITICAL_LAYOUT,
-            frequency_hz=50e6,
-            run_id=run_id,
-            kernel=CRITICAL_KERNEL if config else KernelInfo(kernel_name="CriticalMoe"),
-            launches=Launches(step=0, first_invocation_id=0),
-        )
-        store.write_run(run.finish())
-    store.write_tasks("critical-a", critical_tasks())
-    return store
+    return two_runs(store)
 
 
 def ns(us: float) -> int:
