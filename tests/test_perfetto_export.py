@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
 from perfetto_checker import PerfettoTrace, Slice, read_perfetto_trace
 from test_export import LAYOUT, NAMED, RUN, fill, golden_buffer, golden_tasks
 from test_export_critical_path import two_runs
@@ -252,7 +253,19 @@ def test_golden_bytes(golden: Store, tmp_path: Path) -> None:
     """The two-core golden selection, byte for byte (regenerate by copying this test's
     output to tests/data/golden.pftrace after checking the change is meant)."""
     export_perfetto_trace(golden, tmp_path / "golden.pftrace")
-    assert (tmp_path / "golden.pftrace").read_bytes() == (DATA / "golden.pftrace").read_bytes()
+    data = (tmp_path / "golden.pftrace").read_bytes()
+    assert data == (DATA / "golden.pftrace").read_bytes()
+
+
+def test_the_official_serializer_writes_the_same_bytes(paths: Store, tmp_path: Path) -> None:
+    """Decoded and serialized again by the protobuf runtime, a trace with every kind of
+    field (two runs, interned names, annotations, flows, the critical path) comes out
+    byte for byte as written: fields in number order, canonical varints."""
+    export_perfetto_trace(
+        paths, tmp_path / "t.pftrace", run=["critical-a", "critical-b"], critical_path=True
+    )
+    data = (tmp_path / "t.pftrace").read_bytes()
+    assert Trace.FromString(data).SerializeToString() == data
 
 
 def test_detailed_names_selections_and_gzip(golden: Store, tmp_path: Path) -> None:
