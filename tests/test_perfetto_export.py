@@ -352,6 +352,16 @@ def test_nested_and_zero_length_records(store: Store, tmp_path: Path) -> None:
     ]
 
 
+def test_a_record_selected_twice_keeps_one_flow(golden: Store, tmp_path: Path) -> None:
+    """A query that selects every record twice: two copies of each slice, and the arrow
+    once, from the first copy of the trigger to the first copy of the wait."""
+    result, trace = both(
+        golden, tmp_path, query="SELECT * FROM records UNION ALL SELECT * FROM records"
+    )
+    assert result.records == 12
+    assert len(trace.flows) == result.flows == 1
+
+
 def test_overlapping_invocations_carry_their_context(golden: Store, tmp_path: Path) -> None:
     """Two invocations of one rank at the same cycles: no invocation slices on their
     tracks, every record slice carries all its annotations, and a warning says so."""

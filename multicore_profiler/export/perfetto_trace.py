@@ -399,6 +399,7 @@ def _group_packets(group: TimelineGroup, layout: _Layout, counts: _Counts) -> It
     end = numpy_column(slices, "end_ns").astype(np.int64)
     core = numpy_column(slices, "core").astype(np.int64)
     _refuse_backwards(slices, ts, end, layout)
+    slices = _once_each(_once_each(slices, "flows_out"), "flows_in")
     nesting = _Nesting(uuid, ts, end, core)
     counts.context_tracks += nesting.context_tracks
     counts.invocation_slices += len(nesting.parent_first)
@@ -560,6 +561,23 @@ def _flow_lists(slices: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
     lengths = lists.value_lengths().to_numpy(zero_copy_only=False)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return lists.flatten().to_numpy(), offsets
+
+
+def _once_each(slices: pa.Table, column: str) -> pa.Table:
+    """``slices`` with each flow id of a list column on its first slice only: a query can
+    select a record twice, and both copies match the flows of that record, but a flow
+    leaves one slice and enters one (a second begin would make the flow a step through
+    the copy)."""
+    flat, offsets = _flow_lists(slices, column)
+    if len(np.unique(flat)) == len(flat):
+        return slices
+    rows = np.repeat(np.arange(slices.num_rows), np.diff(offsets))
+    first = np.zeros(len(flat), dtype=bool)
+    first[np.unique(flat, return_index=True)[1]] = True
+    counts = np.bincount(rows[first], minlength=slices.num_rows)
+    kept = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(pa.array(kept), pa.array(flat[first], pa.uint64()))
+    return slices.set_column(slices.schema.get_field_index(column), column, lists)
 
 
 def _record_begins(
