@@ -30,6 +30,7 @@ CONTRACTS = {
 }
 UPWARD = {
     "errors": ("multicore_profiler/errors.py", "multicore_profiler.abi"),
+    "prefetch": ("multicore_profiler/prefetch.py", "multicore_profiler.errors"),
     "limits": ("multicore_profiler/limits.py", "multicore_profiler.abi"),
     "abi": ("multicore_profiler/abi.py", "multicore_profiler.kernels"),
     "kernels": ("multicore_profiler/kernels/upward.py", "multicore_profiler.storage"),

@@ -77,10 +77,10 @@ from multicore_profiler.export.timeline import (
     RecordSelection,
     Timeline,
     TimelineGroup,
-    ahead,
     numpy_column,
     open_timeline,
 )
+from multicore_profiler.prefetch import ahead
 from multicore_profiler.storage.store import Store
 
 INVOCATION_CATEGORY = "MegaKernelInvocation"
@@ -222,7 +222,7 @@ def _write(timeline: Timeline, aside: Path, gz: bool, sidecar_name: str) -> _Wri
     ):
         sink.write(_header(timeline, layout))
         sink.write(_descriptors(timeline, layout, sidecar_name))
-        for group in ahead(timeline.groups()):
+        for group in ahead(timeline.groups(), "mcprof-timeline"):
             for packets in _group_packets(group, layout, counts):
                 sink.write(packets.data)
             progress.update(group.slices.num_rows)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -1031,17 +1030,6 @@ def _registered(registered: dict[str, pa.Table], prefix: str, tables: list[pa.Ta
         registered[name] = table
         names.append(f"SELECT * FROM {name}")
     return "\nUNION ALL BY NAME\n".join(names) or _NO_FLOWS
-
-
-def ahead(groups: Iterator[TimelineGroup]) -> Iterator[TimelineGroup]:
-    """``groups`` with the next group made on a worker thread while the caller renders this
-    one: DuckDB's queries and a writer's numpy overlap (both release the GIL). The
-    generator's exceptions (``LayoutChanged`` too) come out of the caller's loop."""
-    with ThreadPoolExecutor(1, thread_name_prefix="mcprof-timeline") as pool:
-        pending = pool.submit(next, groups, None)
-        while (group := pending.result()) is not None:
-            pending = pool.submit(next, groups, None)
-            yield group
 
 
 def _kinds(dependencies: pa.Table | None, chain: pa.Table | None) -> pa.Table | None:

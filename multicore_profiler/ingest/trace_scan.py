@@ -23,9 +23,7 @@ import gzip
 import hashlib
 import json
 import os
-import queue
 import re
-import threading
 import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from multicore_profiler.errors import TraceFormatError
+from multicore_profiler.prefetch import ahead
 from multicore_profiler.storage.location import special_file
 
 BLOCK_BYTES = 4 << 20
@@ -889,56 +888,6 @@ class _Reader:
             raise TraceFormatError(f"{self.trace.path}: text follows the end of the document")
 
 
-_DONE = object()
-
-
-def _ahead(items: Generator[EventBlock, None, None]) -> Iterator[EventBlock]:
-    """``items``, produced one ahead on a thread of their own: numpy releases the GIL,
-    so the next block is scanned while this one becomes columns and Parquet.
-
-    Closing this generator (or its end, or an error on either side) stops the thread and
-    closes ``items``; it is joined unless the close runs on that thread itself (the garbage
-    collector may finalize an abandoned generator on any thread)."""
-    slots: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
-
-    def offer(entry: tuple[object, BaseException | None]) -> bool:
-        """Hand ``entry`` to the consumer unless it has stopped; whether it was handed."""
-        while not stop.is_set():
-            try:
-                slots.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not offer((item, None)):
-                    return
-            offer((_DONE, None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            offer((_DONE, exc))
-        finally:
-            items.close()
-
-    worker = threading.Thread(target=produce, name="mcprof-trace-scan", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item, error = slots.get()
-            if error is not None:
-                raise error
-            if item is _DONE:
-                return
-            yield item
-    finally:
-        stop.set()
-        if threading.current_thread() is not worker:
-            worker.join()
-
-
 def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> TraceText:
     """Open a trace (``.json`` or gzipped) for scanning: ``blocks`` yields its events, each
     block scanned on a thread while the one before is used; ``prologue``, ``epilogue``
@@ -967,5 +916,5 @@ def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> T
             except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
                 raise TraceFormatError(f"cannot read {path}: {exc}") from exc
 
-    trace.blocks = _ahead(generate())
+    trace.blocks = ahead(generate(), "mcprof-trace-scan")
     return trace
