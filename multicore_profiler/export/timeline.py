@@ -476,10 +476,31 @@ CREATE TEMP TABLE moved (
 """Records on a sub-track (lane > 0) by identity, for the arrows' ends; identical
 records always share a lane."""
 
-_SAME_RECORD = """m{side}.inv_index = {side}.inv_index AND m{side}.core_type = {side}.core_type
-    AND m{side}.block_id = {side}.block_id AND m{side}.start_cycle = {side}.start_cycle
-    AND m{side}.end_cycle = {side}.end_cycle AND m{side}.desc_id = {side}.desc_id
-    AND m{side}.task_id = {side}.task_id"""
+_IDENTITY = ["inv_index", "core_type", "block_id", "start_cycle", "end_cycle", "desc_id", "task_id"]
+"""What identifies a record in a timeline: its invocation, core, cycles, desc and task id."""
+
+
+def _record(alias: str, **given: str) -> dict[str, str]:
+    """A record's identity columns as SQL: ``alias``'s columns of those names, or the
+    expressions ``given`` for some of them."""
+    return {column: given.get(column, f"{alias}.{column}") for column in _IDENTITY}
+
+
+def _edge_end(edge: str, end: str, desc: int) -> dict[str, str]:
+    """The identity of the record at one end (``src`` or ``dst``) of a release edge row
+    ``edge`` (``task_edges``' columns): its ``desc`` is the end's kind, a trigger or a wait."""
+    return _record(
+        edge,
+        **{c: f"{edge}.{end}_{c}" for c in ("core_type", "block_id", "start_cycle", "end_cycle")},
+        desc_id=str(desc),
+        task_id=f"{edge}.{end}_task_id",
+    )
+
+
+def _same(alias: str, record: dict[str, str]) -> str:
+    """The SQL condition that row ``alias`` is ``record`` (``_record``), column by column."""
+    return " AND ".join(f"{alias}.{column} = {record[column]}" for column in _IDENTITY)
+
 
 _ARROWS = """
 WITH released AS MATERIALIZED (
@@ -545,22 +566,6 @@ which ``flow_ids`` files the arrow under too. ``scope`` bounds the edges' runs, 
 steps and invocations by constants, which DuckDB pushes down to the records the edges are
 ranked from."""
 
-_EDGE_END_SELECTED = """EXISTS (
-        SELECT 1 FROM timed t
-        WHERE t.inv_index = e.inv_index AND t.desc_id = {desc}
-            AND t.core_type = e.{end}_core_type AND t.block_id = e.{end}_block_id
-            AND t.task_id = e.{end}_task_id AND t.start_cycle = e.{end}_start_cycle
-            AND t.end_cycle = e.{end}_end_cycle
-    )"""
-"""Whether the record at one end (``src`` or ``dst``) of a release edge ``e`` is selected."""
-
-_EDGE_END_MOVED = """LEFT JOIN moved m{end}
-    ON m{end}.inv_index = k.inv_index AND m{end}.core_type = k.{end}_core_type
-    AND m{end}.block_id = k.{end}_block_id AND m{end}.start_cycle = k.{end}_start_cycle
-    AND m{end}.end_cycle = k.{end}_end_cycle AND m{end}.desc_id = {desc}
-    AND m{end}.task_id = k.{end}_task_id"""
-"""The sub-track (``m<end>.lane``) of the record at one end of a kept edge ``k``."""
-
 _FLOWS = """
 SELECT
     inv_index, source_pid, source_tid, source_ts, target_pid, target_tid, target_ts, target_end
@@ -588,45 +593,35 @@ WITH path AS (
 SELECT DISTINCT p.*
 FROM sel s
 JOIN inv i USING (cand)
-JOIN path p
-    ON p.inv_index = i.inv_index AND p.core_type = s.core_type AND p.block_id = s.block_id
-    AND p.start_cycle = s.start_cycle AND p.end_cycle = s.end_cycle
-    AND p.desc_id = s.desc_id AND p.task_id = s.task_id
+JOIN path p ON {same}
 """
 """The selected records on their invocation's critical path, by identity (invocation, core,
 cycles, desc and task id, as the arrows' ends), with their piece's ``seq``: a few hundred
 rows an invocation. ``scope`` bounds the path's invocations by constants."""
 
-_CRITICAL_MARKS = """
-LEFT JOIN (SELECT DISTINCT inv_index, core_type, block_id, start_cycle, end_cycle, desc_id, task_id
-           FROM crit) c
-    ON c.inv_index = e.inv_index AND c.core_type = e.core_type AND c.block_id = e.block_id
-    AND c.start_cycle = e.start_cycle AND c.end_cycle = e.end_cycle
-    AND c.desc_id = e.desc_id AND c.task_id = e.task_id"""
+_CRITICAL_MARKS = f"""
+LEFT JOIN (SELECT DISTINCT {", ".join(_IDENTITY)} FROM crit) c
+    ON {_same("c", _record("e"))}"""
 """What marks an event ``critical`` in ``_ORDERED``: its record is in ``crit``."""
 
-_FLOW_LISTS = """
+_FLOW_LISTS = (
+    """
 LEFT JOIN (
-    SELECT
-        inv_index, core_type, block_id, start_cycle, end_cycle, desc_id, task_id,
-        list(flow_id ORDER BY flow_id) AS flows_in
-    FROM ({arriving}) WHERE target_end > source_ts
+    SELECT {identity}, list(flow_id ORDER BY flow_id) AS flows_in
+    FROM ({{arriving}}) WHERE target_end > source_ts
     GROUP BY ALL
-) fi
-    ON fi.inv_index = e.inv_index AND fi.core_type = e.core_type AND fi.block_id = e.block_id
-    AND fi.start_cycle = e.start_cycle AND fi.end_cycle = e.end_cycle
-    AND fi.desc_id = e.desc_id AND fi.task_id = e.task_id
+) fi ON {same_in}
 LEFT JOIN (
-    SELECT
-        inv_index, source_core_type, source_block_id, source_start_cycle, source_end_cycle,
-        source_desc_id, source_task_id, list(flow_id ORDER BY flow_id) AS flows_out
-    FROM ({leaving}) WHERE target_end > source_ts
+    SELECT inv_index, {source}, list(flow_id ORDER BY flow_id) AS flows_out
+    FROM ({{leaving}}) WHERE target_end > source_ts
     GROUP BY ALL
-) fo
-    ON fo.inv_index = e.inv_index AND fo.source_core_type = e.core_type
-    AND fo.source_block_id = e.block_id AND fo.source_start_cycle = e.start_cycle
-    AND fo.source_end_cycle = e.end_cycle AND fo.source_desc_id = e.desc_id
-    AND fo.source_task_id = e.task_id"""
+) fo ON {same_out}"""
+).format(
+    identity=", ".join(_IDENTITY),
+    source=", ".join(f"source_{c} AS {c}" for c in _IDENTITY[1:]),
+    same_in=_same("fi", _record("e")),
+    same_out=_same("fo", _record("e")),
+)
 """What gives each event of ``_ORDERED`` the ids of the flows that enter it (``fi``) and
 leave it (``fo``), matched by record identity: only flows that end after they begin, the
 ones a format that binds a flow to its slices' begin and end can draw."""
@@ -657,7 +652,7 @@ WITH timed AS MATERIALIZED (
     FROM crit c
     JOIN inv i USING (inv_index)
     JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
-    LEFT JOIN moved mc ON {same_record}
+    {moved}
 )
 SELECT
     gr.grp, w.inv_index, x.pid AS source_pid, x.tid AS source_tid, x.ts_ns AS source_ts,
@@ -710,9 +705,6 @@ class TimelineGroup:
 class LayoutChanged(Exception):
     """A pass over the groups found records on sub-tracks: ``tracks`` and ``cores`` now hold
     every lane, and the next pass over ``groups()`` yields the slices on them."""
-
-
-_IDENTITY = ["inv_index", "core_type", "block_id", "start_cycle", "end_cycle", "desc_id", "task_id"]
 
 
 class Timeline:
@@ -792,7 +784,12 @@ class Timeline:
             _fetch(con, "SELECT * FROM proc ORDER BY pid"), self.invocations
         )
         if critical_path:
-            con.execute(_CRITICAL.format(scope=_scope(self.invocations)))
+            con.execute(
+                _CRITICAL.format(
+                    scope=_scope(self.invocations),
+                    same=_same("p", _record("s", inv_index="i.inv_index")),
+                )
+            )
         self.group_count: int = _one(con, "SELECT count(DISTINCT grp) FROM grp")[0]
         self._slots = _fetch(con, "SELECT * FROM slot ORDER BY slot_code")
         self._invocation_pids = _invocation_pids(self.invocations, self.processes)
@@ -848,7 +845,11 @@ class Timeline:
         moved_tid: list[np.ndarray] = []
         flows = critical = chained = 0
         for group in range(self.group_count):
-            events = self._events(group, files if self.flow_ids else None)
+            arriving, chained_in = files.arrows.read(group), files.chain.read(group)
+            events = self._events(
+                group,
+                (_present(arriving, chained_in), files.leaving(group)) if self.flow_ids else None,
+            )
             pid = numpy_column(events, "pid").astype(np.int64)
             tid = track_tid(
                 numpy_column(events, "core_type").astype(np.int64),
@@ -887,12 +888,12 @@ class Timeline:
             if self.flow_ids:
                 slices = slices.append_column("flows_out", events["flows_out"])
                 slices = slices.append_column("flows_in", events["flows_in"])
-            group_flows = self._flows(files.arrows, group)
+            group_flows = self._flows(arriving)
             flows += 0 if group_flows is None else group_flows.num_rows
             if self.critical_path:
                 slices = slices.append_column("critical", events["critical"])
                 critical += int(np.count_nonzero(numpy_column(events, "critical")))
-                chain_flows = self._flows(files.chain, group)
+                chain_flows = self._flows(chained_in)
                 chained += 0 if chain_flows is None else chain_flows.num_rows
                 group_flows = _kinds(group_flows, chain_flows)
             yield TimelineGroup(slices, group_flows)
@@ -907,15 +908,16 @@ class Timeline:
             self.metadata["criticalRecordCount"] = critical
             self.metadata["criticalFlowCount"] = chained
 
-    def _events(self, group: int, files: _FlowFiles | None) -> pa.Table:
+    def _events(self, group: int, flows: tuple[list[pa.Table], list[pa.Table]] | None) -> pa.Table:
         """One group's records as events, in their order, from the group's own file; with
-        ``files``, each with the ids of the flows that leave it and that enter it."""
+        ``flows`` (the flows into the group's records, and out of them), each with the ids
+        of the flows that leave it and that enter it."""
         registered = {"mcprof_group": _GroupFiles(self._scratch, "records").read(group)}
         marks = ", c.inv_index IS NOT NULL AS critical" if self.critical_path else ""
         joins = _CRITICAL_MARKS if self.critical_path else ""
-        if files is not None:
-            arriving = _registered(registered, "mcprof_in", files.arriving(group))
-            leaving = _registered(registered, "mcprof_out", files.leaving(group))
+        if flows is not None:
+            arriving = _registered(registered, "mcprof_in", flows[0])
+            leaving = _registered(registered, "mcprof_out", flows[1])
             marks += _FLOW_LIST_COLUMNS
             joins += _FLOW_LISTS.format(arriving=arriving, leaving=leaving)
         for name, table in registered.items():
@@ -934,10 +936,9 @@ class Timeline:
             for name in registered:
                 self._con.unregister(name)
 
-    def _flows(self, arrows: _GroupFiles, group: int) -> pa.Table | None:
-        """The flows filed (``arrows``, or the chain) into one group's records, in those
+    def _flows(self, filed: pa.Table | None) -> pa.Table | None:
+        """The flows filed (arrows, or the chain) into one group's records, in those
         records' order (``None``: none)."""
-        filed = arrows.read(group)
         if filed is None:
             return None
         self._con.register("mcprof_arrows", filed)
@@ -956,16 +957,16 @@ class Timeline:
         edges = np.flatnonzero(np.diff(part, prepend=-1, append=part[-1] + 1))
         try:
             for first, stop in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
-                source = {"end": "src", "desc": DESC_TRIGGER_EVENT}
-                target = {"end": "dst", "desc": DESC_WAIT_DEPENDENCY}
+                source = ("src", DESC_TRIGGER_EVENT)
+                target = ("dst", DESC_WAIT_DEPENDENCY)
                 sql = _ARROWS.format(
                     scope=_scope(self.invocations.slice(first, stop - first)),
                     trigger=DESC_TRIGGER_EVENT,
                     wait=DESC_WAIT_DEPENDENCY,
-                    source_selected=_EDGE_END_SELECTED.format(**source),
-                    target_selected=_EDGE_END_SELECTED.format(**target),
-                    source_moved=_EDGE_END_MOVED.format(**source),
-                    target_moved=_EDGE_END_MOVED.format(**target),
+                    source_selected=_selected(_edge_end("e", *source)),
+                    target_selected=_selected(_edge_end("e", *target)),
+                    source_moved=_moved("msrc", _edge_end("k", *source)),
+                    target_moved=_moved("mdst", _edge_end("k", *target)),
                     lane_step=LANE_TID_STEP,
                     core_step=CORE_TID_STEP,
                     index_bits=(MAX_CAPACITY - 1).bit_length(),
@@ -988,7 +989,7 @@ class Timeline:
                 _CHAIN.format(
                     core_step=CORE_TID_STEP,
                     lane_step=LANE_TID_STEP,
-                    same_record=_SAME_RECORD.format(side="c"),
+                    moved=_moved("mc", _record("c")),
                 ),
                 departures,
             )
@@ -1008,10 +1009,6 @@ class _FlowFiles:
         self.chain = _GroupFiles(scratch, "chain" + suffix)
         self.chain_departures = _GroupFiles(scratch, "chain-departures" + suffix)
 
-    def arriving(self, group: int) -> list[pa.Table]:
-        """The flows (arrows, then chain) into ``group``'s records."""
-        return _present(self.arrows.read(group), self.chain.read(group))
-
     def leaving(self, group: int) -> list[pa.Table]:
         """The flows (arrows, then chain) out of ``group``'s records."""
         return _present(self.departures.read(group), self.chain_departures.read(group))
@@ -1030,6 +1027,17 @@ def _registered(registered: dict[str, pa.Table], prefix: str, tables: list[pa.Ta
         registered[name] = table
         names.append(f"SELECT * FROM {name}")
     return "\nUNION ALL BY NAME\n".join(names) or _NO_FLOWS
+
+
+def _selected(record: dict[str, str]) -> str:
+    """The SQL condition that ``record`` is one of the selected waits and triggers of an
+    arrows part (``timed``)."""
+    return f"EXISTS (SELECT 1 FROM timed t WHERE {_same('t', record)})"
+
+
+def _moved(alias: str, record: dict[str, str]) -> str:
+    """The join that finds ``record``'s sub-track, ``<alias>.lane`` (NULL: lane 0)."""
+    return f"LEFT JOIN moved {alias} ON {_same(alias, record)}"
 
 
 def _kinds(dependencies: pa.Table | None, chain: pa.Table | None) -> pa.Table | None:
