@@ -403,7 +403,8 @@ def _group_packets(group: TimelineGroup, layout: _Layout, counts: _Counts) -> It
     nesting = _Nesting(uuid, ts, end, core)
     counts.context_tracks += nesting.context_tracks
     counts.invocation_slices += len(nesting.parent_first)
-    counts.undrawn_flows += _undrawn(group.flows)
+    drawn = len(_flow_lists(slices, "flows_in")[0])  # one id per flow, once each
+    counts.undrawn_flows += (0 if group.flows is None else group.flows.num_rows) - drawn
     shift, parents = layout.shift, nesting.parent_first
     kinds: list[tuple[Callable[[np.ndarray], Messages], np.ndarray]] = [
         (
@@ -466,15 +467,6 @@ def _refuse_backwards(slices: pa.Table, ts: np.ndarray, end: np.ndarray, layout:
         f"{core['core_type']}/{core['block_id']} ends before it starts (start_cycle "
         f"{slices['start_cycle'][row]}, end_cycle {slices['end_cycle'][row]}): a Perfetto "
         "slice cannot"
-    )
-
-
-def _undrawn(flows: pa.Table | None) -> int:
-    """How many of a group's flows end before they begin (they have no flow ids)."""
-    if flows is None:
-        return 0
-    return int(
-        np.count_nonzero(numpy_column(flows, "target_end") <= numpy_column(flows, "source_ts"))
     )
 
 

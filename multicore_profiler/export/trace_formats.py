@@ -53,7 +53,7 @@ def export_trace(
     return writer(
         store,
         path,
-        selection=selection or RecordSelection(),
+        selection=selection,
         detailed_task_names=detailed_task_names,
         critical_path=critical_path,
     )
