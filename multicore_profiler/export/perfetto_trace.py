@@ -220,7 +220,7 @@ def _write(timeline: Timeline, aside: Path, gz: bool, sidecar_name: str) -> _Wri
         gzip.open(aside, "wb", compresslevel=6) if gz else open(aside, "wb") as sink,
         tqdm(total=timeline.records, desc="export", unit="record", disable=None) as progress,
     ):
-        sink.write(_header(timeline, layout))
+        sink.write(_header(layout))
         sink.write(_descriptors(timeline, layout, sidecar_name))
         for group in ahead(timeline.groups(), "mcprof-timeline"):
             for packets in _group_packets(group, layout, counts):
@@ -255,8 +255,7 @@ class _Layout:
         self.directions: list[str] = directions.dictionary.to_pylist()
         self.context = _context_table(cores, directions.indices.to_numpy())
         kernels = timeline.invocations["kernel_name"].combine_chunks().dictionary_encode()
-        self.kernel_names: list[str] = kernels.dictionary.to_pylist()
-        self.names = [*timeline.names, *self.kernel_names]
+        self.names = [*timeline.names, *kernels.dictionary.to_pylist()]
         invocation_kernel = kernels.indices.to_numpy().astype(np.int64)
         self.core_kernel_iid = (
             invocation_kernel[numpy_column(cores, "inv_index")] + len(timeline.names) + 1
@@ -309,7 +308,7 @@ def _annotation(rows: int, name: str) -> Messages:
     return Messages(rows).raw(encode_field(_ANNOTATION_NAME, _ARG_IIDS[name]))
 
 
-def _header(timeline: Timeline, layout: _Layout) -> bytes:
+def _header(layout: _Layout) -> bytes:
     """The first packet: it clears the sequence's incremental state, sets the clock of
     every timestamp and interns every name the events use."""
     entries = [
