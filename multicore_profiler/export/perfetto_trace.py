@@ -129,9 +129,9 @@ _INCREMENTAL_STATE_CLEARED, _NEEDS_INCREMENTAL_STATE = 1, 2
 _EXPLICIT_ORDER, _NEVER_MERGE = 3, 2
 
 PERFETTO_GROUP_ROWS = GROUP_ROWS // 2
-"""Records of a timeline group: half the JSON writer's, as two groups are in memory at once
-(the next one is made while one is encoded); at 5 M records this keeps a fresh process
-under 500 MB for about 5 % more time."""
+"""Records of a timeline group: half the JSON writer's, as up to three groups are in memory
+at once (one encoded, the next made, and the one after that being made: ``prefetch.ahead``);
+at 5 M records this keeps a fresh process under 500 MB for about 5 % more time."""
 PACKET_CHUNK = 1 << 16
 """Packets encoded at once: the arrays of their fields stay a few tens of MB, whatever the
 size of a group."""
