@@ -527,7 +527,7 @@ def test_a_fused_trace_fused_again_keeps_one_report(
     store: Store, tmp_path: Path, monkeypatch, piece: int
 ) -> None:
     # Read in pieces of 61 bytes, the replaced report spans many of them.
-    monkeypatch.setattr("multicore_profiler.fuse.merge.BLOCK_BYTES", piece)
+    monkeypatch.setattr("multicore_profiler.fuse.merge.CHUNK_BYTES", piece)
     kernels = [("HyperMegaMoe_kernel", "10.125", "40.000"), ("hyper_mega_moe", "60.001", "9.999")]
     write_kineto(tmp_path / "k.json", kernels, base=EPOCH_US)
     mega_kernel(store, launches=2)

@@ -18,7 +18,7 @@ import pytest
 from hostile import refused, snapshot
 
 from multicore_profiler.errors import ArgumentError, TraceFormatError
-from multicore_profiler.ingest import trace_scan
+from multicore_profiler.ingest import trace_reader
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.storage.store import Store
 
@@ -245,7 +245,7 @@ def test_a_flood_of_huge_exponents_fails_at_the_first_without_parsing_the_rest(
 def test_an_error_in_a_later_block_leaves_nothing(
     capsys, store: Store, tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(trace_scan, "BLOCK_BYTES", 256)
+    monkeypatch.setattr(trace_reader, "CHUNK_BYTES", 256)
     events = ['{"ph": "X", "ts": 1, "pid": 2}'] * 50 + ['{"ph": "X", "pid": 1e30}']
     refused_both(capsys, store, write(tmp_path, trace(*events)), "event 50 has pid 1e30")
 
@@ -314,7 +314,7 @@ def test_invalid_utf8_names_the_file_and_byte(
 def test_invalid_utf8_in_a_gzip_trace_names_the_byte_of_its_text(
     capsys, store: Store, tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(trace_scan, "BLOCK_BYTES", 100)
+    monkeypatch.setattr(trace_reader, "CHUNK_BYTES", 100)
     text = trace(*['{"ph": "X", "name": "abc"}'] * 20, '{"ph": "X", "name": "\xfe"}')
     data = text.encode("latin-1")
     path = write(tmp_path, gzip.compress(data), "t.json.gz")
@@ -384,7 +384,7 @@ def test_a_corrupt_gzip_stream_is_refused(capsys, store: Store, tmp_path: Path) 
 
 
 def scan_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "mcprof-trace-scan"]
+    return [t for t in threading.enumerate() if t.name == "mcprof-trace-read"]
 
 
 def test_a_refused_trace_leaves_no_thread_and_nothing_unraisable(
@@ -392,7 +392,7 @@ def test_a_refused_trace_leaves_no_thread_and_nothing_unraisable(
 ) -> None:
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-    monkeypatch.setattr(trace_scan, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(trace_reader, "CHUNK_BYTES", 64)
     events = ['{"ph": "X", "ts": 1}'] * 200 + ['{"ph": "X", "ts": 1e999999}'] + ["{}"] * 200
     path = write(tmp_path, trace(*events))
     for _ in range(3):
@@ -404,9 +404,9 @@ def test_a_refused_trace_leaves_no_thread_and_nothing_unraisable(
 
 
 def test_a_reader_closed_after_one_block_stops_its_thread(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(trace_scan, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(trace_reader, "CHUNK_BYTES", 64)
     path = write(tmp_path, trace(*['{"ph": "X", "ts": 1}'] * 500))
-    with trace_scan.read_trace(path) as opened:
+    with trace_reader.read_trace(path) as opened:
         first = next(opened.blocks)
         assert first.first_index == 0
     assert scan_threads() == []
@@ -431,7 +431,7 @@ def test_the_time_range_is_exact_when_some_events_lack_a_ts(store: Store, tmp_pa
 
 def test_a_reader_closed_before_its_first_block_closes_its_file(tmp_path: Path) -> None:
     path = write(tmp_path, trace('{"ph": "X"}'))
-    with trace_scan.read_trace(path) as opened:
+    with trace_reader.read_trace(path) as opened:
         pass
     assert opened.source.closed
     assert scan_threads() == []

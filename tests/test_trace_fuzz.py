@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from multicore_profiler.errors import ProfileError, TraceFormatError
 from multicore_profiler.ingest.outer_trace import events_table, ingest_trace
-from multicore_profiler.ingest.trace_scan import read_trace
+from multicore_profiler.ingest.trace_reader import read_trace
 from multicore_profiler.storage.store import Store
 
 FIXTURE = gzip.decompress(

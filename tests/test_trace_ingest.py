@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from exact_json import events_of, load
+from exact_json import events_of, load, ns
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from npu_trace import write_npu_trace
 
 from multicore_profiler import cli
 from multicore_profiler.errors import TraceFormatError
-from multicore_profiler.ingest import trace_scan
+from multicore_profiler.ingest import trace_reader
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.storage.store import Store, open_store
 
@@ -32,14 +32,6 @@ FIXTURES = [
     "torchnpu_advisor_trace_view.json.gz",
 ]
 COLUMNS = "event_index, ph, cat, name, pid, tid, pid_name, tid_name, ts_ns, dur_ns, flow_id"
-
-
-def ns(value: Any) -> int | None:
-    """Microseconds as written (number, Decimal or string) to integer ns, exact to the ns
-    (digits below it rounded half up, as real torch_npu durations carry 14 decimals)."""
-    if value is None:
-        return None
-    return int((Decimal(str(value)) * 1000).to_integral_value(rounding=ROUND_HALF_UP))
 
 
 def reference_row(index: int, event: dict[str, Any]) -> tuple:
@@ -321,7 +313,7 @@ def test_any_trace_round_trips_exactly_whatever_the_blocks(
 ) -> None:
     """Hypothesis: random events, written compact or indented, as an object or a bare
     array, with ts as numbers or strings, read in blocks of any size."""
-    monkeypatch.setattr(trace_scan, "BLOCK_BYTES", block)
+    monkeypatch.setattr(trace_reader, "CHUNK_BYTES", block)
     for e in events:
         for key in ("ts", "dur"):
             if key in e:

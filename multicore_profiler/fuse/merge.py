@@ -57,13 +57,8 @@ from multicore_profiler.fuse.align import (
     align,
     install_slices,
 )
-from multicore_profiler.ingest.outer_trace import (
-    events_table,
-    find_source,
-    ingest_trace,
-    top_level_fields,
-)
-from multicore_profiler.ingest.trace_scan import BLOCK_BYTES, EventBlock, open_text, read_trace
+from multicore_profiler.ingest.outer_trace import events_table, find_source, ingest_trace
+from multicore_profiler.ingest.trace_reader import CHUNK_BYTES, EventBlock, open_text, read_trace
 from multicore_profiler.limits import (
     COUNT,
     DEVICE,
@@ -242,7 +237,7 @@ def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
     invocations and its ``megaKernelCycleTrace`` object."""
     with read_trace(path, args_keys=()) as trace:
         tables = [events_table(block) for block in trace.blocks]
-        summary = top_level_fields(trace).get("megaKernelCycleTrace")
+        summary = trace.fields.get("megaKernelCycleTrace")
     if not isinstance(summary, dict) or summary.get("schemaVersion") != 1:
         raise FuseError(
             f"{path} is not a MegaKernel trace of schema v1 (no megaKernelCycleTrace); export "
@@ -604,11 +599,11 @@ def _splice(text: np.ndarray, starts: np.ndarray, stops: np.ndarray, values: pa.
 
 def _rebased(block: EventBlock, shift: int) -> bytes:
     """The block's events with every ``ts`` moved back by ``shift`` ns, exactly."""
-    start, stop = block.span("ts")
+    start, stop = block.text_spans("ts")
     numbers = block.numbers("ts", 3)
     rows = np.flatnonzero(start >= 0)
     values = us_text(numbers.value[rows] - shift, numbers.quoted[rows])
-    return _splice(block.text[: int(block.stops[-1])], start[rows], stop[rows], values)
+    return _splice(block.text, start[rows], stop[rows], values)
 
 
 def _added_text(chunks: Iterable[bytes], leading: bool) -> Iterator[bytes]:
@@ -694,22 +689,25 @@ def _raw_pieces(path: Path, progress: tqdm) -> Iterator[tuple[int, bytes]]:
     offset = 0
     source, _ = open_text(path)
     with source:
-        while chunk := source.read(BLOCK_BYTES):
+        while chunk := source.read(CHUNK_BYTES):
             yield offset, chunk
             offset += len(chunk)
             progress.update(len(chunk))
 
 
 def _rebased_text(path: Path, shift: int, splicer: _Splicer, progress: tqdm) -> None:
-    """The outer text with every event's ``ts`` rewritten; prologue and epilogue edited."""
+    """The outer text with every event's ``ts`` rewritten; prologue and epilogue edited.
+    Blocks are cut at commas between events, which go back in between them."""
     with read_trace(path, args_keys=()) as trace:
         wrote_prologue = False
         for block in trace.blocks:
             if not wrote_prologue:
                 splicer.write(0, trace.prologue)
                 wrote_prologue = True
+            elif block.first_index:
+                splicer.sink.write(b",")
             splicer.sink.write(_rebased(block, shift))
-            progress.update(int(block.stops[-1]))
+            progress.update(block.text.size)
         if not wrote_prologue:
             splicer.write(0, trace.prologue)
         splicer.write(trace.text_bytes - len(trace.epilogue), trace.epilogue)

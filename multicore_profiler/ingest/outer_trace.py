@@ -1,6 +1,6 @@
 """Outer traces (torch.profiler / kineto, torch_npu) into the store, streamed.
 
-``ingest_trace`` reads a Chrome trace block by block (``trace_scan``), turns each
+``ingest_trace`` reads a Chrome trace block by block (``trace_reader``), turns each
 block's events into Arrow columns with exact integer-ns times, and writes them as
 one file of the ``trace_events`` table; the ``trace_sources`` row, written last,
 commits it. A file already in the store (same SHA-256) is not loaded again.
@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from tqdm import tqdm
 
 from multicore_profiler.errors import ArgumentError, TraceFormatError
-from multicore_profiler.ingest.trace_scan import (
+from multicore_profiler.ingest.trace_reader import (
     EventBlock,
     TraceText,
     file_sha256,
@@ -80,9 +80,8 @@ def _integers(block: EventBlock, key: str) -> pa.Array:
     """An integer field: the value where the text holds an integer number; null where it
     is absent, a string (a ``pid`` or ``tid`` name) or not a number (``true``, an object).
     A number that is not an integer, or does not fit int64, is refused."""
-    start, _ = block.span(key)
     numbers = block.numbers(key)
-    written = (start >= 0) & ~numbers.quoted
+    written = (block.span(key)[0] >= 0) & ~numbers.quoted
     wrong = written & (numbers.overflow | (numbers.number & numbers.rounded))
     if wrong.any():
         row = int(np.argmax(wrong))
@@ -142,9 +141,8 @@ def events_table(block: EventBlock, stats: _Stats | None = None) -> pa.Table:
         "name": block.strings("name"),
     }
     for key in ("pid", "tid"):
-        start, _ = block.span(key)
         columns[key] = _integers(block, key)
-        is_string = (start >= 0) & (block.text[np.maximum(start, 0)] == ord('"'))
+        is_string = block.quoted(key)
         names = block.strings(key) if is_string.any() else pa.nulls(count, pa.string())
         columns[f"{key}_name"] = pc.if_else(pa.array(is_string), names, None)
     columns["ts_ns"] = ts
@@ -161,24 +159,6 @@ def events_table(block: EventBlock, stats: _Stats | None = None) -> pa.Table:
     columns["task_type"] = block.strings("Task Type")
     columns["args"] = block.strings("args", raw=True)
     return pa.table(columns)
-
-
-def _not_json(constant: str) -> None:
-    raise ValueError(f"{constant} is not a JSON value")
-
-
-def top_level_fields(trace: TraceText) -> dict[str, Any]:
-    """The top-level fields other than ``traceEvents`` (none for a bare array), read by
-    ``json``: every integer exactly (orjson makes one past 64 bits a float), an escaped
-    lone surrogate kept; ``NaN`` and ``Infinity`` are refused, as they are not JSON."""
-    if trace.form != "object":
-        return {}
-    try:
-        fields = json.loads(trace.prologue + trace.epilogue, parse_constant=_not_json)
-    except (ValueError, RecursionError) as exc:
-        raise TraceFormatError(f"{trace.path}: its top-level fields are not JSON: {exc}") from exc
-    fields.pop("traceEvents", None)
-    return fields
 
 
 def _json_text(fields: dict[str, Any]) -> str:
@@ -324,7 +304,7 @@ def ingest_trace(
     try:
         with read_trace(path) as trace, closing(_tables(trace, path, write_id, stats)) as tables:
             written = write_partition(store.location, TRACE_EVENTS, partition, tables)
-        metadata = top_level_fields(trace)
+        metadata = trace.fields
         rank = _rank(rank, metadata, path)
         row = {
             "write_id": [write_id],

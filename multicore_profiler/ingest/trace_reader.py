@@ -1,0 +1,780 @@
+"""A Chrome trace's JSON read in chunks by msgspec, a compiled parser that validates it.
+
+A trace can be gigabytes, so it is never held whole, nor as an object per event for
+long: its events array is read a chunk at a time (``CHUNK_BYTES``), cut after the last
+``}`` that a comma follows. That cut is a guess msgspec checks: the chunk decodes as a
+JSON array only if the cut is between two events (a cut inside a string or an object
+leaves it unterminated). A guess that fails at the end of the chunk reads more text; a
+failure before it is the text's own error, or the events array's end.
+
+msgspec decodes each event into a struct whose fields (``EVENT_KEYS``) are ``Raw``: the
+value's JSON text, a view of the chunk. Encoding those structs again writes every event
+in one known layout (``{"ph":...,"cat":...}``, an absent field empty), where each field's
+values are found with numpy in a few vectorized steps (``_split``); their text is then
+read, exactly, a column at a time by ``json_values``. A ``Raw``'s address in the chunk
+gives a value's byte in the file for messages, and the ``ts`` spans that fusion rewrites.
+Escapes msgspec refuses (a lone UTF-16 surrogate, an unknown escape) are made decodable in
+a copy of the same length, whose values are read back from the original text.
+
+The document around the events is kept as text: the ``prologue`` up to and including
+the array's ``[`` and the ``epilogue`` from its ``]`` on; its top-level fields are read
+by ``json``, which keeps integers past 64 bits and lone surrogates exactly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+import zlib
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache, cached_property
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from multicore_profiler.errors import TraceFormatError
+from multicore_profiler.ingest import json_values
+from multicore_profiler.ingest.json_values import BadString, check_utf8, padded, where, windows
+from multicore_profiler.prefetch import ahead
+from multicore_profiler.storage.location import special_file
+
+CHUNK_BYTES = 8 << 20
+"""Text decoded at once: its events' structs take a few times its size, whatever the
+file's size."""
+
+EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
+ARGS_KEYS = ("correlation", "External id", "stream", "device", "Task Type", "Stream Id")
+"""Fields of ``args`` the store keeps in columns of their own (torch_npu names its
+stream ``Stream Id`` and its device tasks' kind ``Task Type``)."""
+
+_ABSENT = msgspec.Raw()
+"""An absent field's value: empty, which no decoded value is."""
+
+
+@cache
+def _raw_struct(keys: tuple[str, ...]) -> type:
+    """A struct of one ``Raw`` field per key, in that order, named ``k0``, ``k1``... (keys
+    need not be identifiers); not tracked by the garbage collector, which would otherwise
+    walk every event of a chunk."""
+    fields = [
+        (f"k{number}", msgspec.Raw, msgspec.field(default=_ABSENT, name=key))
+        for number, key in enumerate(keys)
+    ]
+    return msgspec.defstruct("Values", fields, gc=False)
+
+
+@cache
+def _decoder(keys: tuple[str, ...]) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(list[_raw_struct(keys)])
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODE_ERRORS = (msgspec.DecodeError, RecursionError)
+_BOUNDARY = re.compile(rb"\}[ \t\r\n]*,")
+_CLOSE = re.compile(rb"\}[ \t\r\n]*\]")
+_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
+_BYTE = re.compile(r" \(byte (\d+)\)$")
+_ELEMENT = re.compile(r"at `\$\[(\d+)\]")
+_ESCAPE = re.compile(
+    rb'\\(?:(u[dD][89a-fA-F][0-9a-fA-F]{2})|(u(?![0-9a-fA-F]{4})|[^"\\/bfnrtu])|[\s\S])'
+)
+
+
+def _fixed_escape(match: re.Match[bytes]) -> bytes:
+    if match[1]:
+        return b"\\u0020"
+    if match[2]:
+        return b"\\\\"
+    return match[0]
+
+
+def _decodable(text: bytes) -> tuple[bytes, int]:
+    """``text`` with each escape msgspec refuses (a UTF-16 surrogate, an unknown one)
+    replaced by a valid escape of the same length, and how many were."""
+    return _ESCAPE.subn(_fixed_escape, text)
+
+
+def _address(buffer: Any) -> int:
+    return pa.py_buffer(buffer).address
+
+
+@dataclass
+class _Values:
+    """Value spans ``[start, stop)`` in ``text`` of some fields of each event (-1: absent)."""
+
+    text: np.ndarray
+    start: dict[str, np.ndarray]
+    stop: dict[str, np.ndarray]
+
+    @cached_property
+    def escapes(self) -> np.ndarray:
+        """Positions of backslashes in ``text``."""
+        return np.flatnonzero(self.text == ord("\\"))
+
+
+def _absent_as(start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The spans with empty ones (absent values) as -1, in place."""
+    absent = start == stop
+    start[absent] = -1
+    stop[absent] = -1
+    return start, stop
+
+
+def _word(data: bytes) -> np.uint64:
+    return np.frombuffer(data.ljust(8, b"\0"), "<u8")[0]
+
+
+def _at(text: np.ndarray, positions: np.ndarray, marker: bytes) -> np.ndarray:
+    """Whether ``marker`` (up to 16 bytes) is written at each position of ``text``
+    (padded): its first and last 8 bytes compared as 64-bit words."""
+    words = windows(text)
+
+    def word_at(at: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(words[at]).view("<u8").ravel()
+
+    if len(marker) <= 8:
+        mask = _word(b"\xff" * len(marker))
+        return (word_at(positions) & mask) == _word(marker)
+    last = positions + len(marker) - 8
+    return (word_at(positions) == _word(marker[:8])) & (word_at(last) == _word(marker[-8:]))
+
+
+def _split(text: np.ndarray, size: int, count: int, keys: tuple[str, ...]) -> _Values | None:
+    """The value spans of msgspec's encoding (``text[:size]``, padded) of ``count`` structs
+    of ``_raw_struct(keys)``: ``[{"k0":V,"k1":V,...},...]``. Every value but the last key's
+    is a scalar in real traces, and a scalar cannot hold ``,"`` (a quote in a string is
+    escaped), so the i-th ``,"`` after an element's opening is its key i's. ``None``
+    where that does not hold (a value that is an object or array): each struct's own
+    ``{"k0":`` must be found ``count`` times, and each marker where it is expected."""
+    if count == 0:
+        empty = {key: np.zeros(0, np.int64) for key in keys}
+        return _Values(text, empty, dict(empty))
+    body = text[:size]
+    first = b'{"' + keys[0].encode() + b'":'
+    opens = np.flatnonzero(body == ord("{"))
+    opens = opens[_at(text, opens, first)]
+    if opens.size != count:
+        return None
+    commas = np.flatnonzero(body == ord(","))
+    commas = commas[text[commas + 1] == ord('"')]
+    after = np.searchsorted(commas, opens)
+    ends = np.append(opens[1:] - 2, size - 2)
+    """Each element's closing brace."""
+    if not (
+        opens[0] == 1 and (text[ends] == ord("}")).all() and (text[opens[1:] - 1] == ord(",")).all()
+    ):
+        return None
+    start = np.empty((len(keys), count), np.int64)
+    stop = np.empty((len(keys), count), np.int64)
+    start[0] = opens + len(first)
+    for number in range(1, len(keys)):
+        marker = b',"' + keys[number].encode() + b'":'
+        index = after + number - 1
+        if int(index[-1]) >= commas.size:
+            return None
+        at = commas[index]
+        if not ((at < ends).all() and _at(text, at, marker).all()):
+            return None
+        stop[number - 1] = at
+        start[number] = at + len(marker)
+    stop[-1] = ends
+    _absent_as(start, stop)
+    return _Values(text, dict(zip(keys, start, strict=True)), dict(zip(keys, stop, strict=True)))
+
+
+def _encoded(structs: list[Any], keys: tuple[str, ...]) -> _Values | None:
+    """The structs' value spans in their msgspec encoding, or ``None`` (see ``_split``)."""
+    buffer = bytearray()
+    _ENCODER.encode_into(structs, buffer)
+    size = len(buffer)
+    buffer.extend(bytes(json_values.PADDING))
+    return _split(np.frombuffer(buffer, np.uint8), size, len(structs), keys)
+
+
+def _raws(structs: Sequence[Any], number: int) -> list[msgspec.Raw]:
+    return list(map(attrgetter(f"k{number}"), structs))
+
+
+def _spans_of(raws: list[msgspec.Raw], base: int) -> tuple[np.ndarray, np.ndarray]:
+    """The spans of ``raws`` from their addresses, ``base`` being that of the text's first
+    byte in the buffer they view (the general path: a Python step per value)."""
+    begin = np.fromiter(map(_address, raws), np.int64, len(raws)) - base
+    length = np.fromiter(map(len, raws), np.int64, len(raws))
+    return _absent_as(begin, begin + length)
+
+
+def _addressed(
+    text: np.ndarray, structs: Sequence[Any], keys: tuple[str, ...], base: int
+) -> _Values:
+    """Every key's value spans in ``text`` from the structs' ``Raw`` addresses."""
+    starts, stops = {}, {}
+    for number, key in enumerate(keys):
+        starts[key], stops[key] = _spans_of(_raws(structs, number), base)
+    return _Values(text, starts, stops)
+
+
+_SHOWN = 48
+"""Bytes of a bad value that a message shows."""
+
+
+def field_name(key: str) -> str:
+    """How messages name a field: ``ts``, or ``args.correlation`` for a field of ``args``."""
+    return key if key in EVENT_KEYS else f"args.{key}"
+
+
+class EventBlock:
+    """Complete events of one chunk: their text, and where each event's fields are."""
+
+    def __init__(
+        self,
+        path: Path,
+        first_index: int,
+        offset: int,
+        text: bytes,
+        decoded: tuple[list[Any], bytes, bool],
+        args_keys: tuple[str, ...],
+    ) -> None:
+        self.path = path
+        """The trace file, for messages."""
+        self.first_index = first_index
+        """Index of the block's first event in the whole trace."""
+        self.offset = offset
+        """Offset of ``text`` in the whole JSON text."""
+        self._text = text
+        self._events, buffer, self._exact = decoded
+        self._buffer = buffer
+        self._base = _address(buffer) + 1
+        """Address of ``text``'s first byte in the decoded buffer (after its ``[``)."""
+        self._args_keys = args_keys
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    @cached_property
+    def text(self) -> np.ndarray:
+        """The events' JSON text as written, from the end of the text before (the array's
+        ``[`` or the comma the chunk before was cut at) to the last event's ``}``."""
+        return padded(self._text)
+
+    def prepare(self) -> None:
+        """Find every field's values now (on the reading thread), not when first asked."""
+        _ = self._args if self._args_keys else self._fields
+
+    @cached_property
+    def _fields(self) -> _Values:
+        if self._exact:
+            encoded = _encoded(self._events, EVENT_KEYS)
+            if encoded is not None:
+                return encoded
+        return _addressed(self.text, self._events, EVENT_KEYS, self._base)
+
+    @cached_property
+    def _args(self) -> tuple[_Values, np.ndarray, list[Any], np.ndarray, int]:
+        """The fields of the ``args`` objects: their spans, the rows holding an object,
+        those objects' structs, where each object starts in the decoded text of them all,
+        and that text's address."""
+        values = self._fields
+        start = values.start["args"]
+        rows = np.flatnonzero((start >= 0) & (values.text[np.maximum(start, 0)] == ord("{")))
+        raws = _raws(self._events, EVENT_KEYS.index("args"))
+        pieces = raws if rows.size == len(raws) else [raws[row] for row in rows.tolist()]
+        joined = b"[" + b",".join(pieces) + b"]"
+        sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        piece_starts = np.cumsum(sizes + 1) - sizes
+        structs = _decoder(self._args_keys).decode(joined)
+        found = _encoded(structs, self._args_keys) if self._exact else None
+        if found is None:
+            text = padded(joined) if self._exact else self.text
+            found = _addressed(text, structs, self._args_keys, _address(joined))
+            if not self._exact:  # from the decoded copy's objects back onto the text
+                for key in self._args_keys:
+                    piece = np.searchsorted(piece_starts, found.start[key], side="right") - 1
+                    moved = start[rows[piece]] - piece_starts[piece]
+                    present = found.start[key] >= 0
+                    found.start[key] = np.where(present, found.start[key] + moved, -1)
+                    found.stop[key] = np.where(present, found.stop[key] + moved, -1)
+        count = len(self)
+        for spans in (found.start, found.stop):
+            for key, within in spans.items():
+                spread = np.full(count, -1, np.int64)
+                spread[rows] = within
+                spans[key] = spread
+        return found, rows, structs, piece_starts, _address(joined)
+
+    def _values(self, key: str) -> _Values | None:
+        if key in EVENT_KEYS:
+            return self._fields
+        if key in self._args_keys:
+            return self._args[0]
+        return None
+
+    def span(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """Value spans of a field (``EVENT_KEYS``, or an ``args`` field read) in the text
+        of ``values_text(key)``; -1 where absent or not read."""
+        values = self._values(key)
+        if values is None:
+            absent = np.full(len(self), -1, np.int64)
+            return absent, absent
+        return values.start[key], values.stop[key]
+
+    def quoted(self, key: str) -> np.ndarray:
+        """Where the field's value is a JSON string."""
+        start, _ = self.span(key)
+        values = self._values(key)
+        if values is None:
+            return np.zeros(len(self), bool)
+        return (start >= 0) & (values.text[np.maximum(start, 0)] == ord('"'))
+
+    def numbers(self, key: str, decimals: int = 0) -> json_values.Numbers:
+        """The field's numbers, exactly, scaled by 10^decimals (rounded half up below)."""
+        start, stop = self.span(key)
+        values = self._values(key)
+        text = values.text if values is not None else self.text
+        return json_values.numbers(text, start, stop, decimals)
+
+    def strings(self, key: str, *, raw: bool = False) -> pa.Array:
+        """The field's strings (null where absent or JSON null); with ``raw``, each value's
+        JSON text as written. A number becomes its text.
+
+        A string whose escapes do not decode to text UTF-8 can hold (a lone surrogate
+        ``\\ud800``, an unknown escape) raises ``TraceFormatError`` naming the event, the
+        field and the byte: Arrow, Parquet and DuckDB hold UTF-8 only, so such a value
+        could only be stored changed. ``raw`` text keeps it exactly, as written."""
+        start, stop = self.span(key)
+        values = self._values(key)
+        if values is None:
+            return pa.nulls(len(self), pa.string())
+        try:
+            return json_values.strings(values.text, start, stop, values.escapes, raw)
+        except BadString as bad:
+            raise self.value_error(key, bad.row, f"is not a string UTF-8 can hold: {bad}") from None
+
+    def _position(self, key: str, row: int) -> int:
+        """Where the value of ``key`` in event ``row`` starts in ``text``."""
+        if key in EVENT_KEYS:
+            raw = getattr(self._events[row], f"k{EVENT_KEYS.index(key)}")
+            return _address(raw) - self._base
+        _, rows, structs, piece_starts, joined = self._args
+        piece = int(np.searchsorted(rows, row))
+        raw = getattr(structs[piece], f"k{self._args_keys.index(key)}")
+        within = _address(raw) - joined - int(piece_starts[piece])
+        return self._position("args", row) + within
+
+    def text_spans(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """The spans of an event field's values in ``text`` (-1 where absent): what fusion
+        rewrites there."""
+        return _spans_of(_raws(self._events, EVENT_KEYS.index(key)), self._base)
+
+    def value_error(self, key: str, row: int, problem: str) -> TraceFormatError:
+        """The error for the value of ``key`` in the block's event ``row``: it names the file,
+        the event's index, the field, the value (shortened when long) and its byte."""
+        start, stop = self.span(key)
+        values = self._values(key)
+        assert values is not None
+        at, end = int(start[row]), int(stop[row])
+        shown = bytes(values.text[at : min(end, at + _SHOWN)]).decode(errors="replace")
+        if end - at > _SHOWN:
+            shown += f"... ({end - at} bytes)"
+        return TraceFormatError(
+            f"{self.path}: event {self.first_index + row} has {field_name(key)} {shown}, "
+            f"which {problem} (at byte {self.offset + self._position(key, row)} of its JSON text)"
+        )
+
+
+@dataclass
+class TraceText:
+    """A trace file opened for reading: its form and the text around its events."""
+
+    path: Path
+    form: str = ""
+    """``object`` (``{"traceEvents": [...], ...}``) or ``array`` (a bare array of events)."""
+    prologue: bytes = b""
+    epilogue: bytes = b""
+    events: int = 0
+    text_bytes: int = 0
+    compressed: bool = False
+    fields: dict[str, Any] = field(default_factory=dict)
+    """The top-level fields but ``traceEvents`` (none for a bare array), read by ``json``:
+    every integer exactly, an escaped lone surrogate kept; known once the blocks are
+    exhausted."""
+    blocks: Iterator[EventBlock] = field(default=iter(()), repr=False)
+    source: BinaryIO | None = field(default=None, repr=False)
+    """The open text, closed by ``close`` (also where ``blocks`` never started)."""
+
+    def close(self) -> None:
+        """Stop reading: the reading thread is joined and the file closed, now rather than
+        whenever the garbage collector gets to them (on whatever thread it runs)."""
+        close = getattr(self.blocks, "close", None)
+        if close is not None:
+            close()
+        if self.source is not None:
+            self.source.close()
+
+    def __enter__(self) -> TraceText:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def top_level_spans(self) -> dict[str, tuple[int, int]]:
+        """Spans (offsets in the whole text) of the top-level fields' values of an object
+        trace, ``traceEvents`` excepted; known once the blocks are exhausted."""
+        if self.form != "object":
+            return {}
+        document, _ = _decodable(self.prologue + self.epilogue)
+        values = msgspec.json.decode(document, type=dict[str, msgspec.Raw])
+        base = _address(document)
+        shift = self.text_bytes - len(self.epilogue) - len(self.prologue)
+        spans = {}
+        for key, raw in values.items():
+            begin = _address(raw) - base
+            if key != "traceEvents":
+                spans[key] = tuple(
+                    p + shift if p >= len(self.prologue) else p for p in (begin, begin + len(raw))
+                )
+        return spans
+
+
+def regular_file(path: Path) -> os.stat_result:
+    """The file's status; ``TraceFormatError`` unless it is a regular file (a FIFO with no
+    writer would block the reader forever, a directory cannot be read)."""
+    try:
+        status = path.stat()
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    kind = special_file(status.st_mode)
+    if kind is not None:
+        raise TraceFormatError(f"cannot read {path}: it is {kind}, not a regular file")
+    return status
+
+
+def open_text(path: Path) -> tuple[BinaryIO, bool]:
+    """A trace file's JSON text to read (gunzipped when its bytes are gzip, whatever its
+    name), and whether it was compressed. The caller closes it."""
+    regular_file(path)
+    with open(path, "rb") as probe:
+        compressed = probe.read(2) == b"\x1f\x8b"
+    if compressed:
+        return gzip.open(path, "rb"), True
+    return open(path, "rb"), False
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes as stored (compressed, for a ``.gz``)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        while chunk := source.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _decoded(guess: bytes, keys: tuple[str, ...] = EVENT_KEYS) -> tuple[list[Any], bytes, bool]:
+    """The structs of ``guess`` (a JSON array of objects), the buffer their values are
+    views of, and whether that is ``guess`` itself rather than a copy with escapes made
+    decodable (whose values are then read from the original text)."""
+    try:
+        return _decoder(keys).decode(guess), guess, True
+    except msgspec.DecodeError:
+        safe, fixed = _decodable(guess)
+        if not fixed:
+            raise
+    return _decoder(keys).decode(safe), safe, False
+
+
+def _failure_byte(failure: BaseException) -> int | None:
+    """The byte of the decoded text a decode error names, if any."""
+    found = _BYTE.search(str(failure))
+    return int(found[1]) if found else None
+
+
+def _at_end(failure: BaseException, size: int) -> bool:
+    """Whether a decode error of a text of ``size`` bytes is at its end (the text stops
+    inside a value: cut too early, or truncated), not an error of the text before (nor
+    text after a complete array: msgspec names the byte after the first one of it)."""
+    if (
+        not isinstance(failure, msgspec.DecodeError)
+        or isinstance(failure, msgspec.ValidationError)
+        or "trailing characters" in str(failure)
+    ):
+        return False
+    byte = _failure_byte(failure)
+    return byte is None or byte >= size - 1
+
+
+class _Reader:
+    """Reads a trace's text and yields its complete events chunk by chunk."""
+
+    def __init__(self, trace: TraceText, source: BinaryIO, args_keys: tuple[str, ...]) -> None:
+        self.trace = trace
+        self.path = trace.path
+        self.source = source
+        self.args_keys = args_keys
+        self.offset = 0
+        """Offset in the whole text of ``pending``'s first byte."""
+        self.pending = b""
+        self.index = 0
+        """Events read so far."""
+        self.comma = False
+        """Whether ``pending`` follows an events' comma (an event must come next)."""
+
+    def _more(self, size: int | None = None) -> bool:
+        chunk = self.source.read(size or CHUNK_BYTES)
+        self.trace.text_bytes += len(chunk)
+        self.pending += chunk
+        return bool(chunk)
+
+    def prologue(self) -> None:
+        """Read up to and including the events array's ``[``."""
+        size = min(1 << 16, CHUNK_BYTES)
+        while True:
+            more = self._more(size)
+            size = min(2 * size, CHUNK_BYTES)
+            text = self.pending
+            stripped = text.lstrip()
+            if stripped:
+                opener = stripped[:1]
+                if opener not in b"{[":
+                    raise TraceFormatError(
+                        f"{self.path} is not a Chrome trace: it starts with {opener!r}, "
+                        "not an object or an array"
+                    )
+                if opener == b"[":
+                    self.trace.form = "array"
+                    self._cut_prologue(len(text) - len(stripped) + 1)
+                    return
+                for found in _EVENTS_KEY.finditer(text):
+                    if self._at_top_level(text[: found.end()]):
+                        self.trace.form = "object"
+                        self._cut_prologue(found.end())
+                        return
+            if not more:
+                raise TraceFormatError(
+                    f"{self.path} is not a Chrome trace: no top-level traceEvents array"
+                    if stripped
+                    else f"{self.path} is empty"
+                )
+
+    def _at_top_level(self, prologue: bytes) -> bool:
+        """Whether ``prologue`` (ending in ``"traceEvents": [``) opens the top-level
+        events array: it does when closing that array and the object makes it JSON."""
+        check_utf8(self.path, prologue, 0)
+        document = prologue.decode() + "]}"
+        try:
+            json.loads(document, parse_constant=_not_json)
+        except json.JSONDecodeError as exc:
+            if exc.pos >= len(document) - 2:  # an array nested deeper, or not yet closed
+                return False
+            raise TraceFormatError(
+                f"{self.path}: its top-level fields are not JSON: {exc}"
+            ) from None
+        except (ValueError, RecursionError) as exc:
+            raise TraceFormatError(
+                f"{self.path}: its top-level fields are not JSON: {exc}"
+            ) from None
+        return True
+
+    def _not_json(self, exc: BaseException) -> TraceFormatError:
+        return TraceFormatError(f"{self.path}: its top-level fields are not JSON: {exc}")
+
+    def _cut_prologue(self, end: int) -> None:
+        self.trace.prologue = self.pending[:end]
+        self.pending = self.pending[end:]
+        self.offset = end
+
+    def _block(self, text: bytes, decoded: tuple[list[Any], bytes, bool]) -> EventBlock:
+        check_utf8(self.path, text, self.offset)
+        block = EventBlock(self.path, self.index, self.offset, text, decoded, self.args_keys)
+        block.prepare()
+        self.index += len(block)
+        return block
+
+    def blocks(self) -> Iterator[EventBlock]:
+        """Complete events, chunk by chunk; at the array's end, the epilogue is read."""
+        grow = False
+        while True:
+            # Fill the chunk; past a cut that failed (or none), read a chunk more.
+            size = CHUNK_BYTES if grow else CHUNK_BYTES - len(self.pending)
+            final = size > 0 and not self._more(size)
+            grow = True
+            pending = self.pending
+            failure: BaseException | None = None
+            size = len(pending) + 2
+            found = _last(_BOUNDARY, pending)
+            if found is not None:
+                cut = found.start() + 1
+                guess = b"[" + pending[:cut] + b"]"
+                size = len(guess)
+                try:
+                    decoded = _decoded(guess)
+                except _DECODE_ERRORS as exc:
+                    failure = exc
+                else:
+                    yield self._block(pending[:cut], decoded)
+                    self.offset += found.end()
+                    self.pending = pending[found.end() :]
+                    self.comma = True
+                    grow = False
+                    continue
+            if not final and (failure is None or _at_end(failure, size)):
+                continue  # no cut yet, or one inside an event: read on
+            limit = len(pending)
+            if failure is not None and not _at_end(failure, size):
+                limit = min(limit, (_failure_byte(failure) or 1) - 1)
+            closed = self._close(pending, limit)
+            if closed is not None:
+                yield from closed
+                return
+            raise self._error(failure, size)
+
+    def _close(self, pending: bytes, limit: int) -> Iterator[EventBlock] | None:
+        """The last events and the epilogue, if the events array closes in ``pending``
+        before ``limit``: the first ``]`` there that a ``}`` precedes (or, with no event
+        in between, the array's ``[``) and up to which the text decodes as an array."""
+        empty = pending.lstrip()
+        candidates = [len(pending) - len(empty)] if empty[:1] == b"]" and not self.comma else []
+        candidates += [match.end() - 1 for match in _CLOSE.finditer(pending, 0, limit)]
+        for close in candidates:
+            guess = b"[" + pending[:close] + b"]"
+            try:
+                decoded = _decoded(guess)
+            except _DECODE_ERRORS:
+                continue
+            return self._closed(pending, close, decoded)
+        return None
+
+    def _closed(
+        self, pending: bytes, close: int, decoded: tuple[list[Any], bytes, bool]
+    ) -> Iterator[EventBlock]:
+        if decoded[0]:
+            events_end = len(pending[:close].rstrip())
+            yield self._block(pending[:events_end], decoded)
+        epilogue_at = self.offset + close
+        self.pending = pending[close:]
+        while self._more():
+            pass
+        self.trace.events = self.index
+        self.trace.epilogue = self.pending
+        check_utf8(self.path, self.trace.epilogue, epilogue_at)
+        self._check_epilogue()
+
+    def _check_epilogue(self) -> None:
+        """The text after the events array must close the document, and nothing follow."""
+        trace = self.trace
+        if trace.form == "array":
+            if trace.epilogue[1:].strip():
+                raise TraceFormatError(f"{self.path}: text follows the end of the document")
+            return
+        document = (trace.prologue + trace.epilogue).decode()
+        try:
+            fields = json.loads(document, parse_constant=_not_json)
+        except json.JSONDecodeError as exc:
+            if exc.msg == "Extra data":
+                raise TraceFormatError(
+                    f"{self.path}: text follows the end of the document"
+                ) from None
+            if exc.pos >= len(document.rstrip()):
+                raise TraceFormatError(
+                    f"{self.path}: the text after the events array does not close the "
+                    "document (a truncated file?)"
+                ) from None
+            raise TraceFormatError(
+                f"{self.path}: its top-level fields are not JSON: {exc}"
+            ) from None
+        except (ValueError, RecursionError) as exc:
+            raise TraceFormatError(
+                f"{self.path}: its top-level fields are not JSON: {exc}"
+            ) from None
+        fields.pop("traceEvents", None)
+        trace.fields = fields
+
+    def _error(self, failure: BaseException | None, size: int) -> TraceFormatError:
+        """Why the events array reads no further: the decode error that stopped it, or
+        the text's end inside it (``size``: that of the decoded guess)."""
+        if failure is None or _at_end(failure, size):
+            whole = b"[" + self.pending + b"]"
+            try:
+                complete = len(_decoded(whole)[0])
+            except _DECODE_ERRORS as exc:
+                if not _at_end(exc, len(whole)):
+                    return self._refusal(exc)
+                complete = 0
+            return TraceFormatError(
+                f"{self.path} ends inside its events array after {self.index + complete} "
+                "complete events (a truncated file?)"
+            )
+        return self._refusal(failure)
+
+    def _refusal(self, failure: BaseException) -> TraceFormatError:
+        """The error for a decode error in the events array (of ``[`` + ``pending``...)."""
+        if isinstance(failure, RecursionError):
+            return TraceFormatError(
+                f"{self.path}: an event after byte {self.offset} of its JSON text nests "
+                "too deeply to read"
+            )
+        message = str(failure)
+        element = _ELEMENT.search(message)
+        if isinstance(failure, msgspec.ValidationError) and element:
+            return TraceFormatError(
+                f"{self.path}: the events array holds something other than comma-separated "
+                f"objects: event {self.index + int(element[1])} is not an object ({message})"
+            )
+        within = max((_failure_byte(failure) or 1) - 1, 0)
+        check_utf8(self.path, self.pending[:within], self.offset)
+        return TraceFormatError(
+            f"{where(self.path, self.offset + within)}: the events array holds something "
+            f"other than comma-separated objects there ({_BYTE.sub('', message)})"
+        )
+
+
+def _last(pattern: re.Pattern[bytes], text: bytes) -> re.Match[bytes] | None:
+    """The last match of ``pattern`` in ``text``, looked for from the end in growing windows."""
+    window = 1 << 16
+    while True:
+        found = deque(pattern.finditer(text, max(0, len(text) - window)), maxlen=1)
+        if found or window >= len(text):
+            return found[0] if found else None
+        window *= 4
+
+
+def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> TraceText:
+    """Open a trace (``.json`` or gzipped) for reading: ``blocks`` yields its events, each
+    chunk decoded on a thread while the one before is used; ``prologue``, ``epilogue``,
+    ``fields`` and ``events`` are known once the blocks are exhausted. ``args_keys`` are
+    the fields of ``args`` to find (the others read as absent).
+
+    Raises ``TraceFormatError`` when the file is not a regular file or not a Chrome trace,
+    is truncated, is not UTF-8, or holds something other than objects in its events
+    array. Use it as a context manager (or ``close`` it) so that a reader stopped early
+    releases its thread and file at once.
+    """
+    path = Path(path)
+    try:
+        source, compressed = open_text(path)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    trace = TraceText(path, compressed=compressed, source=source)
+
+    def generate() -> Generator[EventBlock, None, None]:
+        with source:
+            reader = _Reader(trace, source, tuple(args_keys))
+            try:
+                reader.prologue()
+                yield from reader.blocks()
+            except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+                raise TraceFormatError(f"cannot read {path}: {exc}") from exc
+
+    trace.blocks = ahead(generate(), "mcprof-trace-read")
+    return trace
