@@ -254,12 +254,12 @@ def string_views(
     count = begin.size
     at = np.minimum(begin, max(text.size - 1, 0))
     if text.size:
-        data = np.ascontiguousarray(windows(text, 16)[at]).view("<u8")
+        head, tail = np.ascontiguousarray(windows(text, 16)[at]).view("<u8").T
     else:
-        data = np.zeros((count, 2), np.uint64)
+        head = tail = np.zeros(count, np.uint64)
     size = length.astype(np.uint64)
-    first = size | (_low_bytes(data[:, 0], np.minimum(size, 4)) << _U32)
-    inline = _low_bytes((data[:, 0] >> _U32) | (data[:, 1] << _U32), np.maximum(size, 4) - 4)
+    first = size | (_low_bytes(head, np.minimum(size, 4)) << _U32)
+    inline = _low_bytes((head >> _U32) | (tail << _U32), np.maximum(size, 4) - 4)
     second = np.where(length <= 12, inline, begin.astype(np.uint64) << _U32)
     validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
     views = pa.py_buffer(np.stack([first, second], axis=1))

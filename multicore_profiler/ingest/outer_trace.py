@@ -80,8 +80,8 @@ def _integers(block: EventBlock, key: str) -> pa.Array:
     """An integer field: the value where the text holds an integer number; null where it
     is absent, a string (a ``pid`` or ``tid`` name) or not a number (``true``, an object).
     A number that is not an integer, or does not fit int64, is refused."""
-    numbers = block.numbers(key)
-    written = (block.span(key)[0] >= 0) & ~numbers.quoted
+    numbers = block.numbers(key, strings=False)
+    written = (block.span(key)[0] >= 0) & ~block.quoted(key)
     wrong = written & (numbers.overflow | (numbers.number & numbers.rounded))
     if wrong.any():
         row = int(np.argmax(wrong))

@@ -136,10 +136,9 @@ def _word(data: bytes) -> np.uint64:
 def _at(text: np.ndarray, positions: np.ndarray, marker: bytes) -> np.ndarray:
     """Whether ``marker`` (up to 16 bytes) is written at each position of ``text``
     (padded): its first and last 8 bytes compared as 64-bit words."""
-    words = windows(text)
 
     def word_at(at: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(words[at]).view("<u8").ravel()
+        return np.ascontiguousarray(windows(text)[at]).view("<u8").ravel()
 
     if len(marker) <= 8:
         mask = _word(b"\xff" * len(marker))
@@ -150,17 +149,20 @@ def _at(text: np.ndarray, positions: np.ndarray, marker: bytes) -> np.ndarray:
 
 def _split(text: np.ndarray, size: int, count: int, keys: tuple[str, ...]) -> _Values | None:
     """The value spans of msgspec's encoding (``text[:size]``, padded) of ``count`` structs
-    of ``_raw_struct(keys)``: ``[{"k0":V,"k1":V,...},...]``. Every value but the last key's
-    is a scalar in real traces, and a scalar cannot hold ``,"`` (a quote in a string is
-    escaped), so the i-th ``,"`` after an element's opening is its key i's. ``None``
-    where that does not hold (a value that is an object or array): each struct's own
-    ``{"k0":`` must be found ``count`` times, and each marker where it is expected."""
+    of ``_raw_struct(keys)``: ``[{"k0":V,"k1":V,...},...]``.
+
+    A scalar value cannot hold ``,"`` (a quote in a string is escaped), nor can a key's
+    marker ``,"key":`` but at its start; so where every value but the last key's is a
+    scalar, as in real traces, the i-th ``,"`` after an element's ``{"k0":`` starts key
+    i's marker. ``None`` where a value is an object or an array, or where ``{"k0":`` is
+    not found exactly ``count`` times (the last key's value may hold one)."""
     if count == 0:
         empty = {key: np.zeros(0, np.int64) for key in keys}
         return _Values(text, empty, dict(empty))
     body = text[:size]
     first = b'{"' + keys[0].encode() + b'":'
     opens = np.flatnonzero(body == ord("{"))
+    opens = opens[text[opens + 1] == ord('"')]
     opens = opens[_at(text, opens, first)]
     if opens.size != count:
         return None
@@ -169,24 +171,23 @@ def _split(text: np.ndarray, size: int, count: int, keys: tuple[str, ...]) -> _V
     after = np.searchsorted(commas, opens)
     ends = np.append(opens[1:] - 2, size - 2)
     """Each element's closing brace."""
-    if not (
-        opens[0] == 1 and (text[ends] == ord("}")).all() and (text[opens[1:] - 1] == ord(",")).all()
-    ):
+    framed = (text[ends] == ord("}")).all() and (text[opens[1:] - 1] == ord(",")).all()
+    if opens[0] != 1 or not framed or int(after[-1]) + len(keys) - 1 > commas.size:
         return None
     start = np.empty((len(keys), count), np.int64)
     stop = np.empty((len(keys), count), np.int64)
     start[0] = opens + len(first)
     for number in range(1, len(keys)):
-        marker = b',"' + keys[number].encode() + b'":'
-        index = after + number - 1
-        if int(index[-1]) >= commas.size:
-            return None
-        at = commas[index]
-        if not ((at < ends).all() and _at(text, at, marker).all()):
-            return None
+        at = commas[after + number - 1]
         stop[number - 1] = at
-        start[number] = at + len(marker)
+        start[number] = at + len(keys[number].encode()) + 4
     stop[-1] = ends
+    first_bytes = text[start[:-1]]
+    empty = start[:-1] == stop[:-1]
+    nested = ((first_bytes == ord("{")) | (first_bytes == ord("["))) & ~empty
+    in_place = (start[-1] <= ends).all() and (text[start[1:] - 1] == ord(":")).all()
+    if nested.any() or not in_place:
+        return None
     _absent_as(start, stop)
     return _Values(text, dict(zip(keys, start, strict=True)), dict(zip(keys, stop, strict=True)))
 
@@ -231,6 +232,19 @@ def field_name(key: str) -> str:
     return key if key in EVENT_KEYS else f"args.{key}"
 
 
+@dataclass
+class _ArgsFields:
+    """The fields of a block's ``args`` objects: their spans, the rows holding an object,
+    those objects' structs, where each object starts in the decoded text of them all, and
+    that text's address."""
+
+    values: _Values
+    rows: np.ndarray
+    structs: list[Any]
+    piece_starts: np.ndarray
+    address: int
+
+
 class EventBlock:
     """Complete events of one chunk: their text, and where each event's fields are."""
 
@@ -251,7 +265,6 @@ class EventBlock:
         """Offset of ``text`` in the whole JSON text."""
         self._text = text
         self._events, buffer, self._exact = decoded
-        self._buffer = buffer
         self._base = _address(buffer) + 1
         """Address of ``text``'s first byte in the decoded buffer (after its ``[``)."""
         self._args_keys = args_keys
@@ -278,10 +291,8 @@ class EventBlock:
         return _addressed(self.text, self._events, EVENT_KEYS, self._base)
 
     @cached_property
-    def _args(self) -> tuple[_Values, np.ndarray, list[Any], np.ndarray, int]:
-        """The fields of the ``args`` objects: their spans, the rows holding an object,
-        those objects' structs, where each object starts in the decoded text of them all,
-        and that text's address."""
+    def _args(self) -> _ArgsFields:
+        """The fields of the ``args`` objects, decoded from the text of them all."""
         values = self._fields
         start = values.start["args"]
         rows = np.flatnonzero((start >= 0) & (values.text[np.maximum(start, 0)] == ord("{")))
@@ -308,18 +319,18 @@ class EventBlock:
                 spread = np.full(count, -1, np.int64)
                 spread[rows] = within
                 spans[key] = spread
-        return found, rows, structs, piece_starts, _address(joined)
+        return _ArgsFields(found, rows, structs, piece_starts, _address(joined))
 
     def _values(self, key: str) -> _Values | None:
         if key in EVENT_KEYS:
             return self._fields
         if key in self._args_keys:
-            return self._args[0]
+            return self._args.values
         return None
 
     def span(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """Value spans of a field (``EVENT_KEYS``, or an ``args`` field read) in the text
-        of ``values_text(key)``; -1 where absent or not read."""
+        its values are read from; -1 where absent or not read."""
         values = self._values(key)
         if values is None:
             absent = np.full(len(self), -1, np.int64)
@@ -334,11 +345,14 @@ class EventBlock:
             return np.zeros(len(self), bool)
         return (start >= 0) & (values.text[np.maximum(start, 0)] == ord('"'))
 
-    def numbers(self, key: str, decimals: int = 0) -> json_values.Numbers:
-        """The field's numbers, exactly, scaled by 10^decimals (rounded half up below)."""
+    def numbers(self, key: str, decimals: int = 0, *, strings: bool = True) -> json_values.Numbers:
+        """The field's numbers, exactly, scaled by 10^decimals (rounded half up below);
+        without ``strings``, strings holding a number are not read (absent)."""
         start, stop = self.span(key)
+        if not strings:
+            start = np.where(self.quoted(key), -1, start)
         values = self._values(key)
-        text = values.text if values is not None else self.text
+        text = values.text if values is not None else padded(b"")
         return json_values.numbers(text, start, stop, decimals)
 
     def strings(self, key: str, *, raw: bool = False) -> pa.Array:
@@ -363,10 +377,10 @@ class EventBlock:
         if key in EVENT_KEYS:
             raw = getattr(self._events[row], f"k{EVENT_KEYS.index(key)}")
             return _address(raw) - self._base
-        _, rows, structs, piece_starts, joined = self._args
-        piece = int(np.searchsorted(rows, row))
-        raw = getattr(structs[piece], f"k{self._args_keys.index(key)}")
-        within = _address(raw) - joined - int(piece_starts[piece])
+        found = self._args
+        piece = int(np.searchsorted(found.rows, row))
+        raw = getattr(found.structs[piece], f"k{self._args_keys.index(key)}")
+        within = _address(raw) - found.address - int(found.piece_starts[piece])
         return self._position("args", row) + within
 
     def text_spans(self, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -662,11 +676,12 @@ class _Reader:
             events_end = len(pending[:close].rstrip())
             yield self._block(pending[:events_end], decoded)
         epilogue_at = self.offset + close
-        self.pending = pending[close:]
-        while self._more():
-            pass
+        rest = [pending[close:]]
+        while chunk := self.source.read(CHUNK_BYTES):
+            self.trace.text_bytes += len(chunk)
+            rest.append(chunk)
         self.trace.events = self.index
-        self.trace.epilogue = self.pending
+        self.trace.epilogue = b"".join(rest)
         check_utf8(self.path, self.trace.epilogue, epilogue_at)
         self._check_epilogue()
 
