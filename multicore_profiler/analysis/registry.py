@@ -127,4 +127,9 @@ register(
         _sql("outer_kernels/breakdown.sql"),
         needs=("outer_kernel_rules", "outer_kernels.steps"),
     ),
+    SqlModule(
+        "outer_kernels.overlap",
+        _sql("outer_kernels/overlap.sql"),
+        needs=("outer_kernel_rules", "outer_kernels.steps", "outer_kernels.breakdown"),
+    ),
 )

@@ -44,7 +44,8 @@ WITH hccl AS (
              THEN 'communication_task' ELSE t.kind END AS kind)
     FROM events t LEFT JOIN communication_streams c USING (source_id, pid, tid)
 ), families AS (
-    SELECT name, kernel_family(name) AS family FROM (SELECT DISTINCT name FROM ops)
+    -- The names of events, not of ops: ops is then read once, and not materialized.
+    SELECT name, kernel_family(name) AS family FROM (SELECT DISTINCT name FROM events)
 )
 SELECT ops.*,
     CASE WHEN ops.kind IN ('communication', 'communication_task') THEN 'collective'

@@ -13,24 +13,24 @@
 -- trace of one step annotation) or is left out ('drop', or 'auto' otherwise). Numbered
 -- by period in each source from 0.
 CREATE OR REPLACE VIEW _live_step_periods AS
-WITH own AS (
+WITH annotations AS MATERIALIZED (
+    -- Read once: each reference of step_annotations would scan trace_events again.
+    SELECT *, count(*) OVER (PARTITION BY source_id) AS annotations FROM step_annotations
+), own AS (
     SELECT a.source_id, a.event_index, min(o.ts_ns) AS start_ns, max(o.end_ns) AS own_end_ns,
         count(DISTINCT o.event_index) AS own_launches
     FROM op_launches l
-    ASOF JOIN step_annotations a
+    ASOF JOIN annotations a
         ON l.source_id = a.source_id AND l.launch_pid = a.pid AND l.launch_tid = a.tid
         AND l.launch_ts_ns >= a.ts_ns
     JOIN device_ops o ON o.source_id = l.source_id AND o.event_index = l.event_index
     WHERE l.launch_ts_ns <= a.ts_ns + a.dur_ns
     GROUP BY ALL
-), annotated AS (
-    SELECT source_id, count(*) AS annotations FROM step_annotations GROUP BY ALL
 ), ordered AS (
-    SELECT a.*, own.start_ns, own.own_end_ns, own.own_launches, n.annotations,
+    SELECT a.*, own.start_ns, own.own_end_ns, own.own_launches,
         lead(own.start_ns) OVER w AS next_start_ns,
         row_number() OVER w - 1 AS step_index
-    FROM step_annotations a JOIN own USING (source_id, event_index)
-    JOIN annotated n USING (source_id)
+    FROM annotations a JOIN own USING (source_id, event_index)
     WINDOW w AS (PARTITION BY a.source_id ORDER BY own.start_ns, a.ts_ns, a.event_index)
 ), closed AS (
     SELECT *,
@@ -60,61 +60,77 @@ WITH first_launch AS (
     SELECT * FROM op_launches
     QUALIFY row_number() OVER (
         PARTITION BY source_id, event_index ORDER BY linked_by, launch_ts_ns) = 1
+), stepped AS (
+    -- The ASOF join on the op's keys alone: it sorts what it carries.
+    SELECT o.source_id, o.event_index, s.step_index, s.step_name
+    FROM (SELECT source_id, event_index, ts_ns FROM device_ops) o
+    ASOF JOIN step_periods s ON o.source_id = s.source_id AND o.ts_ns >= s.start_ns
+    WHERE o.ts_ns < s.end_ns
 )
 SELECT
-    o.source_id, o.rank,
-    CASE WHEN o.ts_ns < s.end_ns THEN s.step_index END AS step_index,
-    CASE WHEN o.ts_ns < s.end_ns THEN s.step_name END AS step_name,
+    o.source_id, o.rank, s.step_index, s.step_name,
     o.event_index, o.kind, o.name, o.family, o.pid, o.tid, o.stream, o.device,
     o.ts_ns, o.dur_ns, o.end_ns, o.correlation, o.task_type,
     l.launch_pid, l.launch_tid, l.launch_ts_ns, l.launch_name
 FROM device_ops o
 LEFT JOIN first_launch l USING (source_id, event_index)
-ASOF LEFT JOIN step_periods s ON o.source_id = s.source_id AND o.ts_ns >= s.start_ns;
+LEFT JOIN stepped s USING (source_id, event_index);
 CREATE OR REPLACE TABLE kernels AS SELECT * FROM _live_kernels;
 
 -- Islands of GPU time in each step: the union of device-op intervals clipped to the step's
 -- period, per group: each family, '*' (every op) and '~collective' (every op but the
 -- collectives). An op runs into every step its interval overlaps.
 CREATE OR REPLACE VIEW _live_step_islands AS
-WITH spans AS (
-    SELECT o.source_id, o.family, o.ts_ns, o.end_ns,
+WITH periods AS (
+    -- Integer keys of the steps and groups for the windows below, which sort several
+    -- times slower on strings (source ids, family names).
+    SELECT source_id, step_index, start_ns, end_ns,
+        row_number() OVER (ORDER BY source_id, step_index) AS step_key
+    FROM step_periods
+), families AS (
+    SELECT family, row_number() OVER (ORDER BY family) AS family_key
+    FROM (SELECT DISTINCT family FROM device_ops WHERE family IS NOT NULL)
+), spans AS (
+    SELECT o.source_id, o.family, f.family_key, o.ts_ns, o.end_ns,
         coalesce(first.step_index, 0) AS first_step, last.step_index AS last_step
     FROM device_ops o
+    LEFT JOIN families f USING (family)
     ASOF LEFT JOIN step_periods first
         ON o.source_id = first.source_id AND o.ts_ns >= first.start_ns
     ASOF JOIN step_periods last ON o.source_id = last.source_id AND o.end_ns > last.start_ns
     WHERE o.end_ns > o.ts_ns
 ), stepped AS (
-    SELECT source_id, family, ts_ns, end_ns,
+    SELECT source_id, family, family_key, ts_ns, end_ns,
         unnest(generate_series(first_step, last_step)) AS step_index
     FROM spans
 ), clipped AS (
-    SELECT x.source_id, x.step_index, x.family,
+    SELECT x.source_id, x.step_index, p.step_key, x.family, x.family_key,
         greatest(x.ts_ns, p.start_ns) AS lo, least(x.end_ns, p.end_ns) AS hi
-    FROM stepped x JOIN step_periods p USING (source_id, step_index)
+    FROM stepped x JOIN periods p USING (source_id, step_index)
 ), grouped AS (
-    SELECT source_id, step_index, unnest([family, '*',
-        CASE WHEN family <> 'collective' THEN '~collective' END]) AS grp, lo, hi
+    SELECT source_id, step_index, step_key,
+        unnest([family, '*', CASE WHEN family <> 'collective' THEN '~collective' END]) AS grp,
+        unnest([family_key, 0, -1]) AS grp_key, lo, hi
     FROM clipped
     WHERE hi > lo
-), flagged AS (
-    SELECT *,
-        coalesce(lo > max(hi) OVER (
-            PARTITION BY source_id, step_index, grp ORDER BY lo, hi
-            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), true) AS opens
+), reaching AS (
+    SELECT source_id, step_index, step_key, grp, grp_key, lo, hi,
+        max(hi) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reached,
+        max(hi) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS last_end
     FROM grouped
     WHERE grp IS NOT NULL
-), numbered AS (
-    SELECT *,
-        sum(opens::INTEGER) OVER (
-            PARTITION BY source_id, step_index, grp ORDER BY lo, hi ROWS UNBOUNDED PRECEDING
-        ) AS island
-    FROM flagged
+    WINDOW w AS (PARTITION BY step_key, grp_key ORDER BY lo, hi)
+), opening AS (
+    -- The rows that open an island: they start past the end of every row before them.
+    SELECT * FROM reaching WHERE coalesce(lo > reached, true)
 )
-SELECT source_id, step_index, grp, island, min(lo) AS start_ns, max(hi) AS end_ns
-FROM numbered
-GROUP BY ALL;
+-- An island ends at what the next island's opening row has reached (the end of every row
+-- before it), the last one at the end of its group. Numbered from 1; HUGEINT, the type
+-- the column had as a sum of INTEGER flags.
+SELECT source_id, step_index, grp, (row_number() OVER w)::HUGEINT AS island,
+    lo AS start_ns, coalesce(lead(reached) OVER w, last_end) AS end_ns
+FROM opening
+WINDOW w AS (PARTITION BY step_key, grp_key ORDER BY lo);
 CREATE OR REPLACE TABLE step_islands AS SELECT * FROM _live_step_islands;
 
 -- One row per step with a GPU period: the annotation and its details, the period, the
