@@ -102,7 +102,7 @@ def main() -> None:
     prepared.prepare()
     args_seconds: list[float] = []
     timed(args_fields, args.repeat)
-    split = timed(lambda: trace_reader._encoded(structs, keys), args.repeat)
+    split = timed(lambda: trace_reader._encoded(structs, keys, len(events)), args.repeat)
     addressed = timed(
         lambda: trace_reader._addressed(prepared.text, structs, keys, prepared._base),
         args.repeat,

@@ -108,13 +108,14 @@ TRICKY = (
     '"X", "a": 1}, {"b": [1, 2]}], "External id": 9, "stream": 7}},\n'
     '  {"ph": "f", "id": {"local": 1, "x": 2}, "ts": 3, "args": "not an object"},\n'
     "  {},\n"
-    '  {"ph": "X", "name": "caf\u00e9 \u6f22", "ts": -12.0015, "args": {"Stream Id": 3,'
-    ' "Task Type": "AI_CORE"}}\n'
+    '  {"ph": "X", "name": "caf\u00e9 \u6f22", "cat": ",", "tid": "a,", "ts": -12.0015,'
+    ' "args": {"Stream Id": 3, "Task Type": "AI_CORE,"}}\n'
     '], "displayTimeUnit": "ms", "after": [{"a": "},{"}, {"b": 2}]}'
 )
 """Cut candidates inside strings (``},{``, ``}, {``), inside nested args, between events
 after whitespace, and in the text after the array; an object where a scalar is expected
-and a nested ``{"ph":`` (the general path); non-ASCII text; no args, args of another type."""
+and a nested ``{"ph":`` (the general path); strings ending in a comma (``,"`` where no
+key follows); non-ASCII text; no args, args of another type."""
 
 
 def test_the_tricky_trace_reads_exactly(tmp_path: Path) -> None:
@@ -133,6 +134,45 @@ def test_the_tricky_trace_reads_exactly(tmp_path: Path) -> None:
     assert trace.fields["after"] == [{"a": "},{"}, {"b": 2}]
     assert trace.epilogue.startswith(b"]")
     assert trace.text_bytes == len(TRICKY.encode())
+
+
+@pytest.mark.parametrize(
+    ("events", "split"),
+    [
+        ('{"ph": "X", "cat": ",", "name": "a,", "pid": "\\",", "ts": 1}', True),
+        ('{"ph": "X", "args": {"ph": 1, "x": [{"ph": 2}]}}', False),
+        ('{"ph": "X", "id": {"local": 1}}', False),
+        ('{"ph": "X"}, {}', True),
+    ],
+)
+def test_scalars_take_the_vectorized_split_and_nested_values_the_general_path(
+    events: str, split: bool
+) -> None:
+    """Strings ending in a comma (``,"`` where no key follows) still split; a nested value
+    where a scalar goes, or a nested ``{"ph":`` in args, takes the general path."""
+    structs, _, exact = trace_reader._decoded(("[" + events + "]").encode())
+    found = trace_reader._encoded(structs, trace_reader.EVENT_KEYS, len(events))
+    assert exact
+    assert (found is not None) == split
+    if found is not None:
+        texts = [
+            [
+                None if a < 0 else bytes(found.text[a:b]).decode()
+                for a, b in zip(found.start[key], found.stop[key], strict=True)
+            ]
+            for key in trace_reader.EVENT_KEYS
+        ]
+        expected = [
+            [None if v is None else json.dumps(v) for v in row]
+            for row in zip(
+                *[
+                    [e.get(key) for key in trace_reader.EVENT_KEYS]
+                    for e in json.loads(f"[{events}]")
+                ],
+                strict=True,
+            )
+        ]
+        assert texts == expected
 
 
 def test_chunks_cut_at_every_byte_read_the_same(tmp_path: Path, monkeypatch) -> None:
@@ -185,6 +225,37 @@ def test_a_malformed_events_array_names_what_and_where(
     path.write_text('{"traceEvents": [' + body + "}")
     with pytest.raises(TraceFormatError, match=words), trace_reader.read_trace(path) as trace:
         list(trace.blocks)
+
+
+@pytest.mark.parametrize(
+    ("event", "byte", "reason"),
+    [
+        ('{"ph": "X" "ts": 1}', 28, "expected ',' or '}'"),
+        ('{"ph": X, "ts": 1}', 24, "invalid character"),
+        ('{"ts": 1 2}', 26, "expected ',' or '}'"),
+        ('{"ph": "X", "args": {"a": tru}}', 44, "invalid character"),
+        ('{"ph": "X", "args": {"a": [1,,2]}}', 46, "invalid character"),
+        ('{"ph": "X",, "ts": 1}', 28, "object keys must be strings"),
+        ('{"ph": "X", "ts": 01}', 36, "invalid number"),
+        ('{"ph": "X", "name": "a\tb"}', 39, "invalid character"),
+        ('{"ph": "X", "ts": 1.}', 37, "invalid number"),
+        ('{"ph": "X", "args": {"a": 1,}}', 45, "trailing comma in object"),
+    ],
+)
+def test_an_event_that_is_not_json_is_refused_at_its_byte(
+    tmp_path: Path, event: str, byte: int, reason: str
+) -> None:
+    """The numpy scanner before this reader stored each of these (a ``ph`` of
+    ``X" "ts": ``, args text no JSON reader takes back): the parser refuses them, at the
+    byte it stopped at (the bad one, or the one after)."""
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents": [' + event + "]}")
+    with pytest.raises(TraceFormatError) as raised, trace_reader.read_trace(path) as trace:
+        list(trace.blocks)
+    assert str(raised.value) == (
+        f"{path}: at byte {byte} of its JSON text: the events array holds something other "
+        f"than comma-separated objects there (JSON is malformed: {reason})"
+    )
 
 
 def test_top_level_spans_name_the_values_in_the_whole_text(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from multicore_profiler.errors import TraceFormatError
 from multicore_profiler.ingest import json_values
-from multicore_profiler.ingest.json_values import BadString, check_utf8, padded, where, windows
+from multicore_profiler.ingest.json_values import BadString, check_utf8, padded, where
 from multicore_profiler.prefetch import ahead
 from multicore_profiler.storage.location import special_file
 
@@ -129,45 +129,45 @@ def _absent_as(start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndar
     return start, stop
 
 
-def _word(data: bytes) -> np.uint64:
-    return np.frombuffer(data.ljust(8, b"\0"), "<u8")[0]
+def _written_at(text: np.ndarray, positions: np.ndarray, marker: bytes) -> np.ndarray:
+    """The positions of ``text`` (padded) where ``marker`` is written: a byte at a time,
+    each on the positions left (a few gathers of shrinking size)."""
+    for shift, byte in enumerate(marker):
+        positions = positions[text[positions + shift] == byte]
+    return positions
 
 
-def _at(text: np.ndarray, positions: np.ndarray, marker: bytes) -> np.ndarray:
-    """Whether ``marker`` (up to 16 bytes) is written at each position of ``text``
-    (padded): its first and last 8 bytes compared as 64-bit words."""
-
-    def word_at(at: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(windows(text)[at]).view("<u8").ravel()
-
-    if len(marker) <= 8:
-        mask = _word(b"\xff" * len(marker))
-        return (word_at(positions) & mask) == _word(marker)
-    last = positions + len(marker) - 8
-    return (word_at(positions) == _word(marker[:8])) & (word_at(last) == _word(marker[-8:]))
+_OPENING = np.zeros(256, bool)
+_OPENING[[ord("{"), ord("[")]] = True
+_CLOSING = np.zeros(256, bool)
+_CLOSING[[ord(","), ord("}")]] = True
 
 
 def _split(text: np.ndarray, size: int, count: int, keys: tuple[str, ...]) -> _Values | None:
     """The value spans of msgspec's encoding (``text[:size]``, padded) of ``count`` structs
     of ``_raw_struct(keys)``: ``[{"k0":V,"k1":V,...},...]``.
 
-    A scalar value cannot hold ``,"`` (a quote in a string is escaped), nor can a key's
-    marker ``,"key":`` but at its start; so where every value but the last key's is a
-    scalar, as in real traces, the i-th ``,"`` after an element's ``{"k0":`` starts key
-    i's marker. ``None`` where a value is an object or an array, or where ``{"k0":`` is
-    not found exactly ``count`` times (the last key's value may hold one)."""
+    In a scalar value ``,"`` can only be a string's last comma and its closing quote (a
+    quote inside is escaped), which a comma or a brace follows, never a key's letter; nor
+    can a key's marker ``,"key":`` hold one but at its start. So where every value but the
+    last key's is a scalar, as in real traces, the i-th ``,"`` that a letter follows after
+    an element's ``{"k0":`` starts key i's marker. ``None`` where a value is an object or
+    an array, or where ``{"k0":`` is not found exactly ``count`` times (the last key's
+    value may hold one)."""
     if count == 0:
         empty = {key: np.zeros(0, np.int64) for key in keys}
         return _Values(text, empty, dict(empty))
     body = text[:size]
     first = b'{"' + keys[0].encode() + b'":'
-    opens = np.flatnonzero(body == ord("{"))
-    opens = opens[text[opens + 1] == ord('"')]
-    opens = opens[_at(text, opens, first)]
+    opens = _written_at(text, np.flatnonzero(body == ord("{")), first)
     if opens.size != count:
         return None
     commas = np.flatnonzero(body == ord(","))
+    # A string's content may end in a comma: its closing quote is then followed by the
+    # next marker's comma or the element's brace, where a key's first letter follows a
+    # marker's quote.
     commas = commas[text[commas + 1] == ord('"')]
+    commas = commas[~_CLOSING[text[commas + 2]]]
     after = np.searchsorted(commas, opens)
     ends = np.append(opens[1:] - 2, size - 2)
     """Each element's closing brace."""
@@ -182,19 +182,19 @@ def _split(text: np.ndarray, size: int, count: int, keys: tuple[str, ...]) -> _V
         stop[number - 1] = at
         start[number] = at + len(keys[number].encode()) + 4
     stop[-1] = ends
-    first_bytes = text[start[:-1]]
-    empty = start[:-1] == stop[:-1]
-    nested = ((first_bytes == ord("{")) | (first_bytes == ord("["))) & ~empty
-    in_place = (start[-1] <= ends).all() and (text[start[1:] - 1] == ord(":")).all()
-    if nested.any() or not in_place:
+    # An empty (absent) value's first byte is the next marker's comma.
+    nested = _OPENING[text[start[:-1]]].any()
+    if nested or not ((start[-1] <= ends).all() and (text[start[1:] - 1] == ord(":")).all()):
         return None
     _absent_as(start, stop)
     return _Values(text, dict(zip(keys, start, strict=True)), dict(zip(keys, stop, strict=True)))
 
 
-def _encoded(structs: list[Any], keys: tuple[str, ...]) -> _Values | None:
-    """The structs' value spans in their msgspec encoding, or ``None`` (see ``_split``)."""
-    buffer = bytearray()
+def _encoded(structs: list[Any], keys: tuple[str, ...], text_bytes: int) -> _Values | None:
+    """The structs' value spans in their msgspec encoding, or ``None`` (see ``_split``).
+    The buffer is sized from the decoded text's ``text_bytes`` (and the keys an absent
+    value still writes), so that neither the encoding nor its padding copies it."""
+    buffer = bytearray(text_bytes + len(structs) * (sum(map(len, keys)) + 4 * len(keys)))
     _ENCODER.encode_into(structs, buffer)
     size = len(buffer)
     buffer.extend(bytes(json_values.PADDING))
@@ -285,7 +285,7 @@ class EventBlock:
     @cached_property
     def _fields(self) -> _Values:
         if self._exact:
-            encoded = _encoded(self._events, EVENT_KEYS)
+            encoded = _encoded(self._events, EVENT_KEYS, len(self._text))
             if encoded is not None:
                 return encoded
         return _addressed(self.text, self._events, EVENT_KEYS, self._base)
@@ -302,7 +302,7 @@ class EventBlock:
         sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
         piece_starts = np.cumsum(sizes + 1) - sizes
         structs = _decoder(self._args_keys).decode(joined)
-        found = _encoded(structs, self._args_keys) if self._exact else None
+        found = _encoded(structs, self._args_keys, len(joined)) if self._exact else None
         if found is None:
             text = padded(joined) if self._exact else self.text
             found = _addressed(text, structs, self._args_keys, _address(joined))
