@@ -47,9 +47,11 @@ from multicore_profiler.ingest.json_values import BadString, check_utf8, padded,
 from multicore_profiler.prefetch import ahead
 from multicore_profiler.storage.location import special_file
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 2 << 20
 """Text decoded at once: its events' structs take a few times its size, whatever the
-file's size."""
+file's size. Small, because msgspec holds the GIL while it decodes a chunk, which stalls
+the thread making the chunk before into columns: reading the A100 fixture took 234 ms
+in 2 MiB chunks, 272 ms in 4 MiB and 332 ms in 8 MiB (bench/trace_read.py)."""
 
 EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
 ARGS_KEYS = ("correlation", "External id", "stream", "device", "Task Type", "Stream Id")
