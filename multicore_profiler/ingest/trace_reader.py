@@ -47,11 +47,11 @@ from multicore_profiler.ingest.json_values import BadString, check_utf8, padded,
 from multicore_profiler.prefetch import ahead
 from multicore_profiler.storage.location import special_file
 
-CHUNK_BYTES = 2 << 20
+CHUNK_BYTES = 4 << 20
 """Text decoded at once: its events' structs take a few times its size, whatever the
-file's size. Small, because msgspec holds the GIL while it decodes a chunk, which stalls
-the thread making the chunk before into columns: reading the A100 fixture took 234 ms
-in 2 MiB chunks, 272 ms in 4 MiB and 332 ms in 8 MiB (bench/trace_read.py)."""
+file's size. Reading the A100 fixture (26 MB) took 265 ms in 1 MiB chunks, 299 ms in 4 MiB
+and 367 ms in 8 MiB (the columns of a smaller chunk stay in the CPU's caches); a 1 GB
+trace 11.1 s in 1 MiB, 9.1 s in 2 MiB, 8.7 s in 4 MiB and 8.8 s in 8 MiB."""
 
 EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
 ARGS_KEYS = ("correlation", "External id", "stream", "device", "Task Type", "Stream Id")
@@ -447,7 +447,10 @@ class TraceText:
         if self.form != "object":
             return {}
         document, _ = _decodable(self.prologue + self.epilogue)
-        values = msgspec.json.decode(document, type=dict[str, msgspec.Raw])
+        try:
+            values = msgspec.json.decode(document, type=dict[str, msgspec.Raw])
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise _fields_refused(self.path, exc) from None
         base = _address(document)
         shift = self.text_bytes - len(self.epilogue) - len(self.prologue)
         spans = {}
@@ -497,17 +500,22 @@ def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not a JSON value")
 
 
-def _decoded(guess: bytes, keys: tuple[str, ...] = EVENT_KEYS) -> tuple[list[Any], bytes, bool]:
-    """The structs of ``guess`` (a JSON array of objects), the buffer their values are
-    views of, and whether that is ``guess`` itself rather than a copy with escapes made
-    decodable (whose values are then read from the original text)."""
+def _fields_refused(path: Path, exc: BaseException) -> TraceFormatError:
+    return TraceFormatError(f"{path}: its top-level fields are not JSON: {exc}")
+
+
+def _decoded(guess: bytes) -> tuple[list[Any], bytes, bool]:
+    """The event structs of ``guess`` (a JSON array of objects), the buffer their values
+    are views of, and whether that is ``guess`` itself rather than a copy with escapes
+    made decodable (whose values are then read from the original text)."""
+    decoder = _decoder(EVENT_KEYS)
     try:
-        return _decoder(keys).decode(guess), guess, True
+        return decoder.decode(guess), guess, True
     except msgspec.DecodeError:
         safe, fixed = _decodable(guess)
         if not fixed:
             raise
-    return _decoder(keys).decode(safe), safe, False
+    return decoder.decode(safe), safe, False
 
 
 def _failure_byte(failure: BaseException) -> int | None:
@@ -593,17 +601,10 @@ class _Reader:
         except json.JSONDecodeError as exc:
             if exc.pos >= len(document) - 2:  # an array nested deeper, or not yet closed
                 return False
-            raise TraceFormatError(
-                f"{self.path}: its top-level fields are not JSON: {exc}"
-            ) from None
+            raise _fields_refused(self.path, exc) from None
         except (ValueError, RecursionError) as exc:
-            raise TraceFormatError(
-                f"{self.path}: its top-level fields are not JSON: {exc}"
-            ) from None
+            raise _fields_refused(self.path, exc) from None
         return True
-
-    def _not_json(self, exc: BaseException) -> TraceFormatError:
-        return TraceFormatError(f"{self.path}: its top-level fields are not JSON: {exc}")
 
     def _cut_prologue(self, end: int) -> None:
         self.trace.prologue = self.pending[:end]
@@ -707,13 +708,9 @@ class _Reader:
                     f"{self.path}: the text after the events array does not close the "
                     "document (a truncated file?)"
                 ) from None
-            raise TraceFormatError(
-                f"{self.path}: its top-level fields are not JSON: {exc}"
-            ) from None
+            raise _fields_refused(self.path, exc) from None
         except (ValueError, RecursionError) as exc:
-            raise TraceFormatError(
-                f"{self.path}: its top-level fields are not JSON: {exc}"
-            ) from None
+            raise _fields_refused(self.path, exc) from None
         fields.pop("traceEvents", None)
         trace.fields = fields
 
