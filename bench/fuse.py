@@ -203,29 +203,17 @@ def child(kind: str, *paths: str) -> dict[str, Any]:
 
         return {"api": [ingest_trace.__name__, merge_chrome_traces.__name__]}
     if kind == "json":
-        trace, out = paths
+        # json.load of every trace, the others' events appended to the first's, json.dump.
+        *traces, out = paths
         began = time.perf_counter()
-        with open(trace, encoding="utf-8") as source:
-            doc = json.load(source)
+        docs = []
+        for trace in traces:
+            with open(trace, encoding="utf-8") as source:
+                docs.append(json.load(source))
         loaded = time.perf_counter()
-        with open(out, "w", encoding="utf-8") as sink:
-            json.dump(doc, sink)
-        done = time.perf_counter()
-        return {
-            "load": loaded - began,
-            "dump": done - loaded,
-            "wall": done - began,
-            "events": len(doc["traceEvents"]),
-        }
-    if kind == "json-merge":
-        trace, mega_kernel_trace, out = paths
-        began = time.perf_counter()
-        with open(trace, encoding="utf-8") as source:
-            doc = json.load(source)
-        with open(mega_kernel_trace, encoding="utf-8") as source:
-            mega_kernel_doc = json.load(source)
-        loaded = time.perf_counter()
-        doc["traceEvents"].extend(mega_kernel_doc["traceEvents"])
+        doc = docs[0]
+        for other in docs[1:]:
+            doc["traceEvents"].extend(other["traceEvents"])
         merged = time.perf_counter()
         with open(out, "w", encoding="utf-8") as sink:
             json.dump(doc, sink)
@@ -325,6 +313,28 @@ def ratio(numerators: list[float], denominators: list[float]) -> list[float]:
 def spread(values: list[float]) -> str:
     """``median [min-max]``."""
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+Row = tuple[str, list[dict[str, Any]], str, str | None]
+"""A table row: its label, the runs, the time key and the peak RSS key (if shown)."""
+
+
+def baseline_rows(runs: list[dict[str, Any]], loaded: str, *, merged: bool) -> list[Row]:
+    """The rows of the json baseline in a case's table: load, (extend,) dump, total."""
+    rows: list[Row] = [(f"baseline json.load {loaded}", runs, "load", None)]
+    if merged:
+        rows.append(("baseline traceEvents.extend", runs, "merge", None))
+    rows.append(("baseline json.dump", runs, "dump", None))
+    return [*rows, ("baseline total", runs, "wall", "rss")]
+
+
+def ours_rows(runs: list[dict[str, Any]]) -> list[Row]:
+    """The rows of ours in a case's table: ingest, fuse, total."""
+    return [
+        ("ours ingest_trace", runs, "ingest", "rss_ingest"),
+        ("ours merge_chrome_traces (fuse write)", runs, "fuse", None),
+        ("ours total", runs, "wall", "rss"),
+    ]
 
 
 def table(
@@ -439,7 +449,7 @@ def bench(args: argparse.Namespace, root: Path) -> None:
     hyper_base, hyper, selection = rounds(
         args.repeat,
         [
-            Job("json-merge", (doubled, mega_kernel, out), (out,)),
+            Job("json", (doubled, mega_kernel, out), (out,)),
             Job("ours", (doubled, *ours_paths), (out, store)),
             Job("selection", (doubled, mk_store, run_id, out, store, pattern), (out, store)),
         ],
@@ -476,13 +486,8 @@ def bench(args: argparse.Namespace, root: Path) -> None:
         f"({mk_size / 1e6:,.0f} MB) = {hyper_size / 1e6:,.0f} MB of input text",
         hyper_size,
         [
-            ("baseline json.load outer + MegaKernel trace", hyper_base, "load", None),
-            ("baseline traceEvents.extend", hyper_base, "merge", None),
-            ("baseline json.dump", hyper_base, "dump", None),
-            ("baseline total", hyper_base, "wall", "rss"),
-            ("ours ingest_trace", hyper, "ingest", "rss_ingest"),
-            ("ours merge_chrome_traces (fuse write)", hyper, "fuse", None),
-            ("ours total", hyper, "wall", "rss"),
+            *baseline_rows(hyper_base, "outer + MegaKernel trace", merged=True),
+            *ours_rows(hyper),
             ("ours, MegaKernel from its store: ingest_trace", selection, "ingest", None),
             ("  merge_chrome_traces (fuse write)", selection, "fuse", None),
             ("  total", selection, "wall", "rss"),
@@ -497,12 +502,8 @@ def bench(args: argparse.Namespace, root: Path) -> None:
         f"({mk_size / 1e6:,.0f} MB) = {big_size / 1e6:,.0f} MB of input text",
         big_size,
         [
-            ("baseline json.load (outer trace)", big_base, "load", None),
-            ("baseline json.dump", big_base, "dump", None),
-            ("baseline total", big_base, "wall", "rss"),
-            ("ours ingest_trace", ours, "ingest", "rss_ingest"),
-            ("ours merge_chrome_traces (fuse write)", ours, "fuse", None),
-            ("ours total", ours, "wall", "rss"),
+            *baseline_rows(big_base, "outer trace", merged=False),
+            *ours_rows(ours),
         ],
     )
     big_speedup, _ = speedup_line("ours vs baseline", big_base, ours)
