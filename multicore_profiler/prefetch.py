@@ -1,5 +1,5 @@
 """Items made one ahead on a thread of their own, for a consumer whose work and the
-producer's release the GIL (numpy, DuckDB): the trace reader scans the next block while
+producer's release the GIL (numpy, DuckDB): the trace reader decodes the next chunk while
 this one becomes columns, the Perfetto writer's timeline makes the next group while this
 one is encoded. Imports nothing of the package, so every room may use it."""
 

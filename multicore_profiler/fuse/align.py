@@ -12,7 +12,7 @@ second look (a duration fallback, host alignment, an invocation longer than its 
 a lane) is written down for the report.
 
 The MegaKernel side (``MegaKernelSide``) gives the slices as the ``internal`` table and
-renders the added events: a standalone trace's events scanned from its text
+renders the added events: a standalone trace's events read from its text
 (``TraceSide``, which copies each slice's ``args``), or a store selection's ``Timeline``
 (``fuse.merge.TimelineSide``, rendered by the exporter's own renderer).
 """

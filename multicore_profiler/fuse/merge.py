@@ -305,7 +305,7 @@ def _rank(outer_rank: int | None, invocations: pa.Table, framework_trace: Any) -
 @dataclass
 class TimelineSide:
     """The MegaKernel side as a store selection's ``Timeline``, read whole: its slices and
-    arrows by value (no trace text to scan), written into the outer trace by the
+    arrows by value (no trace text to read), written into the outer trace by the
     exporter's renderer at the widths the standalone export of the selection has."""
 
     slices: pa.Table
