@@ -99,10 +99,10 @@ def _fixed_escape(match: re.Match[bytes]) -> bytes:
     return match[0]
 
 
-def _decodable(text: bytes) -> tuple[bytes, int]:
+def _decodable(text: bytes) -> bytes:
     """``text`` with each escape msgspec refuses (a UTF-16 surrogate, an unknown one)
-    replaced by a valid escape of the same length, and how many were."""
-    return _ESCAPE.subn(_fixed_escape, text)
+    replaced by a valid escape of the same length."""
+    return _ESCAPE.sub(_fixed_escape, text)
 
 
 def _address(buffer: Any) -> int:
@@ -446,7 +446,7 @@ class TraceText:
         trace, ``traceEvents`` excepted; known once the blocks are exhausted."""
         if self.form != "object":
             return {}
-        document, _ = _decodable(self.prologue + self.epilogue)
+        document = _decodable(self.prologue + self.epilogue)
         try:
             values = msgspec.json.decode(document, type=dict[str, msgspec.Raw])
         except (msgspec.DecodeError, RecursionError) as exc:
@@ -512,8 +512,8 @@ def _decoded(guess: bytes) -> tuple[list[Any], bytes, bool]:
     try:
         return decoder.decode(guess), guess, True
     except msgspec.DecodeError:
-        safe, fixed = _decodable(guess)
-        if not fixed:
+        safe = _decodable(guess)
+        if safe == guess:
             raise
     return decoder.decode(safe), safe, False
 
