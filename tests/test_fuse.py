@@ -13,6 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pytest
 from exact_json import events_of, load
@@ -27,6 +28,7 @@ from multicore_profiler.errors import FuseError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.fuse.align import frequency_check, kernel_pattern_for
 from multicore_profiler.fuse.merge import merge_chrome_traces
+from multicore_profiler.ingest import trace_reader
 from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
@@ -440,6 +442,41 @@ def test_rebase_shifts_every_event_exactly(store: Store, tmp_path: Path) -> None
         }
     starts = sorted(e["ts"] for e in added_slices(added) if e["name"] == "GMM1_WaitDependency")
     assert starts == [Decimal("10.125"), Decimal("60.001")]
+
+
+class _Events(msgspec.Struct):
+    traceEvents: list[msgspec.Raw]
+
+
+class _Time(msgspec.Struct):
+    ts: msgspec.Raw = msgspec.Raw()
+
+
+@pytest.mark.parametrize("rebase", [False, True])
+def test_outer_events_are_copied_byte_for_byte(
+    store: Store, tmp_path: Path, monkeypatch, rebase: bool
+) -> None:
+    """Each outer event's text is in the fused trace as written (read in many chunks),
+    with a rebase but for its ``ts`` value."""
+    monkeypatch.setattr(trace_reader, "CHUNK_BYTES", 256)
+    mega_kernel(store, launches=2)
+    kernels = [("HyperMegaMoe_kernel", "10.125", "40.000"), ("hyper_mega_moe", "60.001", "9.999")]
+    write_kineto(tmp_path / "k.json", kernels, base=EPOCH_US)
+    merge_chrome_traces(tmp_path / "k.json", store, tmp_path / "f.json", rebase_timestamps=rebase)
+    before = msgspec.json.decode((tmp_path / "k.json").read_bytes(), type=_Events).traceEvents
+    after = msgspec.json.decode((tmp_path / "f.json").read_bytes(), type=_Events).traceEvents
+    kept = [bytes(event) for event in after[: len(before)]]
+    written = [bytes(event) for event in before]
+    if rebase:
+
+        def without_ts(event: bytes) -> bytes:
+            ts = bytes(msgspec.json.decode(event, type=_Time).ts)
+            return event.replace(ts, b"@") if ts else event
+
+        assert [without_ts(e) for e in kept] == [without_ts(e) for e in written]
+        assert kept != written
+    else:
+        assert kept == written
 
 
 def test_rebase_keeps_string_timestamps_strings(store: Store, tmp_path: Path) -> None:
