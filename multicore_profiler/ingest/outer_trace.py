@@ -81,7 +81,7 @@ def _integers(block: EventBlock, key: str) -> pa.Array:
     is absent, a string (a ``pid`` or ``tid`` name) or not a number (``true``, an object).
     A number that is not an integer, or does not fit int64, is refused."""
     numbers = block.numbers(key, strings=False)
-    written = (block.span(key)[0] >= 0) & ~block.quoted(key)
+    written = (block.span(key)[0] >= 0) & ~numbers.quoted
     wrong = written & (numbers.overflow | (numbers.number & numbers.rounded))
     if wrong.any():
         row = int(np.argmax(wrong))

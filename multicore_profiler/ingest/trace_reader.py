@@ -31,7 +31,7 @@ import re
 import zlib
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from operator import attrgetter
 from pathlib import Path
@@ -349,13 +349,16 @@ class EventBlock:
 
     def numbers(self, key: str, decimals: int = 0, *, strings: bool = True) -> json_values.Numbers:
         """The field's numbers, exactly, scaled by 10^decimals (rounded half up below);
-        without ``strings``, strings holding a number are not read (absent)."""
+        without ``strings``, strings holding a number are not read (``quoted`` still
+        says where the strings are)."""
         start, stop = self.span(key)
-        if not strings:
-            start = np.where(self.quoted(key), -1, start)
         values = self._values(key)
         text = values.text if values is not None else padded(b"")
-        return json_values.numbers(text, start, stop, decimals)
+        if strings:
+            return json_values.numbers(text, start, stop, decimals)
+        quoted = self.quoted(key)
+        found = json_values.numbers(text, np.where(quoted, -1, start), stop, decimals)
+        return replace(found, quoted=quoted)
 
     def strings(self, key: str, *, raw: bool = False) -> pa.Array:
         """The field's strings (null where absent or JSON null); with ``raw``, each value's
@@ -554,9 +557,14 @@ class _Reader:
         self.comma = False
         """Whether ``pending`` follows an events' comma (an event must come next)."""
 
-    def _more(self, size: int | None = None) -> bool:
+    def _read(self, size: int | None = None) -> bytes:
+        """The next text (empty at the end), counted in ``text_bytes``."""
         chunk = self.source.read(size or CHUNK_BYTES)
         self.trace.text_bytes += len(chunk)
+        return chunk
+
+    def _more(self, size: int | None = None) -> bool:
+        chunk = self._read(size)
         self.pending += chunk
         return bool(chunk)
 
@@ -680,8 +688,7 @@ class _Reader:
             yield self._block(pending[:events_end], decoded)
         epilogue_at = self.offset + close
         rest = [pending[close:]]
-        while chunk := self.source.read(CHUNK_BYTES):
-            self.trace.text_bytes += len(chunk)
+        while chunk := self._read():
             rest.append(chunk)
         self.trace.events = self.index
         self.trace.epilogue = b"".join(rest)
