@@ -18,6 +18,10 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
     TrackEvent,
 )
 from perfetto_checker import (
+    BEGIN,
+    CLEARED,
+    END,
+    INSTANT,
     Flow,
     PerfettoRuleError,
     PerfettoTrace,
@@ -26,19 +30,13 @@ from perfetto_checker import (
     check_perfetto_files,
     read_perfetto_trace,
 )
+from perfetto_checker import NEEDS_STATE as NEEDS
 
 pytest_plugins = ["pytester"]
 
 BOOTTIME = 6
-CLEARED = TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-NEEDS = TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 EXPLICIT = TrackDescriptor.EXPLICIT
 NO_MERGE = TrackDescriptor.SIBLING_MERGE_BEHAVIOR_NONE
-BEGIN, END, INSTANT = (
-    TrackEvent.TYPE_SLICE_BEGIN,
-    TrackEvent.TYPE_SLICE_END,
-    TrackEvent.TYPE_INSTANT,
-)
 NestedValue = DebugAnnotation.NestedValue
 
 
