@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from functools import partial
 from importlib import resources
 from pathlib import Path
@@ -36,23 +35,18 @@ from multicore_profiler.storage.catalog import FileCatalog
 from multicore_profiler.storage.compact import CompactionReport, compact
 from multicore_profiler.storage.location import MARKER, StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
-    VERIFIED_PARQUET,
     CorruptFileError,
     read_verified,
     relative_path,
     schema_misfit,
-    write_partition,
+    verified_parquet,
 )
 from multicore_profiler.storage.retention import GcPlan, collect, plan_gc
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import (
-    CORES,
     DISCARDS,
     INVOCATIONS,
-    RECORDS,
-    RUNS,
     TABLES,
-    TASKS,
     TableSpec,
 )
 from multicore_profiler.storage.selectors import RunSelector
@@ -60,6 +54,7 @@ from multicore_profiler.storage.sql_modules import InstalledModules
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string, sql_strings
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
 from multicore_profiler.storage.vacuum import GRACE
+from multicore_profiler.storage.writes import StoreWrites
 
 STORE_ENV = "MCPROF_STORE"
 DEFAULT_STORE = "mcprof-store"
@@ -113,6 +108,7 @@ class Store(Extensible):
                 _init_remote(location, create)
         _check_marker(location)
         self._location = location
+        self._writes = StoreWrites(location)
         self._lock = StoreLock(location.directory) if location.is_local else None
         self._views = threading.Lock()
         self._db = duckdb.connect()
@@ -352,7 +348,7 @@ class Store(Extensible):
             dataset = ds.dataset(
                 list(files),
                 schema=pa.unify_schemas([partitions, spec.schema]),
-                format=VERIFIED_PARQUET,
+                format=verified_parquet(),
                 filesystem=self._location.filesystem,
                 partitioning=ds.partitioning(partitions, flavor="hive"),
                 partition_base_dir=self._location.join(spec.name),
@@ -473,7 +469,7 @@ class Store(Extensible):
 
     def write_run(self, run: RunInfo) -> None:
         """Record a run's current state (a newer row for the same run supersedes older ones)."""
-        write_partition(self._location, RUNS, {"run_id": run.run_id}, run.to_table())
+        self._writes.write_run(run)
 
     def write_step(
         self,
@@ -489,30 +485,12 @@ class Store(Extensible):
         Cores and records are written first and the invocations last, all stamped with
         a fresh ``write_id``: until the invocations' file exists, no view shows the
         step's rows, so a writer that dies half-way leaves nothing a query sees, even
-        after a retry writes the same invocation ids.
+        after a retry writes the same invocation ids. What a crash or a power cut can
+        lose: see ``StoreWrites.write_step``.
         """
-        if invocations.num_rows == 0:
-            raise StoreError("a step needs at least one invocation")
-        steps = pc.unique(invocations["step"]).to_pylist()
-        if steps != [step]:
-            raise StoreError(f"invocations written to step {step} carry steps {steps}")
-        for name, table in (("cores", cores), ("records", records)):
-            for key in ("rank", "invocation_id"):
-                if key in table.column_names and not _within(table[key], invocations[key]):
-                    raise StoreError(f"{name} rows name a {key} that no invocation of the step has")
-        write_id = pa.scalar(secrets.randbits(63), pa.int64())
-        partition = {"run_id": run_id, "step": step}
-        # A writer's rows are their own origin (only a compaction rewrites them).
-        if "origin_write_id" in invocations.column_names:
-            invocations = invocations.drop_columns(["origin_write_id"])
-        invocations = invocations.append_column(
-            "origin_write_id", pa.nulls(invocations.num_rows, pa.int64())
+        return self._writes.write_step(
+            run_id, step, invocations=invocations, cores=cores, records=records
         )
-        for spec, table in ((RECORDS, records), (CORES, cores), (INVOCATIONS, invocations)):
-            if table.num_rows or spec is INVOCATIONS:
-                stamped = table.append_column("write_id", pa.repeat(write_id, table.num_rows))
-                write_partition(self._location, spec, partition, stamped)
-        return write_id.as_py()
 
     def write_tasks(self, run_id: str, tasks: pa.Table) -> str:
         """Write task graphs (rows of the ``tasks`` table) of a run; return the file.
@@ -520,9 +498,7 @@ class Store(Extensible):
         A graph is keyed by (rank, config_id); writing one again (a retry) adds no row
         to the ``tasks`` view.
         """
-        if tasks.num_rows == 0:
-            raise StoreError("no task to write")
-        return write_partition(self._location, TASKS, {"run_id": run_id}, tasks)
+        return self._writes.write_tasks(run_id, tasks)
 
     def discard_writes(
         self,
@@ -535,22 +511,7 @@ class Store(Extensible):
     ) -> None:
         """Withdraw committed step writes of a rank: one file, after which no view shows
         any of their rows (all of them disappear at once)."""
-        if not write_ids:
-            return
-        count = len(write_ids)
-        rows = pa.table(
-            {
-                "rank": pa.repeat(pa.scalar(rank, pa.int32()), count),
-                "write_id": pa.array(write_ids, pa.int64()),
-                "window_id": pa.repeat(pa.scalar(window_id, pa.int64()), count),
-                "discarded_at": pa.repeat(pa.scalar(datetime.now(timezone.utc)), count),
-                "reason": pa.repeat(pa.scalar(reason, pa.string()), count),
-                "replaced_by": pa.nulls(count, pa.int64()),
-                "origin_write_id": pa.nulls(count, pa.int64()),
-                "generation": pa.nulls(count, pa.int32()),
-            }
-        )
-        write_partition(self._location, DISCARDS, {"run_id": run_id}, rows)
+        self._writes.discard_writes(run_id, rank, write_ids, window_id=window_id, reason=reason)
 
     def close(self) -> None:
         """Release the DuckDB connection."""
@@ -564,19 +525,6 @@ class Store(Extensible):
 
     def __repr__(self) -> str:
         return f"Store({self.uri!r})"
-
-
-def _within(values: pa.ChunkedArray, allowed: pa.ChunkedArray) -> bool:
-    """Whether every value is one of ``allowed``: by min and max when ``allowed`` is a
-    range of integers without holes (the usual case), else by lookup."""
-    allowed = pc.unique(allowed)
-    low, high = pc.min_max(allowed).values()
-    if low.is_valid and high.as_py() - low.as_py() + 1 == len(allowed):
-        seen = pc.min_max(values)
-        return len(values) == 0 or (
-            seen["min"].as_py() >= low.as_py() and seen["max"].as_py() <= high.as_py()
-        )
-    return pc.all(pc.is_in(values, value_set=allowed)).as_py() is not False
 
 
 def open_store(

@@ -34,9 +34,9 @@ from multicore_profiler.storage.partitions import (
     ORPHAN_AGE,
     PARQUET_SUFFIX,
     TMP_SUFFIX,
-    VERIFIED_PARQUET,
     past_orphan_age,
     read_verified,
+    verified_parquet,
 )
 from multicore_profiler.storage.schema import (
     CORES,
@@ -120,7 +120,7 @@ def run_files(location: StoreLocation, run_id: str) -> RunFiles:
         paths = sorted(info.path for info in infos[spec.name])
         if not paths:
             continue
-        dataset = ds.dataset(paths, format=VERIFIED_PARQUET, filesystem=location.filesystem)
+        dataset = ds.dataset(paths, format=verified_parquet(), filesystem=location.filesystem)
         try:
             keys = dataset.to_table(columns=["rank", "write_id", "__filename"])
         except (pa.ArrowException, OSError):

@@ -1,0 +1,204 @@
+"""What adds rows to a store: runs, steps, task graphs, discards.
+
+``StoreWrites(location)`` writes files and reads none, so it needs no DuckDB,
+``pyarrow.dataset``, pandas or torch: a writer process that only adds a job's steps
+imports this module alone (``Store`` delegates its write methods here). The location is
+that of a store already made (``Store.location``); it pickles, so it can be sent to that
+process.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from multicore_profiler.errors import StoreError
+from multicore_profiler.limits import INT64_MAX
+from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.partitions import write_partition
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.schema import (
+    CORES,
+    DISCARDS,
+    INVOCATIONS,
+    RECORDS,
+    RUNS,
+    TASKS,
+    TableSpec,
+)
+
+_STEP_KEYS = ("rank", "invocation_id")
+"""The columns by which a step's cores and records name their invocation."""
+
+
+def new_write_id() -> int:
+    """A write id no other write will draw (63 random bits)."""
+    return secrets.randbits(63)
+
+
+class StoreWrites:
+    """The write methods of the store at ``location``; see the module docstring."""
+
+    def __init__(self, location: StoreLocation) -> None:
+        self._location = location
+
+    @property
+    def location(self) -> StoreLocation:
+        """Where the rows go."""
+        return self._location
+
+    def write_run(self, run: RunInfo) -> None:
+        """Record a run's current state (a newer row for the same run supersedes older ones)."""
+        write_partition(self._location, RUNS, {"run_id": run.run_id}, run.to_table())
+
+    def write_step(
+        self,
+        run_id: str,
+        step: int,
+        *,
+        invocations: pa.Table,
+        cores: pa.Table,
+        records: pa.Table,
+        write_id: int | None = None,
+    ) -> int:
+        """Write one step's invocations with their cores and records; return the write id.
+
+        Cores and records are written first and the invocations last, all stamped with
+        a fresh ``write_id`` (or the one given: a capture session picks it, so that it
+        can withdraw the step even if its writer dies before saying it was written):
+        until the invocations' file exists, no view shows the step's rows, so a writer
+        that dies half-way leaves nothing a query sees, even after a retry writes the
+        same invocation ids.
+
+        Durability: only the invocations file, the step's commit, is flushed to disk
+        (the file, then its directory after the rename): one commit per step. The cores
+        and records files are renamed into place without a flush of their own. A
+        process crash (the writer's or the job's) still loses at most the step being
+        written: the files of a committed step are in the kernel's page cache, which
+        outlives the process. Only a power cut (or a kernel crash) before the page cache
+        is written back can lose the cores and records files of the last steps
+        committed, whose invocations then show without them.
+        """
+        if invocations.num_rows == 0:
+            raise StoreError("a step needs at least one invocation")
+        steps = pc.unique(invocations["step"]).to_pylist()
+        if steps != [step]:
+            raise StoreError(f"invocations written to step {step} carry steps {steps}")
+        allowed: dict[str, _Allowed] = {}  # each made once, for both tables
+        for name, table in (("cores", cores), ("records", records)):
+            for key in _STEP_KEYS:
+                if not _has(table, key):
+                    continue
+                if key not in allowed:
+                    allowed[key] = _Allowed(invocations[key])
+                if not allowed[key].holds(table[key]):
+                    raise StoreError(f"{name} rows name a {key} that no invocation of the step has")
+        if write_id is None:
+            write_id = new_write_id()
+        elif (
+            isinstance(write_id, bool)
+            or not isinstance(write_id, int)
+            or not (0 <= write_id <= INT64_MAX)
+        ):
+            raise StoreError(f"a write id is a non-negative int64, got {write_id!r}")
+        partition = {"run_id": run_id, "step": step}
+        for spec, table in ((RECORDS, records), (CORES, cores)):
+            if table.num_rows:
+                write_partition(
+                    self._location, spec, partition, _stamped(table, spec, write_id), durable=False
+                )
+        # A writer's rows are their own origin (only a compaction rewrites them).
+        if _has(invocations, "origin_write_id"):
+            invocations = invocations.drop_columns(["origin_write_id"])
+        commit = _insert(
+            _stamped(invocations, INVOCATIONS, write_id),
+            INVOCATIONS,
+            "origin_write_id",
+            pa.nulls(invocations.num_rows, pa.int64()),
+        )
+        write_partition(self._location, INVOCATIONS, partition, commit)
+        return write_id
+
+    def write_tasks(self, run_id: str, tasks: pa.Table) -> str:
+        """Write task graphs (rows of the ``tasks`` table) of a run; return the file.
+
+        A graph is keyed by (rank, config_id); writing one again (a retry) adds no row
+        to the ``tasks`` view.
+        """
+        if tasks.num_rows == 0:
+            raise StoreError("no task to write")
+        return write_partition(self._location, TASKS, {"run_id": run_id}, tasks)
+
+    def discard_writes(
+        self,
+        run_id: str,
+        rank: int,
+        write_ids: Sequence[int],
+        *,
+        window_id: int | None = None,
+        reason: str = "",
+    ) -> None:
+        """Withdraw committed step writes of a rank: one file, after which no view shows
+        any of their rows (all of them disappear at once)."""
+        if not write_ids:
+            return
+        count = len(write_ids)
+        rows = pa.table(
+            {
+                "rank": pa.repeat(pa.scalar(rank, pa.int32()), count),
+                "write_id": pa.array(write_ids, pa.int64()),
+                "window_id": pa.repeat(pa.scalar(window_id, pa.int64()), count),
+                "discarded_at": pa.repeat(pa.scalar(datetime.now(timezone.utc)), count),
+                "reason": pa.repeat(pa.scalar(reason, pa.string()), count),
+                "replaced_by": pa.nulls(count, pa.int64()),
+                "origin_write_id": pa.nulls(count, pa.int64()),
+                "generation": pa.nulls(count, pa.int32()),
+            }
+        )
+        write_partition(self._location, DISCARDS, {"run_id": run_id}, rows)
+
+    def __repr__(self) -> str:
+        return f"StoreWrites({self._location.uri!r})"
+
+
+class _Allowed:
+    """The values of an invocations column a step's other rows may take, checked by min
+    and max when they are a range of integers without holes (the usual case), else by
+    lookup."""
+
+    def __init__(self, allowed: pa.ChunkedArray) -> None:
+        self._values = pc.unique(allowed)
+        low, high = pc.min_max(self._values).values()
+        whole = low.is_valid and high.as_py() - low.as_py() + 1 == len(self._values)
+        self._range = (low.as_py(), high.as_py()) if whole else None
+
+    def holds(self, values: pa.ChunkedArray) -> bool:
+        """Whether every one of ``values`` is allowed."""
+        if self._range is None:
+            return pc.all(pc.is_in(values, value_set=self._values)).as_py() is not False
+        if len(values) == 0:
+            return True
+        seen = pc.min_max(values)
+        return seen["min"].as_py() >= self._range[0] and seen["max"].as_py() <= self._range[1]
+
+
+def _has(table: pa.Table, name: str) -> bool:
+    """Whether ``table`` has a column ``name`` (without listing its names, 8 us a table)."""
+    return bool(table.schema.get_all_field_indices(name))
+
+
+def _stamped(table: pa.Table, spec: TableSpec, write_id: int) -> pa.Table:
+    """``table`` with a ``write_id`` column of one value."""
+    return _insert(table, spec, "write_id", pa.repeat(pa.scalar(write_id, pa.int64()), len(table)))
+
+
+def _insert(table: pa.Table, spec: TableSpec, name: str, column: pa.Array) -> pa.Table:
+    """``table`` with ``column`` added where the spec has it (at the end when ``table``
+    has fewer columns before it): a table in the spec's order stays so, and is written
+    without reordering."""
+    index = min(spec.schema.get_field_index(name), table.num_columns)
+    return table.add_column(index, name, column)
