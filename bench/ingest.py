@@ -24,8 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.abi import CoreType
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.decode import decode_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store

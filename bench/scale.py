@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import decode_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches, step_tables
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store

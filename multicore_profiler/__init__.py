@@ -39,10 +39,11 @@ from multicore_profiler.export.perfetto_trace import export_perfetto_trace
 from multicore_profiler.export.timeline import RecordSelection, Timeline, open_timeline
 from multicore_profiler.export.trace_formats import export_trace
 from multicore_profiler.fuse.merge import MergedTrace, merge_chrome_traces
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
 from multicore_profiler.ingest.outer_trace import TraceSource, ingest_trace
 from multicore_profiler.ingest.schedule import ProfilerAction, schedule
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.selectors import RunSelector
 from multicore_profiler.storage.store import Store, open_store

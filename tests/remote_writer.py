@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage import location as location_module
 from multicore_profiler.storage.runs import RunInfo

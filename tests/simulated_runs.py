@@ -6,7 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store

@@ -23,8 +23,8 @@ from multicore_profiler.abi import (
     CoreType,
 )
 from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches, step_tables
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 
 GOLDEN_LAYOUT = BufferLayout(aic_slots=2, aiv_slots=3, aic_capacity=16, aiv_capacity=16)

@@ -27,7 +27,8 @@ from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.cli import main
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import open_store
 

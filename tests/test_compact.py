@@ -13,7 +13,8 @@ import pytest
 from polling_reader import QUERY, poll_during
 
 from multicore_profiler.errors import StoreError
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.partitions import write_partition
 from multicore_profiler.storage.runs import RunInfo
@@ -148,7 +149,8 @@ def test_a_compaction_killed_mid_swap_is_finished_by_the_next_reader(tmp_path: P
 
 WRITER = """
 import sys, numpy as np
-from multicore_profiler.ingest.buffers import Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.store import open_store
 store = open_store(sys.argv[1])

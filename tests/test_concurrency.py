@@ -29,7 +29,8 @@ PER_LAUNCH = SimulatedMoeKernel(**KERNEL).records_per_launch
 WRITER = """
 import sys, time, numpy as np
 from pathlib import Path
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import open_store
@@ -109,15 +110,15 @@ partitions.pq = type("pq", (), {"ParquetWriter": Stalling})
 STALL = False
 """,
     "before-commit": """
-import multicore_profiler.storage.store as store_module
+import multicore_profiler.storage.writes as writes_module
 from multicore_profiler.storage.schema import INVOCATIONS
-real_write = store_module.write_partition
-def stalling(root, spec, values, table):
+real_write = writes_module.write_partition
+def stalling(root, spec, values, table, **options):
     if STALL and spec is INVOCATIONS:
         Path(sys.argv[1], "stalled").touch()
         time.sleep(600)
-    return real_write(root, spec, values, table)
-store_module.write_partition = stalling
+    return real_write(root, spec, values, table, **options)
+writes_module.write_partition = stalling
 STALL = False
 """,
 }

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import torch
 from golden import AIC, AIV, NO_OWNER, TASK7, TRIGGER, WAIT, Slot, pack
@@ -189,3 +191,67 @@ def test_buffers_are_read_in_place() -> None:
     view = as_byte_array(memoryview(raw))
     raw[1] = 9
     assert view[1] == 9
+
+
+def test_a_two_dimensional_batch_lists_records_by_core_type_then_buffer() -> None:
+    """A batch given as one array is gathered a cache-sized chunk of buffers at a time, each
+    chunk's AIC records before its AIV ones; a list of buffers, buffer after buffer."""
+    buffers = [
+        pack(2, 3, 16, 16, [Slot(AIC, 0, b, [(b, b + 1, 3, 0, 0, 0)]), Slot(AIV, 1, b, TASK7)])
+        for b in (10, 20)
+    ]
+    stacked = np.stack([np.frombuffer(b, np.uint8) for b in buffers])
+    as_array = decode_buffers(stacked, LAYOUT, frequency_hz=1e9).records
+    as_list = decode_buffers(buffers, LAYOUT, frequency_hz=1e9).records
+
+    def order(records: pa.Table) -> list[tuple[int, int]]:
+        columns = (records["buffer"].to_pylist(), records["core_type"].to_pylist())
+        return list(zip(*columns, strict=True))
+
+    assert order(as_array) == [(0, AIC), (1, AIC)] + [(0, AIV)] * 3 + [(1, AIV)] * 3
+    assert order(as_list) == [(0, AIC)] + [(0, AIV)] * 3 + [(1, AIC)] + [(1, AIV)] * 3
+
+
+def test_buffers_gathered_in_several_pieces_decode_as_one_by_one() -> None:
+    """Slots of 256 records: each buffer of the batch is gathered in several pieces."""
+    layout = BufferLayout(aic_slots=24, aiv_slots=48, aic_capacity=256, aiv_capacity=256)
+
+    def slot(core: int, block: int, b: int) -> Slot:
+        count = (block * 37 + b * 11) % 256 + 1
+        base = 10**6 * (b + 1) + 1000 * block
+        return Slot(
+            core, block, base, [(base + i, base + i + 1, 3, i, block, b) for i in range(count)]
+        )
+
+    buffers = [
+        pack(
+            24,
+            48,
+            256,
+            256,
+            [slot(AIC, k, b) for k in range(24)] + [slot(AIV, k, b) for k in range(0, 48, 3)],
+        )
+        for b in range(3)
+    ]
+    batch = decode_buffers(
+        np.stack([np.frombuffer(b, np.uint8) for b in buffers]), layout, frequency_hz=1e9
+    )
+    for b, buffer in enumerate(buffers):
+        alone = decode_buffer(buffer, layout, frequency_hz=1e9)
+        rows = batch.records.filter(pc.equal(batch.records["buffer"], b))
+        assert rows.drop_columns(["buffer"]).equals(alone.records.drop_columns(["buffer"]))
+    records = batch.records.filter(
+        pc.and_(pc.equal(batch.records["buffer"], 1), pc.equal(batch.records["block_id"], 30))
+    )
+    count = (30 * 37 + 11) % 256 + 1
+    assert records["record_index"].to_pylist() == list(range(count))
+    assert records["start_cycle"].to_pylist() == [2 * 10**6 + 30000 + i for i in range(count)]
+    assert batch.record_counts.tolist() == [
+        sum((k * 37 + b * 11) % 256 + 1 for k in [*range(24), *range(0, 48, 3)]) for b in range(3)
+    ]
+
+
+def test_a_batch_without_drops_has_no_partial_slots() -> None:
+    decoded = decode_buffers([golden(), golden(), golden()], LAYOUT, frequency_hz=1e9)
+    assert decoded.partial_slots.to_pylist() == [[], [], []]
+    assert decoded.partial_slots.type == pa.list_(pa.uint32())

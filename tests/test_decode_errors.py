@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from golden import AIC, AIV, Slot, pack
 
-from multicore_profiler.abi import BufferLayout
+from multicore_profiler.abi import BufferLayout, CoreType
 from multicore_profiler.errors import (
     BufferSizeError,
     DecodeError,
@@ -146,3 +146,27 @@ def test_every_decode_error_is_a_profile_error() -> None:
     for error in (BufferSizeError, SlotError, RecordError, FrequencyError, EmptyBufferError):
         assert issubclass(error, DecodeError)
         assert issubclass(error, ProfileError)
+
+
+def test_errors_in_a_later_piece_of_a_batch_name_their_record() -> None:
+    """Slots of 256 records: the bad record lies in a later piece of a later buffer."""
+    full = [(10 + i, 11 + i, 3, i, 0, 0) for i in range(256)]
+
+    def big(*slots: Slot) -> bytes:
+        return bytes(pack(4, 8, 256, 256, [*(Slot(AIC, k, 10, full) for k in range(4)), *slots]))
+
+    late = [*full[:150], (500, 499, 3, 150, 0, 0), *full[151:]]
+    batch = np.stack(
+        [np.frombuffer(b, np.uint8) for b in (big(), big(Slot(AIV, 6, 10, late)), big())]
+    )
+    with pytest.raises(RecordError) as raised:
+        decode_buffers(batch, BufferLayout(4, 8, 256, 256), frequency_hz=1e9)
+    assert (raised.value.buffer, raised.value.slot, raised.value.record) == (1, 10, 150)
+    assert str(raised.value) == (
+        "buffer 1, slot 10 (AIV block 6), record 150: end_cycle 499 is before start_cycle 500 "
+        "(1 such record(s) in all)"
+    )
+    idle = bytearray(big())
+    idle[BufferLayout(4, 8, 256, 256).offset(CoreType.AIV) + 3 * (64 + 256 * 32) + 64 + 7] = 1
+    with pytest.raises(SlotError, match=r"^buffer 2, slot 7 \(AIV block 3\): the header is all"):
+        decode_buffers([big(), big(), idle], BufferLayout(4, 8, 256, 256), frequency_hz=1e9)

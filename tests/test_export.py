@@ -30,9 +30,10 @@ from multicore_profiler.errors import (
     SessionError,
 )
 from multicore_profiler.export.chrome_trace import export_chrome_trace
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.schedule import schedule
 from multicore_profiler.ingest.session import mega_kernel_profile
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store

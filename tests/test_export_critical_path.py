@@ -33,7 +33,8 @@ from trace_checker import check_trace, load_trace
 from multicore_profiler import cli
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.export.timeline import RecordSelection, open_timeline
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 

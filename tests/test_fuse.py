@@ -29,7 +29,8 @@ from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.fuse.align import frequency_check, kernel_pattern_for
 from multicore_profiler.fuse.merge import merge_chrome_traces
 from multicore_profiler.ingest import trace_reader
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 

@@ -24,8 +24,9 @@ from multicore_profiler.errors import ArgumentError, FuseError, TraceFormatError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.fuse.align import invocation_lanes
 from multicore_profiler.fuse.merge import merge_chrome_traces
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.outer_trace import ingest_trace
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 

@@ -11,7 +11,8 @@ from golden import AIC, AIV, NO_OWNER, TASK7, Slot, pack
 
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import BufferSizeError, StoreError
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_into_run
+from multicore_profiler.ingest.buffers import ingest_into_run
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 

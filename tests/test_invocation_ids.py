@@ -13,7 +13,8 @@ import pytest
 from hostile import snapshot
 
 from multicore_profiler.errors import ArgumentError, StoreError
-from multicore_profiler.ingest.buffers import Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.limits import INT64_MAX
 from multicore_profiler.storage import claims

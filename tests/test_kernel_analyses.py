@@ -17,7 +17,8 @@ from multicore_profiler import analyze, what_if
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.errors import AnalysisError, ArgumentError
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 

@@ -36,7 +36,8 @@ from multicore_profiler.export.perfetto_trace import (
 )
 from multicore_profiler.export.timeline import RecordSelection
 from multicore_profiler.export.trace_formats import export_trace, trace_format
-from multicore_profiler.ingest.buffers import Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import DroppedRecordsWarning
-from multicore_profiler.ingest.buffers import Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.storage.store import open_store
 
 U32 = st.integers(0, 2**32 - 1)

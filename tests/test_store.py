@@ -13,7 +13,8 @@ from golden import AIC, AIV, NO_OWNER, TASK7, TRIGGER, WAIT, Slot, pack
 
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import QueryError, StoreError
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage import store as store_module
 from multicore_profiler.storage.partitions import write_partition
 from multicore_profiler.storage.runs import RunInfo

@@ -20,7 +20,8 @@ import pytest
 from hostile import refused, snapshot
 
 from multicore_profiler.errors import IntegrityError, QueryError, StoreError
-from multicore_profiler.ingest.buffers import Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage import store as store_module
 from multicore_profiler.storage.check import CheckReport, Problem, check_store

@@ -12,7 +12,8 @@ from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 from task_graphs import tasks_table
 
 from multicore_profiler.abi import BufferLayout
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.cli.arguments import Parents, in_range, open_given_store, path, text
 from multicore_profiler.errors import ArgumentError, ProfileError
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_into_run
+from multicore_profiler.ingest.buffers import ingest_into_run
 from multicore_profiler.ingest.decode import decode_buffers, read_buffer_file
 from multicore_profiler.ingest.outer_trace import ingest_trace
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.limits import (
     DESC_ID,
     DEVICE,

@@ -6,9 +6,11 @@ starts, or lies 2^63 cycles or more from its buffer's anchor) or a buffer with n
 record at all raises a ``DecodeError`` naming the buffer, slot, record and field;
 nothing partial is ever returned. Dropped records are no error: the decoder warns and
 keeps every record, also where a slot that is not full counts drops. The work is
-vectorized: the headers of all buffers are checked at once, and records are taken a
-cache-sized batch of buffers at a time by one boolean gather of the valid 32-byte
-records and one copy per field.
+vectorized, so that a batch of a few small buffers costs little more than a few dozen
+numpy calls: the headers of all buffers are gathered and checked at once (the checks
+that name a problem run only once one is seen), and records are taken a cache-sized
+piece of a batch at a time by one gather of the valid 32-byte records and one copy per
+field type, their slots' ids repeated for the whole batch at once.
 """
 
 from __future__ import annotations
@@ -50,7 +52,22 @@ from multicore_profiler.storage.location import special_file
 BufferLike = Any
 """bytes, bytearray, memoryview, a contiguous numpy array or a contiguous CPU torch tensor."""
 
-_PHASE_DICTIONARY = pa.array(PHASES, pa.string())
+_PHASE_TYPE = pa.dictionary(pa.int8(), pa.string())
+_CONTROL = (DESC_WAIT_DEPENDENCY, DESC_TRIGGER_EVENT, DESC_TERMINATE_TASK)
+"""The control desc ids, in the order of their phase codes 1, 2 and 3 (0 is compute)."""
+_CONTROL_BASE = np.uint32(min(_CONTROL))
+_PHASE_CODES = np.zeros(max(_CONTROL) - min(_CONTROL) + 2, np.int8)
+"""Phase code of ``desc_id - _CONTROL_BASE``, clipped to the last entry (compute)."""
+_PHASE_CODES[np.subtract(_CONTROL, min(_CONTROL))] = (1, 2, 3)
+
+
+@functools.cache
+def _phase_dictionary() -> pa.StringArray:
+    """The dictionary of ``records.phase``: ``PHASES``. Made on first use, as pyarrow imports
+    pandas to convert Python values, which importing this module must not."""
+    return pa.array(PHASES, pa.string())
+
+
 _CHUNK_RECORDS = 16384
 """Record capacity gathered at a time, so that the gather and the field copies stay in cache."""
 
@@ -163,12 +180,22 @@ class DecodedBuffers:
         A recorder that reserves a task's records together drops them all when they do
         not all fit, so such a slot is valid; its records are kept as written.
         """
+        if not self.dropped_counts.any():
+            return _empty_lists(self.buffers)
         partial = _partial(self.cores)
         buffers = self.cores["buffer"].to_numpy()[partial]
         offsets = np.zeros(self.buffers + 1, np.int32)
         np.cumsum(np.bincount(buffers, minlength=self.buffers), out=offsets[1:])
         slots = pa.array(self.cores["slot"].to_numpy()[partial], pa.uint32())
         return pa.ListArray.from_arrays(pa.array(offsets), slots)
+
+
+@functools.lru_cache(maxsize=16)
+def _empty_lists(count: int) -> pa.ListArray:
+    """``count`` empty lists of slots: the ``partial_slots`` of a batch without drops."""
+    return pa.ListArray.from_arrays(
+        pa.array(np.zeros(count + 1, np.int32)), pa.array([], pa.uint32())
+    )
 
 
 def _partial(slots: pa.Table | np.ndarray) -> np.ndarray:
@@ -179,23 +206,60 @@ def _partial(slots: pa.Table | np.ndarray) -> np.ndarray:
     return (dropped > 0) & (count < capacity)
 
 
+_IDENTITY = ("core_type", "block_id", "record_capacity", "reserved")
+"""The header fields a slot's place in the layout fixes; they lie next to each other."""
+_IDENTITY_WORDS = slice(
+    SLOT_HEADER_DTYPE.fields[_IDENTITY[0]][1] // 4,
+    SLOT_HEADER_DTYPE.fields[_IDENTITY[-1]][1] // 4 + 1,
+)
+"""Where they lie in a header read as 32-bit words."""
+_NO_ANCHOR = np.iinfo(np.uint64).max
+"""What a slot without records gives the smallest entry cycle of its buffer: nothing."""
+
+
 @dataclass(frozen=True)
 class _Slots:
-    """Per-slot facts of a layout, as arrays indexed by slot."""
+    """Per-slot facts of a layout, as read-only arrays indexed by slot."""
 
     core_type: np.ndarray
     block_id: np.ndarray
     capacity: np.ndarray
+    identity: np.ndarray
+    """The ``_IDENTITY`` words each slot's header must hold (slot x 4)."""
+    start: np.ndarray
+    """The byte offset of each slot in a buffer."""
+    header: np.ndarray
+    """Where each slot's header lies in a buffer, in 64-byte units (every slot starts at a
+    multiple of 64 bytes: its stride is 64 + capacity x 32 bytes, capacity a multiple of 16)."""
 
-    @classmethod
-    def of(cls, layout: BufferLayout) -> _Slots:
-        kinds = (CoreType.AIC, CoreType.AIV)
-        counts = [layout.slots(k) for k in kinds]
-        return cls(
-            core_type=np.repeat(np.array(kinds, np.uint8), counts),
-            block_id=np.concatenate([np.arange(n, dtype=np.uint32) for n in counts]),
-            capacity=np.repeat([layout.capacity(k) for k in kinds], counts),
-        )
+
+@functools.lru_cache(maxsize=16)
+def _slots_of(layout: BufferLayout) -> _Slots:
+    """The per-slot facts of a layout, made once."""
+    kinds = (CoreType.AIC, CoreType.AIV)
+    counts = [layout.slots(k) for k in kinds]
+    core_type = np.repeat(np.array(kinds, np.uint8), counts)
+    block_id = np.concatenate([np.arange(n, dtype=np.uint32) for n in counts])
+    capacity = np.repeat([layout.capacity(k) for k in kinds], counts)
+    start = np.concatenate(
+        [
+            layout.offset(k) + layout.stride(k) * np.arange(n)
+            for k, n in zip(kinds, counts, strict=True)
+        ]
+    )
+    slots = _Slots(
+        core_type=core_type,
+        block_id=block_id,
+        capacity=capacity,
+        identity=np.stack([core_type, block_id, capacity, np.zeros_like(capacity)], 1).astype(
+            np.uint32
+        ),
+        start=start,
+        header=start // SLOT_HEADER_BYTES,
+    )
+    for array in vars(slots).values():
+        array.flags.writeable = False
+    return slots
 
 
 class _Locator:
@@ -301,27 +365,21 @@ def decode_buffers(
     count = sum(len(g) for g in groups)
     if count == 0:
         raise DecodeError("no buffer to decode")
-    slots = _Slots.of(layout)
+    slots = _slots_of(layout)
     where = _Locator(slots, count)
 
-    raw = np.concatenate(
-        [
-            np.concatenate(
-                [
-                    layout.slot_bytes(g, kind)[:, :, :SLOT_HEADER_BYTES]
-                    for kind in (CoreType.AIC, CoreType.AIV)
-                ],
-                axis=1,
-            )
-            for g in groups
-        ]
-    )
+    parts = [np.take(g.view(f"V{SLOT_HEADER_BYTES}"), slots.header, axis=1) for g in groups]
+    raw = (parts[0] if len(parts) == 1 else np.concatenate(parts)).view("<u4")
+    raw = raw.reshape(count, layout.total_slots, -1)
     headers = raw.view(SLOT_HEADER_DTYPE)[..., 0]
     active = raw.any(axis=2)
-    for field, check, message in _HEADER_CHECKS:
-        bad = check(headers, slots) & active
-        if bad.any():
-            raise where.slot_error(bad, headers, field, message)
+    wrong = (raw[..., _IDENTITY_WORDS] != slots.identity).any(axis=2)
+    wrong |= headers["record_count"] > slots.capacity
+    if (wrong & active).any():
+        for field, check, message in _HEADER_CHECKS:
+            bad = check(headers, slots) & active
+            if bad.any():
+                raise where.slot_error(bad, headers, field, message)
 
     counts = headers["record_count"].astype(np.int64) * active
     per_buffer = counts.sum(axis=1)
@@ -335,8 +393,12 @@ def decode_buffers(
 
     records = _gather(groups, layout, counts, ~active, where, headers)
     entry = headers["entry_cycle"]
-    anchors = np.where(counts > 0, entry, np.iinfo(np.uint64).max).min(axis=1)
+    anchors = np.where(counts > 0, entry, _NO_ANCHOR).min(axis=1)
     _check_distances(where, layout, headers, active, anchors, records)
+    phase = records.pop("phase")
+    records["phase"] = pa.DictionaryArray.from_buffers(
+        _PHASE_TYPE, len(phase), [None, pa.py_buffer(phase)], _phase_dictionary()
+    )
     dropped = headers["dropped_count"].astype(np.int64) * active
     if warn_dropped and dropped.any():
         partial = _partial(headers) & active
@@ -345,12 +407,12 @@ def decode_buffers(
         if partial.any():
             _warn_partial(where, headers, partial)
 
-    live = np.flatnonzero(active.reshape(-1))
+    live = np.flatnonzero(active)
     core_header = headers.reshape(-1)[live]
-    core_slot = (live % layout.total_slots).astype(np.uint32)
+    core_buffer, core_slot = np.divmod(live.astype(np.uint32), np.uint32(layout.total_slots))
     cores = pa.table(
         {
-            "buffer": (live // layout.total_slots).astype(np.uint32),
+            "buffer": core_buffer,
             "slot": core_slot,
             "core_type": slots.core_type[core_slot],
             "block_id": slots.block_id[core_slot],
@@ -364,7 +426,7 @@ def decode_buffers(
         layout=layout,
         frequency_hz=frequency,
         cores=cores,
-        records=records,
+        records=pa.table(records),
         anchor_cycles=anchors,
         record_counts=per_buffer,
         dropped_counts=dropped.sum(axis=1),
@@ -378,26 +440,67 @@ def decode_buffer(
     return decode_buffers([buffer], layout, frequency_hz=frequency_hz)
 
 
-_SLOT_COLUMNS = {
-    "buffer": np.uint32,
-    "core_type": np.uint8,
-    "block_id": np.uint32,
-    "record_index": np.uint16,
-}
+@dataclass(frozen=True)
+class _Order:
+    """The slots of a batch in the order their records are gathered: a cache-sized chunk
+    of a group's buffers at a time, its AIC slots then its AIV slots, buffer after buffer.
+
+    Each array has an entry per slot in that order. ``spans`` cuts them into pieces of a
+    group and of about ``_PIECE_RECORDS`` records of capacity, gathered one at a time.
+    """
+
+    slot: np.ndarray
+    """The slot's index in the batch's (buffer x slot) headers, flattened."""
+    buffer: np.ndarray
+    core_type: np.ndarray
+    block_id: np.ndarray
+    word: np.ndarray
+    """Where the slot's first record lies in its group, in 32-byte words."""
+    spans: tuple[tuple[int, int], ...]
+    """(group, end) of each piece: its slots end at ``end`` in this order."""
+
+
+_PIECE_RECORDS = 4096
+"""Record capacity gathered at a time: small enough that the piece's index arrays and
+records stay in cache and come from memory the last piece freed."""
 
 
 @functools.lru_cache(maxsize=16)
-def _blocks(buffers: int, slots: int) -> np.ndarray:
-    """Block id of every slot of a region, buffer after buffer."""
-    return np.tile(np.arange(slots, dtype=np.uint32), buffers)
-
-
-@functools.lru_cache(maxsize=16)
-def _ramp(buffers: int, slots: int, capacity: int) -> np.ndarray:
-    """Record index of every record position of a region, for one gather with its mask."""
-    ramp = np.broadcast_to(np.arange(capacity, dtype=np.uint16), (buffers, slots, capacity)).copy()
-    ramp.flags.writeable = False
-    return ramp
+def _order(layout: BufferLayout, groups: tuple[int, ...]) -> _Order:
+    """The gathering order of a batch whose groups hold these numbers of buffers."""
+    slots = _slots_of(layout)
+    total = layout.total_slots
+    per_buffer = layout.aic_slots * layout.aic_capacity + layout.aiv_slots * layout.aiv_capacity
+    step = max(1, _CHUNK_RECORDS // max(per_buffer, 1))
+    kinds = [
+        np.arange(layout.slots(kind)) + layout.slot_index(kind, 0)
+        for kind in (CoreType.AIC, CoreType.AIV)
+        if layout.slots(kind) and layout.capacity(kind)
+    ]
+    flat, owner = [], []
+    row = 0
+    for group, size in enumerate(groups):
+        for chunk in range(0, size, step):
+            buffers = np.arange(row + chunk, row + min(chunk + step, size))
+            for kind in kinds:
+                flat.append((buffers[:, None] * total + kind).ravel())
+                owner.append(np.full(flat[-1].size, group))
+        row += size
+    slot, group = np.concatenate(flat), np.concatenate(owner)
+    buffer, index = np.divmod(slot, total)
+    capacity = slots.capacity[index]
+    piece = (np.cumsum(capacity) - capacity) // _PIECE_RECORDS
+    ends = [*(np.flatnonzero((np.diff(piece) != 0) | (np.diff(group) != 0)) + 1), len(slot)]
+    first_buffer = np.cumsum([0, *groups])[group]
+    words = (slots.start[index] + SLOT_HEADER_BYTES) // RECORD_BYTES
+    return _Order(
+        slot=slot,
+        buffer=buffer.astype(np.uint32),
+        core_type=slots.core_type[index],
+        block_id=slots.block_id[index],
+        word=(buffer - first_buffer) * (layout.total_bytes // RECORD_BYTES) + words,
+        spans=tuple((int(group[end - 1]), int(end)) for end in ends),
+    )
 
 
 def _gather(
@@ -407,57 +510,51 @@ def _gather(
     idle: np.ndarray,
     where: _Locator,
     headers: np.ndarray,
-) -> pa.Table:
+) -> dict[str, np.ndarray]:
     """Copy the valid records of every slot into one contiguous column per field.
 
-    Works a cache-sized batch of buffers and one core type at a time, so that the data
-    stays in cache while it is gathered, split into fields and given its slot's ids;
-    then derives the phase and checks the cycles of all records at once.
+    Takes the records a piece at a time in the order of ``_Order``, by one gather of
+    their 32-byte words and one transposing copy per field type, so that the data stays
+    in cache while it is gathered and split into fields; gives every record its slot's
+    ids, then derives the phase and checks the cycles of all records at once. The phase
+    is its code (int8) in ``PHASES``.
     """
-    total = int(counts.sum())
-    out = {name: np.empty(total, dtype) for name, dtype in _SLOT_COLUMNS.items()}
+    if idle.any():
+        _check_idle_slots(groups, layout, idle, where, headers)
+    order = _order(layout, tuple(len(g) for g in groups))
+    per_slot = counts.reshape(-1)[order.slot]
+    ends = np.cumsum(per_slot)
+    starts = ends - per_slot
+    total = int(ends[-1])
     # The record fields as rows of two arrays, so that one transposing copy per array
     # splits a gathered block into fields; each row is one contiguous column.
     cycles = np.empty((2, total), np.uint64)
     ids = np.empty((4, total), np.uint32)
+    index = np.empty(total, np.uint16)
+    first = position = 0
+    for group, end in order.spans:
+        stop = int(ends[end - 1])
+        span, counted = slice(position, stop), per_slot[first:end]
+        # A record's word is its slot's first word + its index in the slot (its position
+        # less the slot's start); one array holds the words, then the indices.
+        at = np.repeat(order.word[first:end] - starts[first:end], counted)
+        at += np.arange(position, stop)
+        words = groups[group].reshape(-1).view("<u8").reshape(-1, 4)
+        valid = np.take(words, at, axis=0)
+        at -= np.repeat(order.word[first:end], counted)
+        index[span] = at
+        cycles[:, span] = valid[:, :2].T
+        ids[:, span] = valid[:, 2:].view("<u4").T
+        first, position = end, stop
     names = RECORD_DTYPE.names
-    out.update(zip(names[:2], cycles, strict=True))
-    out.update(zip(names[2:], ids, strict=True))
-    per_buffer = layout.aic_slots * layout.aic_capacity + layout.aiv_slots * layout.aiv_capacity
-    step = max(1, _CHUNK_RECORDS // max(per_buffer, 1))
-    kinds = [
-        (kind, layout.slot_index(kind, 0), layout.slots(kind), layout.capacity(kind))
-        for kind in (CoreType.AIC, CoreType.AIV)
-        if layout.slots(kind) and layout.capacity(kind)
-    ]
-    row = position = 0
-    for group in groups:
-        regions = {kind: layout.slot_bytes(group, kind) for kind, *_ in kinds}
-        for kind, first, n, _ in kinds:
-            block = idle[row : row + len(group), first : first + n]
-            _check_idle(regions[kind], block, (row, first), where, headers)
-        for chunk in range(0, len(group), step):
-            rows = slice(row + chunk, min(row + chunk + step, row + len(group)))
-            b = rows.stop - rows.start
-            for kind, first, n, capacity in kinds:
-                area = regions[kind][chunk : chunk + b, :, SLOT_HEADER_BYTES:]
-                region_counts = counts[rows, first : first + n]
-                mask = np.arange(capacity) < region_counts[..., None]
-                valid = area.view(f"V{RECORD_BYTES}")[mask].view("<u8").reshape(-1, 4)
-                span = slice(position, position + len(valid))
-                cycles[:, span] = valid[:, :2].T
-                ids[:, span] = valid[:, 2:].view("<u4").T
-                if b == 1:
-                    out["buffer"][span] = rows.start
-                else:
-                    out["buffer"][span] = np.repeat(
-                        np.arange(rows.start, rows.stop), region_counts.sum(axis=1)
-                    )
-                out["block_id"][span] = np.repeat(_blocks(b, n), region_counts.ravel())
-                out["record_index"][span] = _ramp(b, n, capacity)[mask]
-                out["core_type"][span] = kind
-                position = span.stop
-        row += len(group)
+    out = {
+        "buffer": np.repeat(order.buffer, per_slot),
+        "core_type": np.repeat(order.core_type, per_slot),
+        "block_id": np.repeat(order.block_id, per_slot),
+        "record_index": index,
+        **dict(zip(names[:2], cycles, strict=True)),
+        **dict(zip(names[2:], ids, strict=True)),
+    }
     late = out["end_cycle"] < out["start_cycle"]
     if late.any():
         i = int(np.flatnonzero(late)[0])
@@ -470,11 +567,31 @@ def _gather(
             f"end_cycle {out['end_cycle'][i]} is before start_cycle {out['start_cycle'][i]} "
             f"({int(late.sum())} such record(s) in all)",
         )
-    desc = out["desc_id"]
-    phase = (desc == DESC_WAIT_DEPENDENCY).view(np.int8)
-    phase += 2 * (desc == DESC_TRIGGER_EVENT).view(np.int8)
-    phase += 3 * (desc == DESC_TERMINATE_TASK).view(np.int8)
-    return pa.table({**out, "phase": pa.DictionaryArray.from_arrays(phase, _PHASE_DICTIONARY)})
+    codes = out["desc_id"] - _CONTROL_BASE
+    np.minimum(codes, len(_PHASE_CODES) - 1, out=codes)
+    return {**out, "phase": _PHASE_CODES[codes]}
+
+
+def _check_idle_slots(
+    groups: list[np.ndarray],
+    layout: BufferLayout,
+    idle: np.ndarray,
+    where: _Locator,
+    headers: np.ndarray,
+) -> None:
+    """Raise if an idle slot (all-zero header) of any buffer has a record byte set,
+    naming the first of its group and core type."""
+    kinds = [
+        (kind, layout.slot_index(kind, 0), layout.slots(kind))
+        for kind in (CoreType.AIC, CoreType.AIV)
+        if layout.slots(kind) and layout.capacity(kind)
+    ]
+    row = 0
+    for group in groups:
+        for kind, first, n in kinds:
+            block = idle[row : row + len(group), first : first + n]
+            _check_idle(layout.slot_bytes(group, kind), block, (row, first), where, headers)
+        row += len(group)
 
 
 def _check_idle(
@@ -531,7 +648,7 @@ def _check_distances(
     headers: np.ndarray,
     active: np.ndarray,
     anchors: np.ndarray,
-    records: pa.Table,
+    records: dict[str, np.ndarray],
 ) -> None:
     """Raise if a slot's entry cycle or a record's start or end lies 2^63 cycles or more
     from its buffer's anchor (see ``_FAR``).
@@ -540,7 +657,7 @@ def _check_distances(
     cycles lie within 2^63 of each other, none can be that far from an anchor.
     """
     entry = headers["entry_cycle"]
-    start, end = (records[name].to_numpy() for name in ("start_cycle", "end_cycle"))
+    start, end = records["start_cycle"], records["end_cycle"]
     live = entry[active]  # every buffer has a record, so neither this nor start is empty
     if max(live.max(), end.max()) - min(live.min(), start.min()) < _FAR:
         return
@@ -554,10 +671,7 @@ def _check_distances(
             f"2^63 cycles or more from the buffer's anchor cycle {anchors[buffer]} (the "
             f"smallest entry cycle of a slot with records): {_WHY_FAR}",
         )
-    located = {
-        k: records[k].to_numpy() for k in ("buffer", "record_index", "core_type", "block_id")
-    }
-    anchor = anchors[located["buffer"]]
+    anchor = anchors[records["buffer"]]
     for field, cycles in (("start_cycle", start), ("end_cycle", end)):
         far = _distance(cycles, anchor) >= _FAR
         if far.any():
@@ -565,7 +679,7 @@ def _check_distances(
             raise _record_error(
                 where,
                 layout,
-                located,
+                records,
                 i,
                 field,
                 f"{field} {cycles[i]} is {_distance(cycles[i], anchor[i])} cycles from the "

@@ -1,0 +1,175 @@
+"""The rows of one recorded step: invocations, cores, records; and of task graphs.
+
+A writer process imports this module and ``ingest.decode`` without the package: they
+need numpy and pyarrow, never duckdb, pandas, pyarrow.dataset or torch. The tables come
+with exactly the store's schemas, less the columns the store adds (``write_id``,
+``origin_write_id`` and the partition keys), so writing them casts nothing; a batch
+costs one Arrow column per field, the columns repeated in every invocation made once
+per batch size and launch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from multicore_profiler.ingest.decode import DecodedBuffers
+from multicore_profiler.limits import DEVICE, INVOCATION_ID, RANK, STEP, WINDOW, check_given
+from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, TableSpec
+
+if TYPE_CHECKING:  # torch comes with it; reading or writing a store needs no torch
+    from multicore_profiler.kernels.runtime import RuntimeConfig
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What the host knows of the kernel whose buffers are decoded.
+
+    With nothing bound, the names fall back to ``MegaKernel`` and ``Owner`` and the
+    stages stay unnamed (their desc ids still identify them).
+    """
+
+    kernel_name: str = "MegaKernel"
+    owner_label: str = "Owner"
+    stage_names: Mapping[int, str] = field(default_factory=dict)
+    soc: str | None = None
+    frequency_source: str = "given"
+    """Where the frequency came from: ``given`` by hand, else the backend's source."""
+    config_id: str | None = None
+    """The RuntimeConfig the launches ran, whose task graph the ``tasks`` table holds."""
+
+
+@dataclass(frozen=True)
+class Launches:
+    """Where a batch of launches ran and which invocation ids they take."""
+
+    rank: int = 0
+    device: int = 0
+    step: int = 0
+    first_invocation_id: int | None = None
+    """The first launch's invocation id; None: ``ingest_buffers`` takes the next free ids
+    of the run and rank (safely when several processes write them at once)."""
+    direction: str = "forward"
+    window_id: int | None = None
+    """The capture session's recording window (none for buffers ingested by hand)."""
+
+    def __post_init__(self) -> None:
+        RANK.check(self.rank, "rank")
+        DEVICE.check(self.device, "device")
+        STEP.check(self.step, "step")
+        check_given(
+            (self.first_invocation_id, INVOCATION_ID, "the first invocation id"),
+            (self.window_id, WINDOW, "window"),
+        )
+
+
+_STORE_ADDED = ("write_id", "origin_write_id")
+
+
+def _rows_schema(spec: TableSpec) -> pa.Schema:
+    """A table's schema less the columns the store adds when it writes a step."""
+    return pa.schema([f for f in spec.schema if f.name not in _STORE_ADDED])
+
+
+INVOCATION_ROWS = _rows_schema(INVOCATIONS)
+CORE_ROWS = _rows_schema(CORES)
+RECORD_ROWS = _rows_schema(RECORDS)
+"""The schemas of ``step_tables``' three tables, in the store's column order."""
+
+
+def _repeat(name: str, value: object, count: int) -> pa.Array:
+    """Invocation column ``name`` of ``count`` rows holding ``value``."""
+    return pa.repeat(pa.scalar(value, INVOCATION_ROWS.field(name).type), count)
+
+
+@functools.lru_cache(maxsize=64)
+def _repeated(values: tuple[tuple[str, object], ...], count: int) -> dict[str, pa.Array]:
+    """The invocation columns of ``count`` rows holding ``values`` (name, value): made
+    once for the launches of a kernel config, whatever their step."""
+    return {name: _repeat(name, value, count) for name, value in values}
+
+
+def step_tables(
+    decoded: DecodedBuffers, kernel: KernelInfo, launches: Launches
+) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """The (invocations, cores, records) rows of a decoded batch, buffer i being invocation
+    ``first_invocation_id + i``; each invocation lists in ``partial_slots`` its slots that
+    count dropped records without being full. The tables have the schemas
+    ``INVOCATION_ROWS``, ``CORE_ROWS`` and ``RECORD_ROWS``."""
+    count = decoded.buffers
+    layout = decoded.layout
+    first = launches.first_invocation_id
+    same = {
+        "rank": launches.rank,
+        "device": launches.device,
+        "direction": launches.direction,
+        "kernel_name": kernel.kernel_name,
+        "soc": kernel.soc,
+        "frequency_hz": decoded.frequency_hz,
+        "frequency_source": kernel.frequency_source,
+        "aic_slots": layout.aic_slots,
+        "aiv_slots": layout.aiv_slots,
+        "aic_capacity": layout.aic_capacity,
+        "aiv_capacity": layout.aiv_capacity,
+        "owner_label": kernel.owner_label,
+        "stage_names": tuple(sorted((int(k), str(v)) for k, v in kernel.stage_names.items())),
+        "config_id": kernel.config_id,
+    }
+    columns = {
+        **_repeated(tuple(same.items()), count),
+        "step": _repeat("step", launches.step, count),
+        "invocation_id": pa.array(np.arange(first, first + count, dtype=np.int64)),
+        "anchor_cycle": pa.array(decoded.anchor_cycles),
+        "record_count": pa.array(decoded.record_counts),
+        "dropped_count": pa.array(decoded.dropped_counts),
+        "window_id": _repeat("window_id", launches.window_id, count),
+        "partial_slots": decoded.partial_slots,
+    }
+    invocations = pa.Table.from_arrays(
+        [columns[name] for name in INVOCATION_ROWS.names], schema=INVOCATION_ROWS
+    )
+    rank = pa.scalar(launches.rank, pa.int32())
+
+    def stamped(table: pa.Table) -> pa.Table:
+        """``table`` with ``rank`` and ``invocation_id`` for ``buffer``, its first column."""
+        invocation = table.column(0).to_numpy().astype(np.int64)
+        invocation += first
+        ids = table.set_column(0, "invocation_id", pa.array(invocation))
+        return ids.add_column(0, "rank", pa.repeat(rank, table.num_rows))
+
+    return invocations, stamped(decoded.cores), stamped(decoded.records)
+
+
+def task_table(rank: int, configs: Sequence[RuntimeConfig]) -> pa.Table:
+    """The ``tasks`` rows of kernel configs: each task's stage, owner, worker and events."""
+    parts = []
+    for config in configs:
+        tasks = config.tasks
+        count = len(tasks)
+        parts.append(
+            pa.table(
+                {
+                    "rank": pa.repeat(pa.scalar(rank, pa.int32()), count),
+                    "config_id": pa.repeat(pa.scalar(config.config_id), count),
+                    "kernel_name": pa.repeat(pa.scalar(config.metadata.kernel_name), count),
+                    "task_id": tasks["task_id"],
+                    "task_type": tasks["task_type"],
+                    "desc_id": config.effective_desc_ids(),
+                    "stage_task_index": tasks["profile_task_index"],
+                    "owner_id": tasks["profile_owner_id"],
+                    "core_type": tasks["core_type"].astype(np.uint8),
+                    "worker": tasks["worker"],
+                    "wait_event": tasks["wait_event"],
+                    "wait_count": tasks["wait_count"],
+                    "trigger_event": tasks["trigger_event"],
+                    "tiling_position": tasks["tiling_position"],
+                    "input_position": tasks["input_position"],
+                }
+            )
+        )
+    return pa.concat_tables(parts)
