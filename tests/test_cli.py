@@ -8,6 +8,8 @@ import pytest
 from golden import AIC, AIV, NO_OWNER, TASK7, Slot, pack
 
 from multicore_profiler.cli import main
+from multicore_profiler.storage.runs import CAPTURE_COLUMNS, CaptureCost, RunInfo
+from multicore_profiler.storage.store import open_store
 
 STAGES = ("Dispatch", "GMM1", "SwiGLU", "GMM2", "Combine")
 
@@ -103,6 +105,43 @@ def test_ingest_buffer_without_run_makes_a_new_complete_run(capsys, store_args, 
         1,
         4,
     )
+
+
+def test_runs_shows_what_profiling_cost_per_recorded_step(capsys, store_args, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    with open_store(store_args[1]) as store:
+        cost = CaptureCost(steps=8, job_seconds=0.0025, writer_cpu_seconds=0.0096, writer="process")
+        store.write_run(RunInfo.begin(run_id="r1").finish("complete", cost))
+        store.write_run(RunInfo.begin(run_id="r2").finish())
+    code, out, _ = run(capsys, "runs", *store_args)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].endswith("│ job ms/step │ writer CPU ms/step │")
+    (first,) = (line for line in lines if line.startswith("│ r1 "))
+    (second,) = (line for line in lines if line.startswith("│ r2 "))
+    assert first.endswith("│ 0.31        │ 1.2                │")
+    assert second.endswith("│             │                    │")
+    code, out, _ = run(capsys, "runs", *store_args, "--format", "json")
+    assert code == 0
+    rows = json.loads(out)
+    assert not {"job ms/step", "writer CPU ms/step"} & set(rows[0])
+    costs = [{k: v for k, v in row.items() if k in ("run_id", *CAPTURE_COLUMNS)} for row in rows]
+    assert costs == [
+        {
+            "run_id": "r1",
+            "capture_steps": 8,
+            "capture_job_seconds": 0.0025,
+            "capture_writer_cpu_seconds": 0.0096,
+            "capture_writer": "process",
+        },
+        {
+            "run_id": "r2",
+            "capture_steps": None,
+            "capture_job_seconds": None,
+            "capture_writer_cpu_seconds": None,
+            "capture_writer": None,
+        },
+    ]
 
 
 def test_query_formats(capsys, store_args, tmp_path) -> None:

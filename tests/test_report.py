@@ -25,10 +25,11 @@ from multicore_profiler.analysis.analyze import speedup_curves
 from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.report import write_report
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.outer_trace import ingest_trace
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
-from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.runs import CaptureCost, RunInfo
 from multicore_profiler.storage.store import Store
 
 DATA = Path(__file__).parent / "data"
@@ -90,6 +91,43 @@ def test_report_without_base_and_its_errors(store: Store, tmp_path: Path, capsys
     assert "Comparison" not in dom.split("<script")[0]
     with pytest.raises(ExportError, match="has no invocation 99 to draw"):
         write_report(store, "commit:abcd", out, invocation=99)
+
+
+def capture_costs(dom: str) -> list[str]:
+    """The lines the report says of what profiling cost its runs."""
+    section = dom.split('<div id="capture-costs">')[1].split("</div>")[0]
+    return re.findall(r'<p class="capture-cost">([^<]*)</p>', section)
+
+
+def test_report_says_what_profiling_cost_the_runs_that_recorded_it(
+    store: Store, tmp_path: Path
+) -> None:
+    kernel = SimulatedMoeKernel(experts=2, tiles=2)
+    plain, costed, threaded = (write_run(store, kernel, seed=s, commit="abcd") for s in (1, 2, 3))
+    in_process = CaptureCost(
+        steps=8, job_seconds=0.0025, writer_cpu_seconds=0.0096, writer="process"
+    )
+    in_thread = CaptureCost(steps=4, job_seconds=0.0008, writer_cpu_seconds=0.02, writer="thread")
+    for run_id, cost in ((costed, in_process), (threaded, in_thread)):
+        store.write_run(RunInfo.begin(run_id=run_id).finish("complete", cost))
+    dom = rendered(write_report(store, f"run:{costed}", tmp_path / "costed.html"))
+    assert 'data-ready="1"' in dom
+    assert capture_costs(dom) == [
+        "Profiling cost the job 0.31 ms per recorded step "
+        "(writer: 1.2 ms CPU per step, in a separate process)."
+    ]
+    dom = rendered(write_report(store, f"run:{plain}", tmp_path / "plain.html"))
+    assert 'data-ready="1"' in dom
+    assert capture_costs(dom) == []
+    assert "Profiling cost" not in dom.split("<script")[0]
+    every = f"run:{plain},run:{costed},run:{threaded}"
+    dom = rendered(write_report(store, every, tmp_path / "all.html"))
+    assert capture_costs(dom) == [
+        "Run run-abcd-2: profiling cost the job 0.31 ms per recorded step "
+        "(writer: 1.2 ms CPU per step, in a separate process).",
+        "Run run-abcd-3: profiling cost the job 0.2 ms per recorded step "
+        "(writer: 5 ms CPU per step, in a thread of the job's process).",
+    ]
 
 
 def test_report_draws_each_steps_time_breakdown_as_a_stacked_bar(

@@ -1,23 +1,31 @@
-"""A run: one profiling session's identity and provenance, as a row of the ``runs`` table."""
+"""A run: one profiling session's identity, provenance and what profiling cost it, as a
+row of the ``runs`` table."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 import platform
 import socket
 import subprocess
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
+from multicore_profiler.errors import ArgumentError
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.schema import RUNS
 
 STATUSES = ("running", "complete", "failed")
+WRITERS = ("process", "thread")
+"""Where a capture session's writer runs: a process of its own, or a thread of the job's."""
 _PACKAGES = ("multicore_profiler", "numpy", "pyarrow", "duckdb", "torch", "torch_npu")
 
 
@@ -62,6 +70,71 @@ def package_versions() -> dict[str, str]:
 
 
 @dataclasses.dataclass(frozen=True)
+class CaptureCost:
+    """What a capture session measured of itself over a run's recorded steps: the cost of
+    profiling, kept with the run (the ``capture_*`` columns of ``runs``)."""
+
+    steps: int
+    """Recorded step writes."""
+    job_seconds: float
+    """Time the job's thread spent in the session on them: drains, copies, hand-over and
+    backpressure waits."""
+    writer_cpu_seconds: float
+    """CPU time the writer spent decoding and storing them."""
+    writer: str
+    """Where the writer ran: ``process`` or ``thread`` (see ``WRITERS``)."""
+
+    def __post_init__(self) -> None:
+        steps = self.steps
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
+            raise ArgumentError(f"capture cost steps must be an integer, got {steps!r}")
+        if not 0 <= steps < 1 << 63:
+            raise ArgumentError(f"capture cost steps must be in [0, 2**63), got {steps}")
+        for name in ("job_seconds", "writer_cpu_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ArgumentError(f"capture cost {name} must be a number, got {value!r}")
+            if not (math.isfinite(value) and value >= 0):
+                raise ArgumentError(f"capture cost {name} must be finite and >= 0, got {value}")
+        if self.writer not in WRITERS:
+            raise ArgumentError(
+                f"capture cost writer must be one of {WRITERS}, got {self.writer!r}"
+            )
+
+    @classmethod
+    def of_row(cls, row: Mapping[str, object]) -> CaptureCost | None:
+        """The cost a ``runs`` row records, or None where its ``capture_*`` columns are NULL
+        (a run ingested by hand, a run of an older store)."""
+        if row.get("capture_steps") is None:
+            return None
+        return cls(*(row[column] for column in CAPTURE_COLUMNS))
+
+    def per_step_ms(self) -> tuple[str, str] | None:
+        """(job, writer CPU) milliseconds per recorded step, to 2 significant digits, e.g.
+        ``("0.31", "1.2")``; None for a run that recorded no step."""
+        if self.steps == 0:
+            return None
+        return _ms(self.job_seconds / self.steps), _ms(self.writer_cpu_seconds / self.steps)
+
+
+CAPTURE_COLUMNS = tuple(f"capture_{f.name}" for f in dataclasses.fields(CaptureCost))
+"""The ``runs`` columns of a ``CaptureCost``, in the order of its fields."""
+
+
+def _ms(seconds: float) -> str:
+    """Seconds as milliseconds to 2 significant digits, never in exponent form."""
+    return np.format_float_positional(
+        seconds * 1e3, precision=2, unique=False, fractional=False, trim="-"
+    )
+
+
+def _capture_columns(cost: CaptureCost | None) -> dict[str, object]:
+    """The ``capture_*`` columns of a ``runs`` row: all NULL without a cost."""
+    values = (None,) * len(CAPTURE_COLUMNS) if cost is None else dataclasses.astuple(cost)
+    return dict(zip(CAPTURE_COLUMNS, values, strict=True))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunInfo:
     """What the ``runs`` table keeps of a profiling session."""
 
@@ -78,11 +151,16 @@ class RunInfo:
     tags: dict[str, str] = dataclasses.field(default_factory=dict)
     rank: int | None = None
     """The rank whose session this row reports (every rank of a job writes its own)."""
+    capture: CaptureCost | None = None
+    """What profiling cost this rank's session, once it measured it; None before, and
+    for runs not recorded by a capture session."""
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
         if self.status not in STATUSES:
             raise ValueError(f"run status must be one of {STATUSES}, got {self.status!r}")
+        if self.capture is not None and not isinstance(self.capture, CaptureCost):
+            raise ArgumentError(f"run capture must be a CaptureCost, got {self.capture!r}")
 
     @classmethod
     def begin(
@@ -110,15 +188,24 @@ class RunInfo:
             rank=rank,
         )
 
-    def finish(self, status: str = "complete") -> RunInfo:
-        """The same run, ended now with ``status``."""
-        return dataclasses.replace(self, status=status, end_time=datetime.now(timezone.utc))
+    def finish(self, status: str = "complete", capture: CaptureCost | None = None) -> RunInfo:
+        """The same run, ended now with ``status`` and the cost ``capture`` measured (the
+        cost it had, when none is given)."""
+        return dataclasses.replace(
+            self,
+            status=status,
+            end_time=datetime.now(timezone.utc),
+            capture=self.capture if capture is None else capture,
+        )
 
     def to_table(self) -> pa.Table:
         """This run as one ``runs`` row (without its partition column)."""
         row = {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "run_id"
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("run_id", "capture")
         }
+        row.update(_capture_columns(self.capture))
         row["updated_at"] = datetime.now(timezone.utc)
         row["versions"] = list(self.versions.items())
         row["tags"] = list(self.tags.items())

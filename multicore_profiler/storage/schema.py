@@ -61,6 +61,10 @@ RUNS = TableSpec(
             ("schedule", pa.string()),
             ("tags", _STRING_MAP),
             ("rank", pa.int32()),
+            ("capture_steps", pa.int64()),
+            ("capture_job_seconds", pa.float64()),
+            ("capture_writer_cpu_seconds", pa.float64()),
+            ("capture_writer", pa.string()),
         ]
     ),
     partition_by=("run_id",),

@@ -4,7 +4,8 @@
 
 -- One row per run: its latest state (a run's row is written again as it progresses),
 -- over every rank that reports it: failed if any rank failed, else running while any
--- rank runs, else complete. Provenance comes from the lowest rank.
+-- rank runs, else complete. Provenance comes from the lowest rank; the capture cost
+-- adds up the ranks that recorded one (NULL where none did).
 CREATE OR REPLACE VIEW runs AS
 WITH latest AS (
     SELECT * FROM raw_runs
@@ -28,7 +29,11 @@ SELECT
     arg_min(schedule, coalesce(rank, -1)) AS schedule,
     arg_min(tags, coalesce(rank, -1)) AS tags,
     count(*) AS ranks_reporting,
-    count(*) FILTER (WHERE status = 'failed') AS ranks_failed
+    count(*) FILTER (WHERE status = 'failed') AS ranks_failed,
+    sum(capture_steps)::BIGINT AS capture_steps,
+    sum(capture_job_seconds) AS capture_job_seconds,
+    sum(capture_writer_cpu_seconds) AS capture_writer_cpu_seconds,
+    arg_min(capture_writer, coalesce(rank, -1)) AS capture_writer
 FROM latest
 GROUP BY run_id;
 
