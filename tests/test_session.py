@@ -14,8 +14,10 @@ import torch.profiler
 
 from multicore_profiler import ProfilerAction, Store, mega_kernel_profile, schedule
 from multicore_profiler.errors import CaptureError, DroppedRecordsWarning, SessionError
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.session import MegaKernelProfile, Window
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches
+from multicore_profiler.ingest.writer import stop_idle_writers
 from multicore_profiler.kernels import (
     CpuBackend,
     RuntimeConfig,
@@ -109,8 +111,9 @@ def test_inactive_call_allocates_nothing_and_reads_no_clock(
     assert store.sql("SELECT count(*) AS n FROM invocations")["n"].to_pylist() == [0]
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
 def test_each_recording_step_writes_its_partition(
-    store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
+    store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...], writer: str
 ) -> None:
     ready: list[tuple[int, list[Window]]] = []
     launches_per_step = 2
@@ -120,6 +123,7 @@ def test_each_recording_step_writes_its_partition(
         on_trace_ready=lambda p: ready.append((p.step_num, list(p.windows))),
         label="unit",
         tags={"case": "steps"},
+        writer=writer,
     ) as prof:
         for _ in range(6):
             for _ in range(launches_per_step):
@@ -197,6 +201,31 @@ def test_each_recording_step_writes_its_partition(
     assert run["schedule"] == (
         "schedule(wait=1, warmup=1, active=3, repeat=0, skip_first=0, skip_first_wait=0)"
     )
+    # What profiling cost: the three recorded steps, timed on the job's thread and in the writer.
+    cost = store.sql(
+        """SELECT capture_steps AS steps, capture_writer AS writer,
+                  capture_job_seconds > 0 AS timed, capture_writer_cpu_seconds > 0 AS spent
+           FROM runs"""
+    ).to_pylist()
+    assert cost == [{"steps": 3, "writer": writer, "timed": True, "spent": True}]
+    assert prof.capture_cost.steps == 3
+    assert (prof.writer_pid is None) == (writer == "thread")
+
+
+def test_a_writer_process_serves_the_next_session_and_a_new_one_after_a_stop(
+    store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
+) -> None:
+    pids = []
+    for stop in (False, True, False):
+        if stop:
+            stop_idle_writers()
+        with mega_kernel_profile(store=store) as prof:
+            kernel(*batch)
+        pids.append(prof.writer_pid)
+    assert pids[0] != pids[1] == pids[2]
+    assert store.sql(
+        "SELECT count(DISTINCT run_id) AS runs, count(*) AS n FROM invocations"
+    ).to_pylist() == [{"runs": 3, "n": 3}]
 
 
 def test_forced_small_capacity_drops_exactly_the_overflow(
@@ -272,6 +301,7 @@ def test_a_compaction_meanwhile_does_not_bring_a_discarded_window_back(
             for _ in range(3):
                 kernel(*batch)
                 prof.step()
+            prof.flush()
             report = store.compact()
             # The three invocation files of the open window are merged into one.
             assert (report.files_before, report.files_after) == (3, 1)
@@ -529,6 +559,7 @@ def test_session_reports_itself(store: Store) -> None:
         ({"max_pending_calls": 1.5}, "max_pending_calls must be an int"),
         ({"on_trace_ready": 3}, "on_trace_ready must be callable"),
         ({"schedule": "often"}, "schedule must be callable"),
+        ({"writer": "fork"}, r"writer must be one of \('process', 'thread'\), got 'fork'"),
     ],
 )
 def test_bad_session_arguments_raise(kwargs: dict[str, object], message: str) -> None:

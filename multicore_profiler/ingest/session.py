@@ -3,10 +3,15 @@
 While a session is open, every MegaKernel launch passes through it (the kernel calls
 ``prepare_call``). The schedule decides per step whether launches run plain (no
 buffer, no clock), profile for warmup (buffers thrown away) or record. At the end of
-each recorded step the session synchronizes the device, copies the buffers to the
-host, returns them to the pool and hands the copies to a background writer that
-stores them as that step's partition. A window (the recorded steps of one schedule
-cycle) ends with ``on_trace_ready(prof)``, once its rows are in the store.
+each recorded step the session synchronizes the device, copies the buffers into
+host memory shared with the writer, returns them to the pool and hands the step over;
+the writer (a process of its own, see ``writer``) decodes and stores it as that step's
+partition while the job runs on. A window (the recorded steps of one schedule cycle)
+ends with ``on_trace_ready(prof)``, once its rows are in the store.
+
+The session times itself on the job's thread (launch preparation, hand-over, waits
+for the writer) over the recorded steps, and stores that with the writer's CPU time in
+the run's row (``CaptureCost``).
 
 The user gives no rank, device, frequency or buffer: the rank comes from
 torch.distributed when it is initialized, everything else from the kernel's config
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,21 +31,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import numpy as np
-
-from multicore_profiler.abi import CoreType
 from multicore_profiler.errors import DroppedRecordsWarning, SessionError
 from multicore_profiler.extension import Extensible
 from multicore_profiler.ingest.pool import BufferPool
 from multicore_profiler.ingest.schedule import ProfilerAction, Schedule
-from multicore_profiler.ingest.writer import CapturedCall, StepBatch, StepWriter, WriterStats
+from multicore_profiler.ingest.writer import StepWriter, WriterStats
 from multicore_profiler.kernels.runtime import (
     PreparedCall,
     RuntimeConfig,
     install_sink,
     remove_sink,
 )
-from multicore_profiler.storage.runs import RunInfo, new_run_id
+from multicore_profiler.storage.runs import WRITERS, CaptureCost, RunInfo, new_run_id
 from multicore_profiler.storage.store import Store, open_store
 
 RUN_ID_ENV = "MCPROF_RUN_ID"
@@ -114,14 +117,6 @@ def _job_run_id(world_size: int) -> str:
     return run_id
 
 
-def _dropped(buffer: np.ndarray, config: RuntimeConfig) -> int:
-    layout = config.layout
-    return sum(
-        int(layout.region(buffer, core)["header"]["dropped_count"].sum())
-        for core in (CoreType.AIC, CoreType.AIV)
-    )
-
-
 class MegaKernelProfile(Extensible):
     """An open capture session; see ``mega_kernel_profile``. Its ``export_chrome_trace``
     comes from ``export`` (``export/handlers.py``), which ingest does not import."""
@@ -136,6 +131,7 @@ class MegaKernelProfile(Extensible):
         max_pending_calls: int,
         label: str | None,
         tags: Mapping[str, str] | None,
+        writer: str,
     ) -> None:
         if isinstance(max_pending_calls, bool) or not isinstance(max_pending_calls, int):
             raise SessionError(f"max_pending_calls must be an int, got {max_pending_calls!r}")
@@ -145,6 +141,8 @@ class MegaKernelProfile(Extensible):
             raise SessionError(f"on_trace_ready must be callable, got {on_trace_ready!r}")
         if schedule is not None and not callable(schedule):
             raise SessionError(f"schedule must be callable, got {schedule!r}")
+        if writer not in WRITERS:
+            raise SessionError(f"writer must be one of {WRITERS}, got {writer!r}")
         self._schedule = schedule
         self._on_trace_ready = on_trace_ready
         self._store_arg = store
@@ -153,6 +151,7 @@ class MegaKernelProfile(Extensible):
         self.max_pending_calls = max_pending_calls
         self._label = label
         self._tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self._writer_kind = writer
         self.pool = BufferPool()
         """The session's profile buffers, reused across launches."""
         self.windows: list[Window] = []
@@ -174,6 +173,9 @@ class MegaKernelProfile(Extensible):
         self._next_invocation = 0
         self._first_window = 0
         self._configs_written: set[str] = set()
+        self._recorded_steps = 0
+        self._handed_step: int | None = None
+        self._job_seconds = 0.0
 
     @property
     def store(self) -> Store:
@@ -194,6 +196,22 @@ class MegaKernelProfile(Extensible):
     def writer_stats(self) -> WriterStats:
         """Step writes and invocations stored so far, and the writer's CPU time."""
         return self._started()[1].stats
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's id (None when the writer is a thread)."""
+        return self._started()[1].pid
+
+    @property
+    def capture_cost(self) -> CaptureCost:
+        """What recording has cost so far: the job thread's time in the session over the
+        recorded steps, and the writer's CPU time (the run's row keeps the final one)."""
+        return CaptureCost(
+            steps=self._recorded_steps,
+            job_seconds=self._job_seconds,
+            writer_cpu_seconds=self._started()[1].stats.cpu_seconds,
+            writer=self._writer_kind,
+        )
 
     def _act(self, step: int) -> ProfilerAction:
         if self._schedule is None:
@@ -220,10 +238,16 @@ class MegaKernelProfile(Extensible):
                 schedule=_describe(self._schedule),
                 rank=self.rank,
             )
-            self._store.write_run(self._run)
-            if os.environ.get(RUN_ID_ENV):  # a fresh id has nothing to continue
-                self._continue_run(self._store)
-            self._writer = StepWriter(self._store, self.run_id, self.rank)
+            self._writer = StepWriter(
+                self._store.location, self._run, self.rank, writer=self._writer_kind
+            )
+            try:
+                self._store.write_run(self._run)
+                if os.environ.get(RUN_ID_ENV):  # a fresh id has nothing to continue
+                    self._continue_run(self._store)
+            except BaseException:
+                self._writer.abort()
+                raise
         except BaseException:
             remove_sink(self)
             raise
@@ -240,6 +264,14 @@ class MegaKernelProfile(Extensible):
         """Close a session opened with ``start()``: store what is left, end the run."""
         self.__exit__(None, None, None)
 
+    def flush(self) -> None:
+        """Wait until every step recorded so far is in the store (the writer commits in the
+        background; ``on_trace_ready`` and the session's end wait for it on their own)."""
+        if self._state != "open":
+            raise SessionError("prof.flush() called outside its session")
+        self._drain()
+        self._started()[1].flush()
+
     def step(self) -> None:
         """Mark the end of a step: store what it recorded, move to the next step's action."""
         if self._state != "open":
@@ -247,10 +279,12 @@ class MegaKernelProfile(Extensible):
                 "prof.step() called outside its session (the 'with mega_kernel_profile()' "
                 "block has not started or has ended)"
             )
+        began = time.perf_counter()
         previous = self.current_action
         self._drain()
         self.step_num += 1
         action = self._act(self.step_num)
+        ready = False
         if previous.records and (previous is ProfilerAction.RECORD_AND_SAVE or not action.records):
             if previous is ProfilerAction.RECORD:
                 warnings.warn(
@@ -258,13 +292,19 @@ class MegaKernelProfile(Extensible):
                     f"{self.step_num}; the window ends without on_trace_ready",
                     stacklevel=_caller_stacklevel(),
                 )
-            self._close_window(ready=previous is ProfilerAction.RECORD_AND_SAVE)
+            ready = self._close_window(ready=previous is ProfilerAction.RECORD_AND_SAVE)
         self.current_action = action
         if action.records:
             if self._window is None:
                 self._open_window()
             else:
                 self._window_steps.append(self.step_num)
+        if previous.records:
+            elapsed = time.perf_counter() - began
+            with self._lock:
+                self._job_seconds += elapsed
+        if ready:
+            self._on_trace_ready(self)
 
     def __exit__(
         self,
@@ -288,13 +328,18 @@ class MegaKernelProfile(Extensible):
         """Normal exit: store the last step, close the window, mark the run complete."""
         store, writer, run = self._started()
         try:
-            self._drain()
-            self._close_window(ready=True)
+            began = time.perf_counter()
+            self._drain()  # the last step's hand-over is a step's cost; closing is not
+            if self.current_action.records:
+                self._job_seconds += time.perf_counter() - began
+            ready = self._close_window(ready=True)
             writer.close()
+            if ready:
+                self._on_trace_ready(self)
         except BaseException as exc:
             self._abandon(exc)
             raise
-        store.write_run(run.finish("complete"))
+        store.write_run(run.finish("complete", capture=self.capture_cost))
 
     def _abandon(self, error: BaseException) -> None:
         """Exit on an exception: drop the open window's buffers and rows, mark the run failed."""
@@ -312,7 +357,7 @@ class MegaKernelProfile(Extensible):
                 reason=f"{type(error).__name__}: {error}",
             )
             self._window = None
-        store.write_run(run.finish("failed"))
+        store.write_run(run.finish("failed", capture=self.capture_cost))
 
     def _continue_run(self, store: Store) -> None:
         """Start invocation and window ids after those this rank already wrote to the run
@@ -331,11 +376,17 @@ class MegaKernelProfile(Extensible):
         self._window_steps = [self.step_num]
         self._window_first_invocation = self._next_invocation
 
-    def _close_window(self, *, ready: bool) -> None:
+    def _close_window(self, *, ready: bool) -> bool:
+        """End the open window; return whether ``on_trace_ready`` is to be called (its
+        rows are in the store by then)."""
         window = self._window
         if window is None:
-            return
-        self._started()[1].flush()
+            return False
+        writer = self._started()[1]
+        writer.window_closed(window)
+        call = ready and self._on_trace_ready is not None
+        if call:
+            writer.flush()
         self.windows.append(
             Window(
                 index=window,
@@ -344,8 +395,7 @@ class MegaKernelProfile(Extensible):
             )
         )
         self._window = None
-        if ready and self._on_trace_ready is not None:
-            self._on_trace_ready(self)
+        return call
 
     # The sink protocol: what prepare_call and PreparedCall call.
 
@@ -353,13 +403,16 @@ class MegaKernelProfile(Extensible):
         """A launch's call: plain unless this step profiles, then with a pooled buffer."""
         if not self.current_action.profiles:
             return PreparedCall(config, config.backend.placeholder, direction=direction)
+        began = time.perf_counter()
         buffer = self.pool.acquire(config.backend, config.layout.total_bytes)
-        return PreparedCall(
+        call = PreparedCall(
             config.with_profiling(),
             buffer,
             direction=direction,
             sink=self,
         )
+        self._charge(began)
+        return call
 
     def complete(self, call: PreparedCall) -> None:
         """A profiled launch went out: keep its buffer until the step ends."""
@@ -368,11 +421,20 @@ class MegaKernelProfile(Extensible):
             raise SessionError(
                 "a profiled call completed after its session ended; its buffer is dropped"
             )
+        began = time.perf_counter()
         with self._lock:
             self._pending.append(call)
             full = len(self._pending) >= self.max_pending_calls
         if full:
             self._drain()
+        self._charge(began)
+
+    def _charge(self, began: float) -> None:
+        """Count the time since ``began`` as the session's cost, in a recording window."""
+        if self._window is not None:
+            elapsed = time.perf_counter() - began
+            with self._lock:
+                self._job_seconds += elapsed
 
     def cancel(self, call: PreparedCall) -> None:
         """A profiled launch failed: its buffer goes back unread."""
@@ -402,41 +464,38 @@ class MegaKernelProfile(Extensible):
             if window is None:
                 self._release(calls)
                 return
-            self._synchronize(calls)
-            captured = [
-                CapturedCall(c.config, c.direction, c.config.backend.to_host(c.buffer))
-                for c in calls
-            ]
-            for call in calls:
-                self.pool.release(call.buffer)
-            self._report_dropped(captured)
             new_configs = []
-            for c in captured:
+            for c in calls:
                 if c.config.config_id not in self._configs_written:
                     self._configs_written.add(c.config.config_id)
                     new_configs.append(c.config)
-            batch = StepBatch(
-                step=self.step_num,
-                window=window,
-                first_invocation_id=self._next_invocation,
-                calls=captured,
-                new_configs=new_configs,
-            )
-            self._next_invocation += len(captured)
-            self._started()[1].put(batch)
-
-    def _report_dropped(self, captured: list[CapturedCall]) -> None:
-        """Warn, in the job's thread, when the device dropped records of these launches."""
-        dropped = sum(_dropped(c.buffer, c.config) for c in captured)
-        if dropped:
-            warnings.warn(
-                DroppedRecordsWarning(
-                    f"step {self.step_num}: the device dropped {dropped} records in "
-                    f"{len(captured)} launch(es) because slots were full (plan a larger "
-                    "capacity); the rest are kept"
-                ),
-                stacklevel=_caller_stacklevel(),
-            )
+            if self._handed_step != self.step_num:
+                self._handed_step = self.step_num
+                self._recorded_steps += 1
+            try:
+                self._synchronize(calls)
+                dropped = self._started()[1].put(
+                    calls,
+                    step=self.step_num,
+                    window=window,
+                    first_invocation_id=self._next_invocation,
+                    new_configs=new_configs,
+                    recorded_steps=self._recorded_steps,
+                    job_seconds=self._job_seconds,
+                )
+            finally:
+                for call in calls:
+                    self.pool.release(call.buffer)
+            self._next_invocation += len(calls)
+            if dropped:
+                warnings.warn(
+                    DroppedRecordsWarning(
+                        f"step {self.step_num}: the device dropped {dropped} records in "
+                        f"{len(calls)} launch(es) because slots were full (plan a larger "
+                        "capacity); the rest are kept"
+                    ),
+                    stacklevel=_caller_stacklevel(),
+                )
 
     def __repr__(self) -> str:
         return (
@@ -454,6 +513,7 @@ def mega_kernel_profile(
     max_pending_calls: int = 16,
     label: str | None = None,
     tags: Mapping[str, str] | None = None,
+    writer: str = "process",
 ) -> MegaKernelProfile:
     """Profile the MegaKernel launches of a block of code into a store, step by step.
 
@@ -467,9 +527,11 @@ def mega_kernel_profile(
     Without a schedule every launch is recorded and the one window ends at exit.
     ``store`` is a ``Store`` or a path (default ``$MCPROF_STORE`` or ``./mcprof-store``).
     ``max_pending_calls`` bounds the launches held on the device before they are
-    drained within a step. Sessions do not nest. On an exception inside the block the
-    open window's buffers and rows are discarded, the run is marked failed, and the
-    exception propagates.
+    drained within a step. ``writer`` is where recorded steps are decoded and stored:
+    ``"process"`` (a process of its own: the job's thread only copies and hands over) or
+    ``"thread"`` (a thread of the job, sharing its GIL). Sessions do not nest. On an
+    exception inside the block, or if the writer dies, the open window's buffers and
+    rows are discarded, the run is marked failed, and the exception propagates.
     """
     return MegaKernelProfile(
         schedule=schedule,
@@ -479,4 +541,5 @@ def mega_kernel_profile(
         max_pending_calls=max_pending_calls,
         label=label,
         tags=tags,
+        writer=writer,
     )

@@ -1,171 +1,530 @@
-"""The capture session's background writer: host copies in, step partitions out.
+"""The capture session's writer: a step's buffers handed over, its commit acknowledged.
 
-The session copies each step's profile buffers to the host and hands them over as a
-``StepBatch``; a thread decodes them and writes them to the store while the job runs
-its next step. The queue is bounded, so a job that produces buffers faster than the
-store takes them waits instead of holding them all in memory. A failure is kept and
-raised to the session at its next ``put``, ``flush`` or ``close``.
+At the end of a recorded step the session gives the step's launches to
+``StepWriter.put``, which copies each buffer from the device into a shared segment
+(``staging``) and sends one ``Batch`` to the committer (``committer``). That is all
+the job's thread does for a step: decoding, Arrow, Parquet and fsync happen in the
+committer, by default in a process of its own (``writer="process"``), where they never
+hold the job's GIL; ``writer="thread"`` runs the same committer in a thread of the job.
+A writer process outlives its session: the next session of the same process takes it
+(starting one costs a few hundred milliseconds of CPU), and it exits with the process.
+
+Backpressure is bounded: at most ``depth`` batches are in flight (handed over and not
+yet committed). A ``put`` beyond that waits until the oldest is committed, so a slow
+store slows ``prof.step()`` by one step write at a time, and the session holds at most
+``depth`` segments, each the size of the largest step it recorded. A batch that cannot
+be stored, or a writer that dies, is raised as ``CaptureError`` at the next ``put``,
+``flush`` or ``close``, naming the cause (a process killed by a signal names it).
 """
 
 from __future__ import annotations
 
-import queue
+import atexit
+import functools
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
-from multicore_profiler.errors import CaptureError, ProfileError
-from multicore_profiler.ingest.buffers import KernelInfo, Launches, step_tables, task_table
-from multicore_profiler.ingest.decode import decode_buffers
-from multicore_profiler.kernels.runtime import RuntimeConfig
-from multicore_profiler.storage.store import Store
+from multicore_profiler.abi import BufferLayout, CoreType
+from multicore_profiler.errors import CaptureError, SessionError
+from multicore_profiler.ingest.committer import (
+    Abort,
+    Batch,
+    Close,
+    Closed,
+    Done,
+    Group,
+    Message,
+    NewKernel,
+    NewSegment,
+    Open,
+    Ready,
+    WindowClosed,
+    serve,
+)
+from multicore_profiler.ingest.staging import Segments
+from multicore_profiler.ingest.step_rows import KernelInfo, task_table
+from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.runs import WRITERS, RunInfo
+from multicore_profiler.storage.writes import new_write_id
+
+if TYPE_CHECKING:
+    from multicore_profiler.kernels.runtime import PreparedCall, RuntimeConfig
 
 QUEUE_DEPTH = 4
-"""Batches waiting to be written before the session's next drain blocks."""
+"""Batches in flight before the session's next hand-over waits for the writer."""
+
+STDERR_TAIL = 2000
+"""Characters of a dead writer process's stderr quoted in the error."""
+
+START_TIMEOUT = 120.0
+"""Seconds a new writer process has to say it is ready (it imports numpy and pyarrow)."""
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+BOOTSTRAP = """\
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location(
+    "multicore_profiler", sys.argv[1] + "/__init__.py", submodule_search_locations=[sys.argv[1]]
+)
+sys.modules["multicore_profiler"] = importlib.util.module_from_spec(spec)
+from multicore_profiler.ingest.committer import main
+main(int(sys.argv[2]))
+"""
+"""The writer process's program: the package without its ``__init__`` (which imports
+every room, DuckDB among them), so it starts in a fraction of the time."""
 
 
 @dataclass
 class WriterStats:
-    """What a session's writer has done: step writes, invocations, and the CPU time it
-    took (which a job on the same CPU pays for)."""
+    """What a session's writer has committed so far: step writes, invocations, and the
+    CPU time it took (which a job on the same CPUs pays for)."""
 
     batches: int = 0
     invocations: int = 0
     cpu_seconds: float = 0.0
 
 
-@dataclass(frozen=True)
-class CapturedCall:
-    """One recorded launch, copied to the host."""
-
-    config: RuntimeConfig
-    direction: str
-    buffer: np.ndarray
+DROPPED_COUNT_OFFSET = 12
+"""Where a slot header keeps ``dropped_count`` (after ``entry_cycle`` and ``record_count``)."""
 
 
-@dataclass(frozen=True)
-class StepBatch:
-    """Recorded launches of one step, invocation ids from ``first_invocation_id`` on."""
+@functools.cache
+def _dropped_fields(layout: BufferLayout) -> np.ndarray:
+    """The ``uint32`` index of every slot's ``dropped_count`` in a buffer of ``layout``."""
+    starts = [
+        layout.offset(core) + layout.stride(core) * np.arange(layout.slots(core))
+        for core in (CoreType.AIC, CoreType.AIV)
+    ]
+    return (np.concatenate(starts) + DROPPED_COUNT_OFFSET) // 4
 
-    step: int
-    window: int
-    first_invocation_id: int
-    calls: list[CapturedCall]
-    new_configs: list[RuntimeConfig] = field(default_factory=list)
-    """Configs whose task graphs this run has not written yet."""
+
+def _ended(code: int | None) -> str:
+    """How a writer process ended, in words."""
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        return f"was killed by signal {signal.Signals(-code).name}"
+    return f"exited with status {code}"
+
+
+@dataclass(eq=False)
+class WriterProcess:
+    """A writer process, its socket and its stderr (a file, read if it dies)."""
+
+    process: subprocess.Popen[bytes]
+    connection: Connection
+    stderr: IO[bytes]
+    owner: int = field(default_factory=os.getpid)
+    """The process that started it: a forked child must not speak on its socket."""
+
+    @classmethod
+    def start(cls) -> WriterProcess:
+        """A new writer process, serving sessions over a socket pair."""
+        ours, theirs = socket.socketpair()
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept open while it runs)
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", BOOTSTRAP, str(_PACKAGE), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        except BaseException:
+            ours.close()
+            stderr.close()
+            raise
+        finally:
+            theirs.close()
+        started = cls(process, Connection(ours.detach()), stderr)
+        _STARTED.add(started)
+        started.wait_ready()
+        return started
+
+    def wait_ready(self) -> None:
+        """Wait for its ``Ready``; a writer that dies or hangs first is a ``CaptureError``."""
+        try:
+            if self.connection.poll(START_TIMEOUT) and isinstance(self.connection.recv(), Ready):
+                return
+        except (EOFError, OSError):
+            pass
+        self.process.kill()
+        error = CaptureError(f"{self.ended()} before it was ready")
+        self.stop()
+        raise error
+
+    def idle(self) -> bool:
+        """Whether it can serve a session: alive, ours, and silent (an idle writer says
+        nothing; a readable socket means it ended)."""
+        return (
+            self.owner == os.getpid()
+            and self.process.poll() is None
+            and not self.connection.poll(0)
+        )
+
+    def ended(self) -> str:
+        """How it ended, in words, with the end of what it wrote to stderr."""
+        try:
+            code = self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.stderr.seek(0)
+        said = self.stderr.read().decode(errors="replace").strip()[-STDERR_TAIL:]
+        return f"the profile writer process (pid {self.process.pid}) {_ended(code)}" + (
+            f"; it said: {said}" if said else ""
+        )
+
+    def stop(self) -> None:
+        """Close its socket, which ends it, and wait for it (killed if it hangs)."""
+        self.connection.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.stderr.close()
+
+
+_IDLE: list[WriterProcess] = []
+"""Writer processes whose session ended, for the next session of this process."""
+
+_STARTED: weakref.WeakSet[WriterProcess] = weakref.WeakSet()
+"""Every writer process this process started and still knows: busy or idle."""
+
+
+def _take_writer_process() -> WriterProcess:
+    while _IDLE:
+        kept = _IDLE.pop()
+        if kept.idle():
+            return kept
+        kept.stop()
+    return WriterProcess.start()
+
+
+def stop_idle_writers() -> None:
+    """Stop the writer processes kept for later sessions (done at exit; a session started
+    afterwards starts a new one)."""
+    while _IDLE:
+        _IDLE.pop().stop()
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) closes its copies of the writers' sockets
+    without a word: they are its parent's, and a writer must see the parent's end when
+    the parent goes, not when the last of its children does."""
+    for started in list(_STARTED):
+        started.connection.close()
+    _STARTED.clear()
+    _IDLE.clear()
+
+
+atexit.register(stop_idle_writers)
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class StepWriter:
-    """Writes ``StepBatch`` es of one (run, rank) on a background thread."""
+    """Hands the recorded steps of one (run, rank) to a committer and tracks its answers."""
 
-    def __init__(self, store: Store, run_id: str, rank: int, *, depth: int = QUEUE_DEPTH) -> None:
-        self._store = store
-        self._run_id = run_id
-        self._rank = rank
-        self._queue: queue.Queue[StepBatch | None] = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._discarding = threading.Event()
-        self._writes: dict[int, list[int]] = defaultdict(list)
+    def __init__(
+        self,
+        location: StoreLocation,
+        run: RunInfo,
+        rank: int,
+        *,
+        writer: str = "process",
+        depth: int = QUEUE_DEPTH,
+    ) -> None:
+        if writer not in WRITERS:
+            raise SessionError(f"writer must be one of {WRITERS}, got {writer!r}")
         self.stats = WriterStats()
-        """Updated by the writer thread after each batch."""
-        self._thread = threading.Thread(target=self._run, name="mcprof-writer", daemon=True)
-        self._thread.start()
+        """Updated as the committer's answers arrive."""
+        self._rank = rank
+        self._depth = depth
+        self._segments = Segments(depth)
+        self._kernels: dict[tuple[str, int, int], tuple[int, RuntimeConfig]] = {}
+        self._in_flight: dict[int, tuple[int, int]] = {}
+        """Batches handed over and not answered: sequence -> (window, write id)."""
+        self._writes: dict[int, list[int]] = defaultdict(list)
+        self._sequence = 0
+        self._error: CaptureError | None = None
+        self._dead: CaptureError | None = None
+        self._process: WriterProcess | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._released = False
+        if writer == "process":
+            self._process = _take_writer_process()
+            self._connection = self._process.connection
+        else:
+            ours, theirs = socket.socketpair()
+            self._thread = threading.Thread(
+                target=_serve_in_thread,
+                args=(Connection(theirs.detach()),),
+                name="mcprof-writer",
+                daemon=True,
+            )
+            self._thread.start()
+            self._connection = Connection(ours.detach())
+        try:
+            self._connection.send(Open(location, run, rank, writer))
+        except (TypeError, AttributeError, pickle.PicklingError) as exc:  # a live filesystem
+            self._closed = True  # nothing was sent: the writer waits for the next session
+            self._release()
+            raise SessionError(
+                f"the store at {location} cannot be handed to a writer ({exc})"
+            ) from exc
 
-    def put(self, batch: StepBatch) -> None:
-        """Queue a batch; blocks while the queue is full."""
+    @property
+    def pid(self) -> int | None:
+        """The writer process's id (None for a thread)."""
+        return None if self._process is None else self._process.process.pid
+
+    def put(
+        self,
+        calls: Sequence[PreparedCall],
+        *,
+        step: int,
+        window: int,
+        first_invocation_id: int,
+        new_configs: Sequence[RuntimeConfig],
+        recorded_steps: int,
+        job_seconds: float,
+    ) -> int:
+        """Copy the launches' buffers (synchronized already) to shared memory and hand
+        them over as one batch; wait first while ``depth`` batches are in flight. Return
+        how many records the device dropped in them.
+
+        Answers are read only when the queue is full, all those there at once, so a step
+        costs one message; a writer that died is seen at once all the same."""
+        self._check_alive()
+        if len(self._in_flight) >= self._depth:
+            self._answers(wait=True)
         self._raise()
-        self._queue.put(batch)
+        segment, new, dropped_id = self._segments.take(
+            sum(c.config.layout.total_bytes for c in calls)
+        )
+        if new:
+            self._send(NewSegment(segment.id, segment.size, dropped_id), fd=segment.fd)
+        view = segment.view
+        groups, offset, dropped = [], 0, 0
+        for (kernel, direction), group in groupby(
+            calls, key=lambda c: (self._kernel(c.config), c.direction)
+        ):
+            members = list(group)
+            groups.append(Group(kernel, direction, len(members), offset))
+            for call in members:
+                size = call.config.layout.total_bytes
+                host = view[offset : offset + size]
+                call.config.backend.to_host(call.buffer, host)
+                dropped += int(host.view(np.uint32)[_dropped_fields(call.config.layout)].sum())
+                offset += size
+        self._sequence += 1
+        write_id = new_write_id()
+        self._send(
+            Batch(
+                sequence=self._sequence,
+                segment_id=segment.id,
+                write_id=write_id,
+                step=step,
+                window=window,
+                first_invocation_id=first_invocation_id,
+                groups=tuple(groups),
+                tasks=task_table(self._rank, new_configs) if new_configs else None,
+                recorded_steps=recorded_steps,
+                job_seconds=job_seconds,
+            )
+        )
+        self._in_flight[self._sequence] = (window, write_id)
+        return dropped
+
+    def window_closed(self, window: int) -> None:
+        """A window ended: its steps stay, whatever happens to the job later."""
+        self._send(WindowClosed(window))
 
     def flush(self) -> None:
-        """Wait until every queued batch is written; raise if one could not be."""
-        self._queue.join()
+        """Wait until every batch handed over is committed; raise if one could not be."""
+        while self._in_flight and self._dead is None:
+            self._answers(wait=True)
         self._raise()
 
     def close(self) -> None:
-        """Write what is queued, then stop the thread; raise if a batch could not be written."""
-        self._queue.join()
-        self._queue.put(None)
-        self._thread.join()
-        self._raise()
+        """Commit what is in flight, then stop the writer; raise if a batch could not be
+        stored or the writer died."""
+        try:
+            self.flush()
+            self._send(Close())
+            self._until_closed()
+            self._closed = True
+            self._raise()
+        finally:
+            self._release()
 
     def abort(self) -> None:
-        """Drop what is queued, let the batch being written finish, and stop the thread."""
-        self._discarding.set()
-        self._queue.put(None)
-        self._thread.join()
+        """Drop the batches not yet being written, let the one being written finish, and
+        stop the writer; a writer that is already dead is only cleaned up."""
+        if self._released:
+            return
+        try:
+            if self._dead is None:
+                try:
+                    self._send(Abort())
+                    self._until_closed()
+                    self._closed = True
+                except CaptureError:
+                    pass  # it died meanwhile: there is nothing left to stop
+        finally:
+            self._release()
 
     def write_ids(self, window: int) -> list[int]:
-        """The step writes committed for a window so far."""
-        return list(self._writes.get(window, ()))
+        """The step writes of a window that are, or may be, committed: those answered as
+        written, and those not answered (a writer that died may have committed them)."""
+        unanswered = [w for seen, w in self._in_flight.values() if seen == window]
+        return [*self._writes.get(window, ()), *unanswered]
+
+    def _kernel(self, config: RuntimeConfig) -> int:
+        """The committer's key of a config's kernel, sent the first time it is seen."""
+        identity = (config.config_id, id(config.metadata), id(config.backend))
+        known = self._kernels.get(identity)
+        if known is not None:
+            return known[0]
+        key = len(self._kernels)
+        self._kernels[identity] = (key, config)  # holds metadata and backend: ids stay theirs
+        meta, backend = config.metadata, config.backend
+        kernel = KernelInfo(
+            kernel_name=meta.kernel_name,
+            owner_label=meta.owner_label,
+            stage_names=meta.stage_names,
+            soc=backend.soc,
+            frequency_source=backend.frequency_source,
+            config_id=config.config_id,
+        )
+        self._send(
+            NewKernel(key, kernel, config.layout, backend.frequency_hz, backend.device_index)
+        )
+        return key
+
+    def _send(self, message: Message, fd: int | None = None) -> None:
+        if self._dead is not None:
+            raise self._dead
+        try:
+            self._connection.send(message)
+            if fd is not None:
+                send_handle(self._connection, fd, self.pid or 0)
+        except OSError as exc:
+            raise self._died() from exc
+
+    def _receive(self) -> Done | Closed:
+        if self._dead is not None:
+            raise self._dead
+        try:
+            return self._connection.recv()
+        except (EOFError, OSError) as exc:
+            raise self._died() from exc
+
+    def _check_alive(self) -> None:
+        """Raise if the writer ended (a look at the process, without reading its answers)."""
+        if self._dead is None:
+            ended = (
+                self._thread is not None and not self._thread.is_alive()
+                if self._process is None
+                else self._process.process.poll() is not None
+            )
+            if ended:
+                raise self._died()
+        if self._dead is not None:
+            raise self._dead
+
+    def _answers(self, *, wait: bool) -> None:
+        """Take in the answers already there, and (``wait``) at least one."""
+        while wait or self._connection.poll(0):
+            answer = self._receive()
+            if isinstance(answer, Done):
+                self._answered(answer)
+            wait = False
+
+    def _answered(self, done: Done) -> None:
+        self._segments.give_back(done.segment_id)
+        del self._in_flight[done.sequence]
+        self.stats.cpu_seconds += done.cpu_seconds
+        if done.write_id is not None:
+            self._writes[done.window].append(done.write_id)
+            self.stats.batches += 1
+            self.stats.invocations += done.invocations
+        if done.error is not None and self._error is None:
+            self._error = CaptureError(
+                f"profile buffers could not be stored: {done.error}"
+                if done.profile_error
+                else f"the profile writer failed: {done.error}"
+            )
+
+    def _until_closed(self) -> None:
+        while not isinstance(answer := self._receive(), Closed):
+            self._answered(answer)
 
     def _raise(self) -> None:
+        if self._dead is not None:
+            raise self._dead
         if self._error is not None:
-            error = self._error
-            if isinstance(error, ProfileError):
-                raise CaptureError(f"profile buffers could not be stored: {error}") from error
-            raise CaptureError(f"the profile writer failed: {error!r}") from error
+            raise self._error
 
-    def _run(self) -> None:
-        while True:
-            batch = self._queue.get()
-            try:
-                if batch is None:
-                    return
-                if self._error is None and not self._discarding.is_set():
-                    began = time.thread_time()
-                    self._write(batch)
-                    self.stats.cpu_seconds += time.thread_time() - began
-            except BaseException as exc:
-                self._error = exc
-            finally:
-                self._queue.task_done()
+    def _died(self) -> CaptureError:
+        """The error that a writer that stopped answering is reported with."""
+        if self._dead is None:
+            self._last_answers()
+            self._dead = CaptureError(
+                "the profile writer thread ended unexpectedly"
+                if self._process is None
+                else self._process.ended()
+            )
+        return self._dead
 
-    def _write(self, batch: StepBatch) -> None:
-        if batch.new_configs:
-            self._store.write_tasks(self._run_id, task_table(self._rank, batch.new_configs))
-        parts = []
-        first = batch.first_invocation_id
-        for (config, direction), group in groupby(
-            batch.calls, key=lambda c: (c.config, c.direction)
-        ):
-            calls = list(group)
-            backend = config.backend
-            decoded = decode_buffers(
-                np.stack([c.buffer for c in calls]),  # one 2-D batch decodes fastest
-                config.layout,
-                frequency_hz=backend.frequency_hz,
-                warn_dropped=False,
-            )
-            meta = config.metadata
-            kernel = KernelInfo(
-                kernel_name=meta.kernel_name,
-                owner_label=meta.owner_label,
-                stage_names=meta.stage_names,
-                soc=backend.soc,
-                frequency_source=backend.frequency_source,
-                config_id=config.config_id,
-            )
-            launches = Launches(
-                rank=self._rank,
-                device=backend.device_index,
-                step=batch.step,
-                first_invocation_id=first,
-                direction=direction,
-                window_id=batch.window,
-            )
-            parts.append(step_tables(decoded, kernel, launches))
-            first += len(calls)
-        invocations, cores, records = (
-            pa.concat_tables(tables) for tables in zip(*parts, strict=True)
-        )
-        write_id = self._store.write_step(
-            self._run_id, batch.step, invocations=invocations, cores=cores, records=records
-        )
-        self._writes[batch.window].append(write_id)
-        self.stats.batches += 1
-        self.stats.invocations += invocations.num_rows
+    def _last_answers(self) -> None:
+        """Take in what a writer that ended said before it went."""
+        try:
+            while self._connection.poll(0):
+                answer = self._connection.recv()
+                if isinstance(answer, Done):
+                    self._answered(answer)
+        except (EOFError, OSError):
+            return
+
+    def _release(self) -> None:
+        """Close this side: the segments, and the thread, or the process, which is kept
+        for the next session when it closed this one cleanly."""
+        self._released = True
+        self._segments.close()
+        if self._process is not None:
+            if self._closed:
+                _IDLE.append(self._process)
+            else:
+                self._process.stop()
+        else:
+            self._connection.close()
+            self._thread.join()
+
+
+def _serve_in_thread(connection: Connection) -> None:
+    """The committer in a thread of the job, for one session (its CPU clock is the
+    thread's)."""
+    try:
+        serve(connection, time.thread_time)
+    finally:
+        connection.close()

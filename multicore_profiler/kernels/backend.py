@@ -56,8 +56,9 @@ class Backend(Protocol):
         """Wait until every launched kernel has finished writing its buffers."""
         ...
 
-    def to_host(self, buffer: torch.Tensor) -> np.ndarray:
-        """A host copy of a device buffer, as a ``uint8`` array the caller owns."""
+    def to_host(self, buffer: torch.Tensor, out: np.ndarray) -> None:
+        """Copy a device buffer's bytes into ``out``, host memory the caller owns (a
+        ``uint8`` array of the buffer's size; the caller synchronized first)."""
         ...
 
 
@@ -100,9 +101,9 @@ class CpuBackend:
     def synchronize(self) -> None:
         """Nothing to wait for: a CPU launch returns when its workers are done."""
 
-    def to_host(self, buffer: torch.Tensor) -> np.ndarray:
-        """A copy of the buffer's bytes."""
-        return buffer.numpy().copy()
+    def to_host(self, buffer: torch.Tensor, out: np.ndarray) -> None:
+        """Copy the buffer's bytes into ``out``."""
+        np.copyto(out, buffer.numpy())
 
     def __repr__(self) -> str:
         return "CpuBackend()"

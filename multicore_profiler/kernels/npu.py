@@ -262,9 +262,9 @@ class NpuBackend:
         """Wait for every kernel launched on the NPU to finish."""
         self._npu.synchronize(self._device)
 
-    def to_host(self, buffer: torch.Tensor) -> np.ndarray:
-        """A host copy of a device buffer (the caller synchronized first)."""
-        return buffer.to("cpu", copy=True).numpy()
+    def to_host(self, buffer: torch.Tensor, out: np.ndarray) -> None:
+        """Copy a device buffer into ``out`` in host memory (the caller synchronized first)."""
+        torch.from_numpy(out).copy_(buffer)
 
     def __repr__(self) -> str:
         frequency = self.cycle_frequency

@@ -1,0 +1,328 @@
+"""The writer's side of a capture session: step batches in, committed steps out.
+
+The session copies each recorded step's buffers into shared memory (``staging``) and
+sends a ``Batch`` naming where they lie; the committer decodes them, builds the step's
+Arrow rows and commits them to the store (``StoreWrites.write_step``), then answers
+with a ``Done`` that gives the segment back. It runs in a process of its own, started
+by ``writer.StepWriter`` with the package's ``__init__`` skipped, so it loads neither
+DuckDB nor torch and never takes the job's GIL; or, with ``writer="thread"``, in a
+thread of the job, speaking the same messages.
+
+Messages are read ahead: an ``Abort`` drops the queued batches of every window that
+has not ended (the session withdraws what was committed of them). If the session's end
+of the socket closes without ``Close`` or ``Abort`` (the job died), the committer does
+the same and withdraws itself the steps it committed of those windows
+(``discard_writes``: no view shows them), then marks the run failed with the cost
+measured so far.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
+
+import numpy as np
+import pyarrow as pa
+
+from multicore_profiler.abi import BufferLayout
+from multicore_profiler.errors import ProfileError
+from multicore_profiler.ingest.decode import decode_buffers
+from multicore_profiler.ingest.staging import Segment, map_segment
+from multicore_profiler.ingest.step_rows import KernelInfo, Launches, step_tables
+from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.runs import CaptureCost, RunInfo
+from multicore_profiler.storage.writes import StoreWrites
+
+ORPHANED = "the job ended without closing its capture session"
+"""The reason the committer gives for the windows it withdraws when the job died."""
+
+
+@dataclass(frozen=True)
+class Open:
+    """The first message: where to write, for which run and rank, and how."""
+
+    location: StoreLocation
+    run: RunInfo
+    rank: int
+    writer: str
+    """``process`` or ``thread``: recorded with the cost."""
+
+
+@dataclass(frozen=True)
+class NewSegment:
+    """A shared segment; its descriptor follows on the socket."""
+
+    segment_id: int
+    size: int
+    dropped: int | None
+    """A segment the session closed to make room: the committer unmaps it too."""
+
+
+@dataclass(frozen=True)
+class NewKernel:
+    """What decoding a kernel's buffers needs, sent once per kernel."""
+
+    key: int
+    kernel: KernelInfo
+    layout: BufferLayout
+    frequency_hz: float
+    device: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """Consecutive launches of one kernel and direction in a batch's segment."""
+
+    kernel: int
+    direction: str
+    count: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Launches of one step, invocation ids from ``first_invocation_id`` on."""
+
+    sequence: int
+    segment_id: int
+    write_id: int
+    """The id the step's rows are stamped with, picked by the session (which can then
+    withdraw them even if the writer dies before answering)."""
+    step: int
+    window: int
+    first_invocation_id: int
+    groups: tuple[Group, ...]
+    tasks: pa.Table | None
+    """Task graphs of kernels this run has not written yet."""
+    recorded_steps: int
+    job_seconds: float
+    """The session's own cost so far, kept in case the job dies before it can store it."""
+
+
+@dataclass(frozen=True)
+class WindowClosed:
+    """A window ended: its steps are final, whatever happens to the job later."""
+
+    window: int
+
+
+@dataclass(frozen=True)
+class Close:
+    """Write what is queued, answer ``Closed``, and stop."""
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Drop what is queued, answer ``Closed``, and stop."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """A batch's answer: its write id, or its error, or neither (skipped after an error
+    or an abort). Its segment is free again."""
+
+    sequence: int
+    segment_id: int
+    window: int
+    write_id: int | None
+    invocations: int
+    cpu_seconds: float
+    error: str | None = None
+    profile_error: bool = False
+    """Whether ``error`` is a ``ProfileError`` (bad buffers or a store refusing them)."""
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The committer's last message of a session."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A writer process's first message: it can take a session."""
+
+
+Message = NewSegment | NewKernel | Batch | WindowClosed | Close | Abort
+
+
+class Committer:
+    """Serves one session on its socket until ``Close``, ``Abort`` or the socket's end."""
+
+    def __init__(self, connection: Connection, opening: Open, clock: Callable[[], float]) -> None:
+        self._connection = connection
+        self._clock = clock
+        self._queue: deque[Batch | NewKernel | Close | Abort | None] = deque()
+        self._segments: dict[int, Segment] = {}
+        self._kernels: dict[int, NewKernel] = {}
+        self._window_writes: dict[int, list[int]] = {}
+        self._ended: set[int] = set()
+        """Windows the session ended, as far as read (ahead of the batches written)."""
+        self._failed = False
+        self._aborted = False
+        self._cpu_seconds = 0.0
+        self._cost = (0, 0.0)
+        self._opening = opening
+        self._writes = StoreWrites(opening.location)
+
+    def serve(self) -> bool:
+        """Answer batches until the session ends; then close every segment. Return
+        whether the session closed (else the socket ended: the job is gone)."""
+        try:
+            while True:
+                message = self._next()
+                if message is None:
+                    self._orphaned()
+                    return False
+                if isinstance(message, Batch):
+                    self._connection.send(self._batch(message))
+                elif isinstance(message, NewKernel):
+                    self._kernels[message.key] = message
+                else:  # Close or Abort: every batch before it is answered
+                    self._connection.send(Closed())
+                    return True
+        finally:
+            for segment in self._segments.values():
+                segment.close()
+
+    def _next(self) -> Batch | NewKernel | Close | Abort | None:
+        """The next message, after reading every one already sent (None: the socket
+        ended without Close)."""
+        while not self._queue or self._connection.poll(0):
+            try:
+                message = self._connection.recv()
+            except (EOFError, OSError):
+                self._aborted = True
+                self._queue.append(None)
+                break
+            if isinstance(message, NewSegment):
+                self._map(message)
+                continue
+            if isinstance(message, WindowClosed):
+                self._ended.add(message.window)
+                continue
+            if isinstance(message, Abort):
+                self._aborted = True
+            self._queue.append(message)
+        return self._queue.popleft()
+
+    def _map(self, message: NewSegment) -> None:
+        fd = recv_handle(self._connection)
+        if message.dropped is not None:
+            self._segments.pop(message.dropped).close()
+        self._segments[message.segment_id] = map_segment(message.segment_id, fd, message.size)
+
+    def _batch(self, batch: Batch) -> Done:
+        self._cost = (batch.recorded_steps, batch.job_seconds)
+        if self._failed or (self._aborted and batch.window not in self._ended):
+            return Done(batch.sequence, batch.segment_id, batch.window, None, 0, 0.0)
+        began = self._clock()
+        try:
+            write_id, invocations = self._write(batch)
+        except BaseException as exc:
+            self._failed = True
+            profile = isinstance(exc, ProfileError)
+            return Done(
+                batch.sequence,
+                batch.segment_id,
+                batch.window,
+                None,
+                0,
+                self._clock() - began,
+                error=str(exc) if profile else repr(exc),
+                profile_error=profile,
+            )
+        cpu = self._clock() - began
+        self._cpu_seconds += cpu
+        self._window_writes.setdefault(batch.window, []).append(write_id)
+        return Done(batch.sequence, batch.segment_id, batch.window, write_id, invocations, cpu)
+
+    def _write(self, batch: Batch) -> tuple[int, int]:
+        """Decode the batch's launches and commit them as one step write."""
+        opening = self._opening
+        if batch.tasks is not None:
+            self._writes.write_tasks(opening.run.run_id, batch.tasks)
+        view = self._segments[batch.segment_id].view
+        parts = []
+        first = batch.first_invocation_id
+        for group in batch.groups:
+            kernel = self._kernels[group.kernel]
+            size = kernel.layout.total_bytes
+            buffers = view[group.offset : group.offset + group.count * size]
+            decoded = decode_buffers(
+                buffers.reshape(group.count, size),
+                kernel.layout,
+                frequency_hz=kernel.frequency_hz,
+                warn_dropped=False,
+            )
+            launches = Launches(
+                rank=opening.rank,
+                device=kernel.device,
+                step=batch.step,
+                first_invocation_id=first,
+                direction=group.direction,
+                window_id=batch.window,
+            )
+            parts.append(step_tables(decoded, kernel.kernel, launches))
+            first += group.count
+        invocations, cores, records = (
+            tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            for tables in zip(*parts, strict=True)
+        )
+        write_id = self._writes.write_step(
+            opening.run.run_id,
+            batch.step,
+            invocations=invocations,
+            cores=cores,
+            records=records,
+            write_id=batch.write_id,
+        )
+        return write_id, invocations.num_rows
+
+    def _orphaned(self) -> None:
+        """The job died: withdraw the windows it did not end, and fail the run."""
+        opening = self._opening
+        run_id = opening.run.run_id
+        for window, write_ids in self._window_writes.items():
+            if window not in self._ended:
+                self._writes.discard_writes(
+                    run_id, opening.rank, write_ids, window_id=window, reason=ORPHANED
+                )
+        steps, job_seconds = self._cost
+        cost = CaptureCost(
+            steps=steps,
+            job_seconds=job_seconds,
+            writer_cpu_seconds=self._cpu_seconds,
+            writer=opening.writer,
+        )
+        self._writes.write_run(opening.run.finish("failed", capture=cost))
+
+
+def serve(connection: Connection, clock: Callable[[], float]) -> None:
+    """Serve sessions one after another, each opened by ``Open``, until the socket ends."""
+    while True:
+        try:
+            opening = connection.recv()
+        except (EOFError, OSError):
+            return
+        if not isinstance(opening, Open):
+            raise TypeError(f"a capture session starts with Open, got {opening!r}")
+        if not Committer(connection, opening, clock).serve():
+            return
+
+
+def main(fd: int) -> None:
+    """The writer process: say it is ready, then serve the sessions of the job's socket
+    ``fd`` (the job's Ctrl-C is the session's to handle, so the writer ignores SIGINT).
+
+    pyarrow imports pandas the first time it converts a numpy or Python value (about
+    0.15 s): that is done here, before the first step is waiting for it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pa.array(np.zeros(1, np.int64))
+    connection = Connection(fd)
+    connection.send(Ready())
+    serve(connection, time.process_time)

@@ -1,0 +1,281 @@
+"""A capture session whose job or writer process dies: what stays, what is withdrawn, what is said.
+
+The writer process is made to stall or exit at a chosen file by a ``sitecustomize``
+module put on its ``PYTHONPATH`` (it inherits the test's environment); the job is a
+separate process when it is the one killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from multicore_profiler import Store, mega_kernel_profile, open_store
+from multicore_profiler.errors import CaptureError
+from multicore_profiler.ingest.committer import ORPHANED
+from multicore_profiler.ingest.writer import QUEUE_DEPTH, stop_idle_writers
+from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+
+TOKENS, HIDDEN, INTER, EXPERTS, TOP_K = 48, 16, 32, 4, 2
+
+# What the writer process does at its ``at``-th records file: write half, say so and stall,
+# or print to stderr and exit with status 3; or, at "boot", exit with status 4 at once.
+SITE = """
+import os, sys, time
+from pathlib import Path
+import pyarrow.parquet as pq
+
+if {action!r} == "boot":
+    sys.stderr.write("no room for a writer\\n")
+    sys.stderr.flush()
+    os._exit(4)
+
+real_write = pq.ParquetWriter.write_table
+seen = 0
+
+def write_table(self, table, *args, **kwargs):
+    global seen
+    if "record_index" in table.column_names:
+        seen += 1
+        if seen == {at}:
+            if {action!r} == "exit":
+                sys.stderr.write("disk on fire\\n")
+                sys.stderr.flush()
+                os._exit(3)
+            real_write(self, table.slice(0, len(table) // 2), *args, **kwargs)
+            Path({marker!r}).touch()
+            time.sleep(600)
+    return real_write(self, table, *args, **kwargs)
+
+pq.ParquetWriter.write_table = write_table
+"""
+
+JOB = """
+import os, sys, time
+from pathlib import Path
+import torch
+from multicore_profiler import mega_kernel_profile, open_store, schedule
+from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+
+root = Path(sys.argv[1])
+seed = torch.Generator().manual_seed(0)
+router, w1, w2 = make_moe_weights({experts}, {hidden}, {inter}, generator=seed)
+x = torch.randn({tokens}, {hidden}, generator=torch.Generator().manual_seed(1))
+batch = (x, *route(x, router, {top_k}))
+with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
+    with mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=2)) as prof:
+        for _ in range(3):  # window 0: steps 0 and 1; window 1 opens at step 2
+            kernel(*batch)
+            prof.step()
+        kernel(*batch)  # step 3, the last of window 1, which never ends
+        prof.flush()
+        forked = os.fork()  # a DataLoader worker, say, which outlives the job
+        if forked == 0:
+            time.sleep(600)
+            os._exit(0)
+        (root / "forked.pid").write_text(str(forked))
+        (root / "writer.pid").write_text(str(prof.writer_pid))
+        time.sleep(600)
+"""
+
+
+@pytest.fixture
+def kernel_and_batch() -> Iterator[tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]]]:
+    router, w1, w2 = make_moe_weights(
+        EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
+    )
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    with ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
+        yield kernel, (x, *route(x, router, TOP_K))
+
+
+def writer_site(monkeypatch: pytest.MonkeyPatch, where: Path, action: str, at: int) -> Path:
+    """Make writer processes started from now on stall or exit at their ``at``-th records
+    file; return the file a stalled writer touches."""
+    site = where / "site"
+    site.mkdir()
+    marker = where / "stalled"
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent(SITE.format(at=at, action=action, marker=str(marker)))
+    )
+    stop_idle_writers()  # a kept writer started before this environment would not see it
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    )
+    return marker
+
+
+def wait_for(path: Path, what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.02)
+
+
+def visible(store: Store) -> dict[str, int]:
+    """Rows every view shows of the store's recorded steps."""
+    return store.sql(
+        """SELECT (SELECT count(*) FROM invocations) AS invocations,
+                  (SELECT count(*) FROM records) AS records,
+                  (SELECT count(*) FROM records_ns) AS timed,
+                  (SELECT count(*) FROM cores) AS cores,
+                  (SELECT count(*) FROM stage_stats WHERE records > 0) AS stages"""
+    ).to_pylist()[0]
+
+
+def running(pid: int) -> bool:
+    """Whether a process that is not our child runs (a zombie nobody reaps has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+NOTHING = {"invocations": 0, "records": 0, "timed": 0, "cores": 0, "stages": 0}
+
+
+def test_writer_killed_mid_file_fails_the_session_and_leaves_nothing_of_its_window(
+    store: Store,
+    kernel_and_batch: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    kernel, batch = kernel_and_batch
+    stalled = writer_site(monkeypatch, tmp_path, "stall", at=3)
+    prof = mega_kernel_profile(store=store)
+    killed = r"^the profile writer process \(pid \d+\) was killed by signal SIGKILL$"
+    with pytest.raises(CaptureError, match=killed), prof:  # noqa: PT012 (raised a step later)
+        for _ in range(3):
+            kernel(*batch)
+            prof.step()
+        wait_for(stalled, "the writer's stall in step 2's records file")
+        pid = prof.writer_pid
+        os.kill(pid, signal.SIGKILL)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        kernel(*batch)
+        prof.step()
+    assert visible(store) == NOTHING
+    assert store.sql("SELECT status, capture_steps, capture_writer FROM runs").to_pylist() == [
+        {"status": "failed", "capture_steps": 4, "capture_writer": "process"}
+    ]
+    # Steps 0 and 1 were committed, then withdrawn with the window; step 2 never was.
+    assert store.sql(
+        "SELECT step, count(*) AS n FROM raw_invocations GROUP BY step ORDER BY step"
+    ).to_pylist() == [{"step": 0, "n": 1}, {"step": 1, "n": 1}]
+    discarded = store.sql("SELECT window_id, reason FROM raw_discards ORDER BY ALL").to_pylist()
+    assert {d["window_id"] for d in discarded} == {0}
+    assert {d["reason"] for d in discarded} == {
+        f"CaptureError: the profile writer process (pid {pid}) was killed by signal SIGKILL"
+    }
+    assert [p.parent.name for p in store.root.rglob("*.parquet.tmp")] == ["step=2"]
+
+
+def test_a_writer_that_exits_is_named_with_its_status_and_what_it_said(
+    store: Store,
+    kernel_and_batch: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    kernel, batch = kernel_and_batch
+    writer_site(monkeypatch, tmp_path, "exit", at=2)
+    exited = r"^the profile writer process \(pid \d+\) exited with status 3; it said: disk on fire$"
+    with pytest.raises(CaptureError, match=exited), mega_kernel_profile(store=store) as prof:  # noqa: PT012
+        for _ in range(6):
+            kernel(*batch)
+            prof.step()
+    assert visible(store) == NOTHING
+    assert store.sql("SELECT status FROM runs")["status"].to_pylist() == ["failed"]
+
+
+def test_a_writer_that_cannot_start_fails_the_session_start_and_writes_no_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    writer_site(monkeypatch, tmp_path, "boot", at=0)
+    failed = (
+        r"^the profile writer process \(pid \d+\) exited with status 4; "
+        r"it said: no room for a writer before it was ready$"
+    )
+    with pytest.raises(CaptureError, match=failed), mega_kernel_profile(store=store):
+        pass
+    assert store.sql("SELECT count(*) AS n FROM runs").to_pylist() == [{"n": 0}]
+    with mega_kernel_profile(store=store, writer="thread"):  # the session let go of the process
+        pass
+
+
+def test_a_full_queue_holds_the_job_until_the_writer_commits(
+    store: Store,
+    kernel_and_batch: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
+) -> None:
+    kernel, batch = kernel_and_batch
+    steps = QUEUE_DEPTH + 3
+    done: list[int] = []
+
+    def job() -> None:
+        for step in range(steps):
+            kernel(*batch)
+            prof.step()
+            done.append(step)
+
+    with mega_kernel_profile(store=store) as prof:
+        os.kill(prof.writer_pid, signal.SIGSTOP)
+        thread = threading.Thread(target=job)
+        try:
+            thread.start()
+            deadline = time.monotonic() + 60
+            while len(done) < QUEUE_DEPTH:
+                assert time.monotonic() < deadline, f"the job stopped at step {len(done)}"
+                time.sleep(0.01)
+            thread.join(timeout=0.5)
+            # Four steps are in flight; the fifth hand-over waits for a stopped writer.
+            assert (thread.is_alive(), done) == (True, list(range(QUEUE_DEPTH)))
+        finally:
+            os.kill(prof.writer_pid, signal.SIGCONT)
+        thread.join(timeout=60)
+    assert done == list(range(steps))
+    assert store.sql(
+        "SELECT count(DISTINCT step) AS steps, count(*) AS n FROM invocations"
+    ).to_pylist() == [{"steps": steps, "n": steps}]
+
+
+def test_job_killed_mid_window_leaves_only_the_windows_it_ended(tmp_path: Path) -> None:
+    script = JOB.format(experts=EXPERTS, hidden=HIDDEN, inter=INTER, tokens=TOKENS, top_k=TOP_K)
+    job = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
+    try:
+        wait_for(tmp_path / "writer.pid", "the job's flush of step 3")
+    finally:
+        job.kill()
+    assert job.wait(timeout=30) == -signal.SIGKILL
+    writer = int((tmp_path / "writer.pid").read_text())
+    forked = int((tmp_path / "forked.pid").read_text())
+    try:
+        deadline = time.monotonic() + 60
+        while running(writer):  # the orphaned writer withdraws window 1, then exits
+            assert time.monotonic() < deadline, "the orphaned writer never exited"
+            time.sleep(0.02)
+        assert running(forked)  # its copy of the job's socket was closed at the fork
+    finally:
+        os.kill(forked, signal.SIGKILL)
+    with open_store(tmp_path / "store", create=False) as store:
+        assert store.sql(
+            "SELECT window_id, step, count(*) AS n FROM invocations GROUP BY ALL ORDER BY ALL"
+        ).to_pylist() == [
+            {"window_id": 0, "step": 0, "n": 1},
+            {"window_id": 0, "step": 1, "n": 1},
+        ]
+        assert store.sql(
+            "SELECT window_id, reason, count(*) AS n FROM raw_discards GROUP BY ALL"
+        ).to_pylist() == [{"window_id": 1, "reason": ORPHANED, "n": 2}]
+        assert store.sql("SELECT status, capture_steps, capture_writer FROM runs").to_pylist() == [
+            {"status": "failed", "capture_steps": 4, "capture_writer": "process"}
+        ]
