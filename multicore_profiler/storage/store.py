@@ -42,7 +42,6 @@ from multicore_profiler.storage.partitions import (
     verified_parquet,
 )
 from multicore_profiler.storage.retention import GcPlan, collect, plan_gc
-from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import (
     DISCARDS,
     INVOCATIONS,
@@ -87,7 +86,7 @@ def _empty_table(spec: TableSpec) -> pa.Table:
     return pa.schema(fields).empty_table()
 
 
-class Store(Extensible):
+class Store(Extensible, StoreWrites):
     """A multicore_profiler store, local or remote; see ``open_store``. Higher rooms add
     methods (``compare``) with ``Store.extend``."""
 
@@ -108,7 +107,6 @@ class Store(Extensible):
                 _init_remote(location, create)
         _check_marker(location)
         self._location = location
-        self._writes = StoreWrites(location)
         self._lock = StoreLock(location.directory) if location.is_local else None
         self._views = threading.Lock()
         self._db = duckdb.connect()
@@ -131,11 +129,6 @@ class Store(Extensible):
             )
         self._db.execute(resources.files(__package__).joinpath("views.sql").read_text())
         self._modules = InstalledModules()
-
-    @property
-    def location(self) -> StoreLocation:
-        """Where the store lives: its filesystem, base path and URI."""
-        return self._location
 
     @property
     def uri(self) -> str:
@@ -466,52 +459,6 @@ class Store(Extensible):
             total = self.sql(f"SELECT count(*) AS n FROM {table}").to_pylist()[0]["n"]
             raise SelectorError(f"selector {selector} selects none of the {total} {of} in {self}")
         return ids
-
-    def write_run(self, run: RunInfo) -> None:
-        """Record a run's current state (a newer row for the same run supersedes older ones)."""
-        self._writes.write_run(run)
-
-    def write_step(
-        self,
-        run_id: str,
-        step: int,
-        *,
-        invocations: pa.Table,
-        cores: pa.Table,
-        records: pa.Table,
-    ) -> int:
-        """Write one step's invocations with their cores and records; return the write id.
-
-        Cores and records are written first and the invocations last, all stamped with
-        a fresh ``write_id``: until the invocations' file exists, no view shows the
-        step's rows, so a writer that dies half-way leaves nothing a query sees, even
-        after a retry writes the same invocation ids. What a crash or a power cut can
-        lose: see ``StoreWrites.write_step``.
-        """
-        return self._writes.write_step(
-            run_id, step, invocations=invocations, cores=cores, records=records
-        )
-
-    def write_tasks(self, run_id: str, tasks: pa.Table) -> str:
-        """Write task graphs (rows of the ``tasks`` table) of a run; return the file.
-
-        A graph is keyed by (rank, config_id); writing one again (a retry) adds no row
-        to the ``tasks`` view.
-        """
-        return self._writes.write_tasks(run_id, tasks)
-
-    def discard_writes(
-        self,
-        run_id: str,
-        rank: int,
-        write_ids: Sequence[int],
-        *,
-        window_id: int | None = None,
-        reason: str = "",
-    ) -> None:
-        """Withdraw committed step writes of a rank: one file, after which no view shows
-        any of their rows (all of them disappear at once)."""
-        self._writes.discard_writes(run_id, rank, write_ids, window_id=window_id, reason=reason)
 
     def close(self) -> None:
         """Release the DuckDB connection."""

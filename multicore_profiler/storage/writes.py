@@ -2,7 +2,7 @@
 
 ``StoreWrites(location)`` writes files and reads none, so it needs no DuckDB,
 ``pyarrow.dataset``, pandas or torch: a writer process that only adds a job's steps
-imports this module alone (``Store`` delegates its write methods here). The location is
+imports this module alone (``Store`` is a ``StoreWrites`` that also reads). The location is
 that of a store already made (``Store.location``); it pickles, so it can be sent to that
 process.
 """
@@ -48,7 +48,7 @@ class StoreWrites:
 
     @property
     def location(self) -> StoreLocation:
-        """Where the rows go."""
+        """Where the store lives: its filesystem, base path and URI."""
         return self._location
 
     def write_run(self, run: RunInfo) -> None:
