@@ -2,13 +2,16 @@
 
 A recorded launch needs a zeroed private buffer; allocating device memory per
 launch would cost more than the profiling itself. The pool hands out a free buffer
-of the same device and size (zeroed again) or asks the backend for a new one.
+of the same device and size or asks the backend for a new one. Buffers come back a
+step's worth at a time and are zeroed together then, in one operation (a launch's
+preparation then costs no zeroing of its own).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 
 import torch
 
@@ -34,14 +37,18 @@ class BufferPool:
                 self.allocations += 1
             else:
                 self.reuses += 1
-        if buffer is None:
-            return backend.allocate(nbytes)
-        return buffer.zero_()
+        return backend.allocate(nbytes) if buffer is None else buffer
 
-    def release(self, buffer: torch.Tensor) -> None:
-        """Give a buffer back once nothing reads or writes it any more."""
+    def release(self, buffers: Sequence[torch.Tensor]) -> None:
+        """Give buffers back once nothing reads or writes them any more; they are zeroed
+        for their next launch (one ``_foreach_zero_`` for all of them, on their devices'
+        streams)."""
+        if not buffers:
+            return
+        torch._foreach_zero_(list(buffers))
         with self._lock:
-            self._free[(str(buffer.device), buffer.numel())].append(buffer)
+            for buffer in buffers:
+                self._free[(str(buffer.device), buffer.numel())].append(buffer)
 
     @property
     def free_buffers(self) -> int:

@@ -417,7 +417,7 @@ class MegaKernelProfile(Extensible):
     def complete(self, call: PreparedCall) -> None:
         """A profiled launch went out: keep its buffer until the step ends."""
         if self._state != "open":
-            self.pool.release(call.buffer)
+            self.pool.release([call.buffer])
             raise SessionError(
                 "a profiled call completed after its session ended; its buffer is dropped"
             )
@@ -438,7 +438,7 @@ class MegaKernelProfile(Extensible):
 
     def cancel(self, call: PreparedCall) -> None:
         """A profiled launch failed: its buffer goes back unread."""
-        self.pool.release(call.buffer)
+        self.pool.release([call.buffer])
 
     @staticmethod
     def _synchronize(calls: list[PreparedCall]) -> None:
@@ -448,8 +448,7 @@ class MegaKernelProfile(Extensible):
 
     def _release(self, calls: list[PreparedCall]) -> None:
         self._synchronize(calls)
-        for call in calls:
-            self.pool.release(call.buffer)
+        self.pool.release([c.buffer for c in calls])
 
     def _drain(self) -> None:
         """Synchronize the pending launches; in a recording window, hand their host copies
@@ -484,8 +483,7 @@ class MegaKernelProfile(Extensible):
                     job_seconds=self._job_seconds,
                 )
             finally:
-                for call in calls:
-                    self.pool.release(call.buffer)
+                self.pool.release([c.buffer for c in calls])
             self._next_invocation += len(calls)
             if dropped:
                 warnings.warn(
