@@ -300,9 +300,7 @@ class MegaKernelProfile(Extensible):
             else:
                 self._window_steps.append(self.step_num)
         if previous.records:
-            elapsed = time.perf_counter() - began
-            with self._lock:
-                self._job_seconds += elapsed
+            self._add_cost(time.perf_counter() - began)
         if ready:
             self._on_trace_ready(self)
 
@@ -331,7 +329,7 @@ class MegaKernelProfile(Extensible):
             began = time.perf_counter()
             self._drain()  # the last step's hand-over is a step's cost; closing is not
             if self.current_action.records:
-                self._job_seconds += time.perf_counter() - began
+                self._add_cost(time.perf_counter() - began)
             ready = self._close_window(ready=True)
             writer.close()
             if ready:
@@ -432,9 +430,12 @@ class MegaKernelProfile(Extensible):
     def _charge(self, began: float) -> None:
         """Count the time since ``began`` as the session's cost, in a recording window."""
         if self._window is not None:
-            elapsed = time.perf_counter() - began
-            with self._lock:
-                self._job_seconds += elapsed
+            self._add_cost(time.perf_counter() - began)
+
+    def _add_cost(self, seconds: float) -> None:
+        """Add to the job thread's time in the session (launches may come from threads)."""
+        with self._lock:
+            self._job_seconds += seconds
 
     def cancel(self, call: PreparedCall) -> None:
         """A profiled launch failed: its buffer goes back unread."""
