@@ -187,3 +187,28 @@ def test_the_cli_takes_a_store_uri(
     for scope in (["--run", run_id], ["--select", "commit:aaaa0001"]):
         assert cli.main(["query", query, "--format", "json", *scope]) == 0
         assert json.loads(capsys.readouterr().out) == [{"n": 8}]
+
+
+def test_a_capture_session_records_into_s3_through_its_writer_process(s3_uri: str) -> None:
+    """The writer process gets the store's location, S3 filesystem included, and writes there."""
+    import torch
+
+    from multicore_profiler import mega_kernel_profile
+    from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+
+    router, w1, w2 = make_moe_weights(4, 16, 32, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(48, 16, generator=torch.Generator().manual_seed(1))
+    with open_store(s3_uri) as remote:
+        with (
+            ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
+            mega_kernel_profile(store=remote) as prof,
+        ):
+            for _ in range(2):
+                kernel(x, *route(x, router, 2))
+                prof.step()
+        assert prof.writer_pid is not None
+        assert remote.sql(
+            """SELECT (SELECT list(step ORDER BY step) FROM invocations) AS steps,
+                      (SELECT status FROM runs) AS status,
+                      (SELECT capture_steps FROM runs) AS recorded"""
+        ).to_pylist() == [{"steps": [0, 1], "status": "complete", "recorded": 2}]
