@@ -233,14 +233,19 @@ class Committer:
                 batch.window,
                 None,
                 0,
-                self._clock() - began,
+                self._spent(began),
                 error=str(exc) if profile else repr(exc),
                 profile_error=profile,
             )
-        cpu = self._clock() - began
-        self._cpu_seconds += cpu
+        cpu = self._spent(began)
         self._window_writes.setdefault(batch.window, []).append(write_id)
         return Done(batch.sequence, batch.segment_id, batch.window, write_id, invocations, cpu)
+
+    def _spent(self, began: float) -> float:
+        """The CPU time since ``began``, counted into the session's writer cost."""
+        cpu = self._clock() - began
+        self._cpu_seconds += cpu
+        return cpu
 
     def _write(self, batch: Batch) -> tuple[int, int]:
         """Decode the batch's launches and commit them as one step write."""
