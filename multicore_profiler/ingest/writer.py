@@ -6,8 +6,9 @@ At the end of a recorded step the session gives the step's launches to
 the job's thread does for a step: decoding, Arrow, Parquet and fsync happen in the
 committer, by default in a process of its own (``writer="process"``), where they never
 hold the job's GIL; ``writer="thread"`` runs the same committer in a thread of the job.
-A writer process outlives its session: the next session of the same process takes it
-(starting one costs a few hundred milliseconds of CPU), and it exits with the process.
+A writer process outlives its session: the next session of the same process takes it,
+unless the environment changed meanwhile (starting one costs a few hundred milliseconds
+of CPU), and it exits with the process.
 
 Backpressure is bounded: at most ``depth`` batches are in flight (handed over and not
 yet committed). A ``put`` beyond that waits until the oldest is committed, so a slow
@@ -134,6 +135,9 @@ class WriterProcess:
     stderr: IO[bytes]
     owner: int = field(default_factory=os.getpid)
     """The process that started it: a forked child must not speak on its socket."""
+    environment: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    """The environment it started with (credentials, endpoints, paths): a session whose
+    environment differs gets a writer of its own."""
 
     @classmethod
     def start(cls) -> WriterProcess:
@@ -172,10 +176,11 @@ class WriterProcess:
         raise error
 
     def idle(self) -> bool:
-        """Whether it can serve a session: alive, ours, and silent (an idle writer says
-        nothing; a readable socket means it ended)."""
+        """Whether it can serve a session: alive, ours, started in this environment, and
+        silent (an idle writer says nothing; a readable socket means it ended)."""
         return (
             self.owner == os.getpid()
+            and self.environment == os.environ
             and self.process.poll() is None
             and not self.connection.poll(0)
         )
