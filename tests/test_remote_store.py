@@ -189,26 +189,36 @@ def test_the_cli_takes_a_store_uri(
         assert json.loads(capsys.readouterr().out) == [{"n": 8}]
 
 
-def test_a_capture_session_records_into_s3_through_its_writer_process(s3_uri: str) -> None:
-    """The writer process gets the store's location, S3 filesystem included, and writes there."""
+def test_a_capture_session_records_into_s3_through_its_writer_process(
+    s3_uri: str, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The writer process gets the store's location, S3 filesystem included, and writes
+    there, in the session's environment: here a writer started (by a session on a local
+    store) before the S3 variables were set."""
     import torch
 
     from multicore_profiler import mega_kernel_profile
+    from multicore_profiler.ingest.writer import stop_idle_writers
     from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 
     router, w1, w2 = make_moe_weights(4, 16, 32, generator=torch.Generator().manual_seed(0))
     x = torch.randn(48, 16, generator=torch.Generator().manual_seed(1))
-    with open_store(s3_uri) as remote:
-        with (
-            ReferenceMoeKernel(w1, w2, token_tile=16) as kernel,
-            mega_kernel_profile(store=remote) as prof,
-        ):
-            for _ in range(2):
-                kernel(x, *route(x, router, 2))
-                prof.step()
-        assert prof.writer_pid is not None
-        assert remote.sql(
-            """SELECT (SELECT list(step ORDER BY step) FROM invocations) AS steps,
-                      (SELECT status FROM runs) AS status,
-                      (SELECT capture_steps FROM runs) AS recorded"""
-        ).to_pylist() == [{"steps": [0, 1], "status": "complete", "recorded": 2}]
+    stop_idle_writers()
+    for name in s3_env:
+        monkeypatch.delenv(name)
+    with ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
+        with mega_kernel_profile(store=tmp_path / "local") as before:
+            kernel(x, *route(x, router, 2))
+        for name, value in s3_env.items():
+            monkeypatch.setenv(name, value)
+        with open_store(s3_uri) as remote:
+            with mega_kernel_profile(store=remote) as prof:
+                for _ in range(2):
+                    kernel(x, *route(x, router, 2))
+                    prof.step()
+            assert prof.writer_pid == before.writer_pid
+            assert remote.sql(
+                """SELECT (SELECT list(step ORDER BY step) FROM invocations) AS steps,
+                          (SELECT status FROM runs) AS status,
+                          (SELECT capture_steps FROM runs) AS recorded"""
+            ).to_pylist() == [{"steps": [0, 1], "status": "complete", "recorded": 2}]

@@ -55,6 +55,15 @@ class Open:
 
 
 @dataclass(frozen=True)
+class Environment:
+    """Sent before ``Open``: the session's environment variables, which a writer process
+    takes on before it reads the store's location (so credentials and endpoints set
+    after the writer started are the ones its filesystem uses)."""
+
+    variables: dict[str, str]
+
+
+@dataclass(frozen=True)
 class NewSegment:
     """A shared segment; its descriptor follows on the socket."""
 
@@ -308,15 +317,22 @@ class Committer:
         self._writes.write_run(opening.run.finish("failed", capture=cost))
 
 
-def serve(connection: Connection, clock: Callable[[], float]) -> None:
-    """Serve sessions one after another, each opened by ``Open``, until the socket ends."""
+def serve(connection: Connection, clock: Callable[[], float], *, adopt: bool) -> None:
+    """Serve sessions one after another, each opened by ``Environment`` and ``Open``,
+    until the socket ends; with ``adopt`` (a process of its own) take on each session's
+    environment first."""
     while True:
         try:
+            environment = connection.recv()
+            if adopt and isinstance(environment, Environment):
+                for name in os.environ.keys() - environment.variables.keys():
+                    del os.environ[name]
+                os.environ.update(environment.variables)
             opening = connection.recv()
         except (EOFError, OSError):
             return
-        if not isinstance(opening, Open):
-            raise TypeError(f"a capture session starts with Open, got {opening!r}")
+        if not isinstance(environment, Environment) or not isinstance(opening, Open):
+            raise TypeError(f"a capture session starts with Environment and Open, got {opening!r}")
         if not Committer(connection, opening, clock).serve():
             return
 
@@ -336,4 +352,4 @@ def main(fd: int) -> None:
     pa.array(np.zeros(1, np.int64))
     connection = Connection(fd)
     connection.send(Ready())
-    serve(connection, time.process_time)
+    serve(connection, time.process_time, adopt=True)

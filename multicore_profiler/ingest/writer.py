@@ -6,9 +6,9 @@ At the end of a recorded step the session gives the step's launches to
 the job's thread does for a step: decoding, Arrow, Parquet and fsync happen in the
 committer, by default in a process of its own (``writer="process"``), where they never
 hold the job's GIL; ``writer="thread"`` runs the same committer in a thread of the job.
-A writer process outlives its session: the next session of the same process takes it,
-unless the environment changed meanwhile (starting one costs a few hundred milliseconds
-of CPU), and it exits with the process.
+A writer process outlives its session: the next session of the same process takes it
+(starting one costs a few hundred milliseconds of CPU), with that session's environment,
+and it exits with the process.
 
 Backpressure is bounded: at most ``depth`` batches are in flight (handed over and not
 yet committed). A ``put`` beyond that waits until the oldest is committed, so a slow
@@ -51,6 +51,7 @@ from multicore_profiler.ingest.committer import (
     Close,
     Closed,
     Done,
+    Environment,
     Group,
     Message,
     NewKernel,
@@ -135,9 +136,6 @@ class WriterProcess:
     stderr: IO[bytes]
     owner: int = field(default_factory=os.getpid)
     """The process that started it: a forked child must not speak on its socket."""
-    environment: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-    """The environment it started with (credentials, endpoints, paths): a session whose
-    environment differs gets a writer of its own."""
 
     @classmethod
     def start(cls) -> WriterProcess:
@@ -176,11 +174,10 @@ class WriterProcess:
         raise error
 
     def idle(self) -> bool:
-        """Whether it can serve a session: alive, ours, started in this environment, and
-        silent (an idle writer says nothing; a readable socket means it ended)."""
+        """Whether it can serve a session: alive, ours, and silent (an idle writer says
+        nothing; a readable socket means it ended)."""
         return (
             self.owner == os.getpid()
-            and self.environment == os.environ
             and self.process.poll() is None
             and not self.connection.poll(0)
         )
@@ -289,10 +286,10 @@ class StepWriter:
             self._thread.start()
             self._connection = Connection(ours.detach())
         try:
+            self._connection.send(Environment(dict(os.environ)))
             self._connection.send(Open(location, run, rank, writer))
         except (TypeError, AttributeError, pickle.PicklingError) as exc:  # a live filesystem
-            self._closed = True  # nothing was sent: the writer waits for the next session
-            self._release()
+            self._release()  # the writer has the environment and waits for an Open: stop it
             raise SessionError(
                 f"the store at {location} cannot be handed to a writer ({exc})"
             ) from exc
@@ -530,6 +527,6 @@ def _serve_in_thread(connection: Connection) -> None:
     """The committer in a thread of the job, for one session (its CPU clock is the
     thread's)."""
     try:
-        serve(connection, time.thread_time)
+        serve(connection, time.thread_time, adopt=False)
     finally:
         connection.close()
