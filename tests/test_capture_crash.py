@@ -23,7 +23,7 @@ import torch
 from multicore_profiler import Store, mega_kernel_profile, open_store
 from multicore_profiler.errors import CaptureError
 from multicore_profiler.ingest.committer import ORPHANED
-from multicore_profiler.ingest.writer import QUEUE_DEPTH
+from multicore_profiler.ingest.writer import QUEUE_DEPTH, stop_idle_writers
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOP_K = 48, 16, 32, 4, 2
@@ -108,6 +108,7 @@ def writer_site(monkeypatch: pytest.MonkeyPatch, where: Path, action: str, at: i
     (site / "sitecustomize.py").write_text(
         textwrap.dedent(SITE.format(at=at, action=action, marker=str(marker)))
     )
+    stop_idle_writers()  # the next session starts a writer, which runs the site module
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     )
