@@ -231,6 +231,8 @@ class _Slots:
     header: np.ndarray
     """Where each slot's header lies in a buffer, in 64-byte units (every slot starts at a
     multiple of 64 bytes: its stride is 64 + capacity x 32 bytes, capacity a multiple of 16)."""
+    dropped: np.ndarray
+    """Where each slot's ``dropped_count`` lies in a buffer, in 32-bit words."""
 
 
 @functools.lru_cache(maxsize=16)
@@ -256,10 +258,18 @@ def _slots_of(layout: BufferLayout) -> _Slots:
         ),
         start=start,
         header=start // SLOT_HEADER_BYTES,
+        dropped=(start + SLOT_HEADER_DTYPE.fields["dropped_count"][1]) // 4,
     )
     for array in vars(slots).values():
         array.flags.writeable = False
     return slots
+
+
+def dropped_records(buffer: np.ndarray, layout: BufferLayout) -> int:
+    """The records the device dropped in one ``uint8`` buffer of ``layout``: the sum of its
+    slots' ``dropped_count``, read without decoding the buffer (what a capture session
+    warns about at the end of a step)."""
+    return int(buffer.view(np.uint32)[_slots_of(layout).dropped].sum())
 
 
 class _Locator:

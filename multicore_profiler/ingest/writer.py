@@ -21,7 +21,6 @@ be stored, or a writer that dies, is raised as ``CaptureError`` at the next ``pu
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 import pickle
 import signal
@@ -41,9 +40,6 @@ from multiprocessing.reduction import send_handle
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-import numpy as np
-
-from multicore_profiler.abi import BufferLayout, CoreType
 from multicore_profiler.errors import CaptureError, SessionError
 from multicore_profiler.ingest.committer import (
     Abort,
@@ -61,6 +57,7 @@ from multicore_profiler.ingest.committer import (
     WindowClosed,
     serve,
 )
+from multicore_profiler.ingest.decode import dropped_records
 from multicore_profiler.ingest.staging import Segments
 from multicore_profiler.ingest.step_rows import KernelInfo, task_table
 from multicore_profiler.storage.location import StoreLocation
@@ -102,20 +99,6 @@ class WriterStats:
     batches: int = 0
     invocations: int = 0
     cpu_seconds: float = 0.0
-
-
-DROPPED_COUNT_OFFSET = 12
-"""Where a slot header keeps ``dropped_count`` (after ``entry_cycle`` and ``record_count``)."""
-
-
-@functools.cache
-def _dropped_fields(layout: BufferLayout) -> np.ndarray:
-    """The ``uint32`` index of every slot's ``dropped_count`` in a buffer of ``layout``."""
-    starts = [
-        layout.offset(core) + layout.stride(core) * np.arange(layout.slots(core))
-        for core in (CoreType.AIC, CoreType.AIV)
-    ]
-    return (np.concatenate(starts) + DROPPED_COUNT_OFFSET) // 4
 
 
 def _ended(code: int | None) -> str:
@@ -336,7 +319,7 @@ class StepWriter:
                 size = call.config.layout.total_bytes
                 host = view[offset : offset + size]
                 call.config.backend.to_host(call.buffer, host)
-                dropped += int(host.view(np.uint32)[_dropped_fields(call.config.layout)].sum())
+                dropped += dropped_records(host, call.config.layout)
                 offset += size
         self._sequence += 1
         write_id = new_write_id()
