@@ -133,13 +133,11 @@ class Abort:
 
 @dataclass(frozen=True)
 class Done:
-    """A batch's answer: its write id, or its error, or neither (skipped after an error
-    or an abort). Its segment is free again."""
+    """A batch's answer (the session knows its window, write id and segment, which is
+    free again): written, or its error, or neither (skipped after an error or an abort)."""
 
     sequence: int
-    segment_id: int
-    window: int
-    write_id: int | None
+    written: bool
     invocations: int
     cpu_seconds: float
     error: str | None = None
@@ -229,26 +227,24 @@ class Committer:
     def _batch(self, batch: Batch) -> Done:
         self._cost = (batch.recorded_steps, batch.job_seconds)
         if self._failed or (self._aborted and batch.window not in self._ended):
-            return Done(batch.sequence, batch.segment_id, batch.window, None, 0, 0.0)
+            return Done(batch.sequence, False, 0, 0.0)
         began = self._clock()
         try:
-            write_id, invocations = self._write(batch)
+            invocations = self._write(batch)
         except BaseException as exc:
             self._failed = True
             profile = isinstance(exc, ProfileError)
             return Done(
                 batch.sequence,
-                batch.segment_id,
-                batch.window,
-                None,
+                False,
                 0,
                 self._spent(began),
                 error=str(exc) if profile else repr(exc),
                 profile_error=profile,
             )
         cpu = self._spent(began)
-        self._window_writes.setdefault(batch.window, []).append(write_id)
-        return Done(batch.sequence, batch.segment_id, batch.window, write_id, invocations, cpu)
+        self._window_writes.setdefault(batch.window, []).append(batch.write_id)
+        return Done(batch.sequence, True, invocations, cpu)
 
     def _spent(self, began: float) -> float:
         """The CPU time since ``began``, counted into the session's writer cost."""
@@ -256,8 +252,9 @@ class Committer:
         self._cpu_seconds += cpu
         return cpu
 
-    def _write(self, batch: Batch) -> tuple[int, int]:
-        """Decode the batch's launches and commit them as one step write."""
+    def _write(self, batch: Batch) -> int:
+        """Decode the batch's launches and commit them as one step write; return how many
+        invocations it holds."""
         opening = self._opening
         if batch.tasks is not None:
             self._writes.write_tasks(opening.run.run_id, batch.tasks)
@@ -288,7 +285,7 @@ class Committer:
             tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             for tables in zip(*parts, strict=True)
         )
-        write_id = self._writes.write_step(
+        self._writes.write_step(
             opening.run.run_id,
             batch.step,
             invocations=invocations,
@@ -296,7 +293,7 @@ class Committer:
             records=records,
             write_id=batch.write_id,
         )
-        return write_id, invocations.num_rows
+        return invocations.num_rows
 
     def _orphaned(self) -> None:
         """The job died: withdraw the windows it did not end, and fail the run."""

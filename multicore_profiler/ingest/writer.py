@@ -245,8 +245,8 @@ class StepWriter:
         self._depth = depth
         self._segments = Segments(depth)
         self._kernels: dict[tuple[str, int, int], tuple[int, RuntimeConfig]] = {}
-        self._in_flight: dict[int, tuple[int, int]] = {}
-        """Batches handed over and not answered: sequence -> (window, write id)."""
+        self._in_flight: dict[int, tuple[int, int, int]] = {}
+        """Batches handed over and not answered: sequence -> (window, write id, segment)."""
         self._writes: dict[int, list[int]] = defaultdict(list)
         self._sequence = 0
         self._error: CaptureError | None = None
@@ -337,7 +337,7 @@ class StepWriter:
                 job_seconds=job_seconds,
             )
         )
-        self._in_flight[self._sequence] = (window, write_id)
+        self._in_flight[self._sequence] = (window, write_id, segment.id)
         return dropped
 
     def window_closed(self, window: int) -> None:
@@ -381,7 +381,7 @@ class StepWriter:
     def write_ids(self, window: int) -> list[int]:
         """The step writes of a window that are, or may be, committed: those answered as
         written, and those not answered (a writer that died may have committed them)."""
-        unanswered = [w for seen, w in self._in_flight.values() if seen == window]
+        unanswered = [w for seen, w, _ in self._in_flight.values() if seen == window]
         return [*self._writes.get(window, ()), *unanswered]
 
     def _kernel(self, config: RuntimeConfig) -> int:
@@ -446,11 +446,11 @@ class StepWriter:
             wait = False
 
     def _answered(self, done: Done) -> None:
-        self._segments.give_back(done.segment_id)
-        del self._in_flight[done.sequence]
+        window, write_id, segment = self._in_flight.pop(done.sequence)
+        self._segments.give_back(segment)
         self.stats.cpu_seconds += done.cpu_seconds
-        if done.write_id is not None:
-            self._writes[done.window].append(done.write_id)
+        if done.written:
+            self._writes[window].append(write_id)
             self.stats.batches += 1
             self.stats.invocations += done.invocations
         if done.error is not None and self._error is None:
