@@ -61,7 +61,7 @@ from multicore_profiler.ingest.decode import dropped_records
 from multicore_profiler.ingest.staging import Segments
 from multicore_profiler.ingest.step_rows import KernelInfo, task_table
 from multicore_profiler.storage.location import StoreLocation
-from multicore_profiler.storage.runs import WRITERS, RunInfo
+from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.writes import new_write_id
 
 if TYPE_CHECKING:
@@ -237,8 +237,6 @@ class StepWriter:
         writer: str = "process",
         depth: int = QUEUE_DEPTH,
     ) -> None:
-        if writer not in WRITERS:
-            raise SessionError(f"writer must be one of {WRITERS}, got {writer!r}")
         self.stats = WriterStats()
         """Updated as the committer's answers arrive."""
         self._rank = rank
