@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from hostile import refused, snapshot
+from hostile import read_only, refused, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cli import LAYOUT_ARGS, golden
@@ -390,43 +387,14 @@ def test_a_bug_is_one_line_marked_internal_unless_debugging(capsys, place, monke
         cli.main(["runs", "--store", place["store"]])
 
 
-@contextmanager
-def read_only(root: Path) -> Iterator[None]:
-    """``root`` and everything under it cannot be written while inside: its write bits are
-    cleared, and a root process (the tests' CI) takes the effective uid of ``nobody``, for
-    which the bits hold (root writes through them)."""
-    paths = [root, *root.rglob("*")]
-    modes = {path: path.stat().st_mode for path in paths}
-    for path in paths:
-        path.chmod(modes[path] & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
-    as_root = os.geteuid() == 0
-    if as_root:
-        os.setegid(65534)
-        os.seteuid(65534)
-    try:
-        yield
-    finally:
-        if as_root:
-            os.seteuid(0)
-            os.setegid(0)
-        for path in paths:
-            path.chmod(modes[path])
-
-
 @pytest.fixture
-def shared_store(place) -> Iterator[Path]:
-    """A copy of the module's store (two runs, a loaded trace) where ``nobody`` can read it
-    (not under pytest's root-only temporary directory), and a buffer and trace beside it."""
-    root = Path(tempfile.mkdtemp(prefix="mcprof-read-only-"))
-    try:
-        shutil.copytree(place["store"], root / "store")
-        shutil.copy(place["buffer"], root / "dump.bin")
-        shutil.copy(TRACE, root / "trace.json.gz")
-        for path in [root, *root.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        yield root
-    finally:
-        shutil.rmtree(root)
+def shared_store(place, tmp_path: Path) -> Path:
+    """A copy of the module's store (two runs, a loaded trace), with a buffer and trace
+    beside it, for a test to make read-only."""
+    shutil.copytree(place["store"], tmp_path / "store")
+    shutil.copy(place["buffer"], tmp_path / "dump.bin")
+    shutil.copy(TRACE, tmp_path / "trace.json.gz")
+    return tmp_path
 
 
 @pytest.mark.parametrize(

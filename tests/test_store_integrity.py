@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -17,7 +13,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from hostile import refused, snapshot
+from hostile import read_only, refused, snapshot
 
 from multicore_profiler.errors import IntegrityError, QueryError, StoreError
 from multicore_profiler.ingest.buffers import ingest_buffers
@@ -249,38 +245,16 @@ def test_a_bad_marker_is_one_error_naming_it(
     assert refused(capsys, "runs", "--store", str(root), store=root) == str(raised.value)
 
 
-@contextmanager
-def read_only(root: Path) -> Iterator[None]:
-    """The store as a user who may read but not write it: its files and directories lose
-    their write bits, and a root user (whom bits do not stop) acts as ``nobody``."""
-    modes = {p: p.stat().st_mode for p in [root, *root.rglob("*")]}
-    for path, mode in modes.items():
-        path.chmod(mode & ~0o222)
-    euid = os.geteuid()
-    try:
-        if euid == 0:
-            os.seteuid(65534)
-        yield
-    finally:
-        if euid == 0:
-            os.seteuid(0)
-        for path, mode in modes.items():
-            path.chmod(mode)
-
-
 @pytest.fixture
-def shared_store() -> Iterator[Path]:
-    """A store in a directory every user may read (``nobody`` included)."""
-    parent = Path(tempfile.mkdtemp(prefix="mcprof-ro-"))
-    parent.chmod(0o755)
-    root = parent / "store"
+def shared_store(tmp_path: Path) -> Path:
+    """A filled store, with a launch's buffer beside it, for a test to make read-only."""
+    root = tmp_path / "store"
     with open_store(root) as store:
         fill(store)
     KERNEL.launches(np.random.default_rng(0), 1, start_cycle=10**6, period=10**6)[0].tofile(
-        parent / "launch.bin"
+        tmp_path / "launch.bin"
     )
-    yield root
-    shutil.rmtree(parent)
+    return root
 
 
 def ingest_argv(root: Path) -> list[str]:
