@@ -1,15 +1,15 @@
 """Kineto benchmark: ingest a real kineto trace and total its kernels by family, per step.
 
-The trace is the A100 training fixture (``tests/data/a100_training_rank0.json.gz``: 25.7 MB of
-JSON, 108,936 events, 6,080 device kernels). Ours, timed: ``open_store`` of a fresh store,
-``ingest_trace`` of the file, then ``SELECT * FROM step_family_totals WHERE source_id = $1``
-and the same of ``step_time_breakdown`` (pyarrow Tables); each repetition goes to a fresh
-store directory, removed after. Two more
-queries over the same store are timed as extra rows: the ``steps`` of the source, and the
-``kernels`` grouped by name (count and summed duration), the like-for-like of HTA's per-kernel
-breakdown. They run after step_family_totals, which has built the store's derived tables
-(``kernels`` and the others the views read), so they time the query alone. The import of
-``multicore_profiler`` is outside the timing.
+The trace is the A100 training fixture
+(``../shared/fixtures/kineto/a100_training_rank0.json.gz``: 25.7 MB of JSON, 108,936 events,
+6,080 device kernels). Ours, timed: ``open_store`` of a fresh store, ``ingest_trace`` of the
+file, then ``SELECT * FROM step_family_totals WHERE source_id = $1`` and the same of
+``step_time_breakdown`` (pyarrow Tables); each repetition goes to a fresh store directory,
+removed after. Two more queries over the same store are timed as extra rows: the ``steps`` of
+the source, and the ``kernels`` grouped by name (count and summed duration), the like-for-like
+of HTA's per-kernel breakdown. They run after step_family_totals, which has built the store's
+derived tables (``kernels`` and the others the views read), so they time the query alone. The
+import of ``multicore_profiler`` is outside the timing.
 
 Baseline, in the same run on the same file: Holistic Trace Analysis (HTA, ``hta``),
 ``TraceAnalysis(trace_dir=...)`` (which parses the trace, aligns it and cuts it to whole
@@ -50,7 +50,14 @@ from typing import Any
 
 from fuse import KERNEL_PATTERN, load_template, write_trace
 
-TRACE = Path(__file__).resolve().parent.parent / "tests" / "data" / "a100_training_rank0.json.gz"
+TRACE = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "fixtures"
+    / "kineto"
+    / "a100_training_rank0.json.gz"
+)
+"""The real A100 fixture, where it lies: ``../shared/fixtures`` beside the checkout."""
 GOAL = 10.0
 
 STEP_FAMILY_TOTALS = "SELECT * FROM step_family_totals WHERE source_id = $1"

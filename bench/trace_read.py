@@ -33,7 +33,14 @@ from typing import Any
 from multicore_profiler.ingest import trace_reader
 from multicore_profiler.ingest.outer_trace import events_table
 
-TRACE = Path(__file__).resolve().parent.parent / "tests" / "data" / "a100_training_rank0.json.gz"
+TRACE = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "fixtures"
+    / "kineto"
+    / "a100_training_rank0.json.gz"
+)
+"""The real A100 fixture, where it lies: ``../shared/fixtures`` beside the checkout."""
 
 
 def timed(work: Callable[[], Any], repeat: int) -> list[float]:

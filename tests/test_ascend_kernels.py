@@ -18,15 +18,15 @@ from typing import Any
 
 import kineto_reference as ref
 import pytest
+from shared_fixtures import shared_fixture
 
 from multicore_profiler.analysis.outer_kernel_rules import OuterKernelRules
 from multicore_profiler.errors import RulesError
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.storage.store import Store
 
-DATA = Path(__file__).parent / "data"
-IMAGENET = DATA / "torchnpu_imagenet_2025_L0_rank0_trace_view.json.gz"
-KERNEL_DETAILS = DATA / "torchnpu_imagenet_2025_L0_rank0_kernel_details.csv"
+IMAGENET = "ascend/torchnpu_imagenet_2025_L0_rank0_trace_view.json.gz"
+KERNEL_DETAILS = "ascend/torchnpu_imagenet_2025_L0_rank0_kernel_details.csv"
 
 
 def rows(store: Store, query: str, params: Any = None) -> list[dict[str, Any]]:
@@ -39,12 +39,12 @@ def us_to_ns(text: str, rounding: str = ROUND_HALF_UP) -> int:
 
 @pytest.fixture(scope="module")
 def imagenet_events() -> list[dict[str, Any]]:
-    return ref.load_events(IMAGENET)
+    return ref.load_events(shared_fixture(IMAGENET))
 
 
 @pytest.fixture
 def imagenet(store: Store) -> str:
-    return ingest_trace(store, IMAGENET).source_id
+    return ingest_trace(store, shared_fixture(IMAGENET)).source_id
 
 
 # The real capture ---------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def msprof_duration_ns(dur_text: str, communication: bool) -> int:
 
 
 def test_kernels_hold_every_kernel_details_row(store: Store, imagenet: str) -> None:
-    with KERNEL_DETAILS.open(newline="", encoding="utf-8") as f:
+    with shared_fixture(KERNEL_DETAILS).open(newline="", encoding="utf-8") as f:
         details = list(csv.DictReader(f))
     assert len(details) == 191
     ours = rows(
@@ -155,7 +155,7 @@ def test_kernels_hold_every_kernel_details_row(store: Store, imagenet: str) -> N
     )
     texts = {
         (e["name"], ref.ns(e["ts"])): str(e["dur"])
-        for e in ref.load_events(IMAGENET)
+        for e in ref.load_events(shared_fixture(IMAGENET))
         if e.get("ph") == "X" and "dur" in e
     }
     by_name: dict[str, list[dict[str, Any]]] = {}

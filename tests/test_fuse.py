@@ -20,6 +20,7 @@ from exact_json import events_of, load
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 from hta_breakdown import gpu_kernel_breakdown, trace_analysis_breakdown
 from npu_trace import write_npu_trace
+from shared_fixtures import shared_fixture
 from trace_checker import check_trace
 
 from multicore_profiler import cli
@@ -34,8 +35,6 @@ from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
-DATA = Path(__file__).parent / "data"
-RANK0 = DATA / "a100_training_rank0.json.gz"
 LAYOUT = BufferLayout(aic_slots=1, aiv_slots=2, aic_capacity=16, aiv_capacity=16)
 KERNEL = "HyperMegaMoe"
 CYCLE_NS = 20
@@ -260,12 +259,13 @@ def device_kernels(document: Any, pattern: str) -> list[dict[str, Any]]:
 def test_kineto_trace_fusion_by_pattern_and_index_keeps_hta_breakdown(
     store: Store, tmp_path: Path
 ) -> None:
+    rank0 = shared_fixture("kineto/a100_training_rank0.json.gz")
     run = mega_kernel(store, kernel="SimulatedMegaMoe", launches=4)
     out = tmp_path / "fused.json.gz"
     merged = merge_chrome_traces(
-        RANK0, store, out, run=run, kernel_pattern="ncclKernel_SendRecv", kernel_index=2
+        rank0, store, out, run=run, kernel_pattern="ncclKernel_SendRecv", kernel_index=2
     )
-    outer = load(RANK0)
+    outer = load(rank0)
     fused = load(out)
     kept, added = split(fused, outer)
     assert kept == events_of(outer)
@@ -287,10 +287,10 @@ def test_kineto_trace_fusion_by_pattern_and_index_keeps_hta_breakdown(
     assert {e["pid"] for e in slices} == {0}
     starts = sorted(e["ts"] for e in slices if e["name"] == "GMM1_WaitDependency")
     assert starts == [us(k["ts"]) for k in targets]
-    assert gpu_kernel_breakdown(out) == gpu_kernel_breakdown(RANK0)
+    assert gpu_kernel_breakdown(out) == gpu_kernel_breakdown(rank0)
     # And HTA's own breakdown (per kernel type, per kernel) is the original's.
     for fused_frame, outer_frame in zip(
-        trace_analysis_breakdown(out), trace_analysis_breakdown(RANK0), strict=True
+        trace_analysis_breakdown(out), trace_analysis_breakdown(rank0), strict=True
     ):
         assert len(outer_frame) > 0
         assert fused_frame.to_dict("records") == outer_frame.to_dict("records")

@@ -17,13 +17,16 @@ import pytest
 from hostile import read_only, refused, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_fixtures import SHARED_FIXTURES, shared_fixture
 from test_cli import LAYOUT_ARGS, golden
 
 from multicore_profiler import cli
 from multicore_profiler.errors import SelectorError
 from multicore_profiler.storage.selectors import RunSelector
 
-TRACE = Path(__file__).parent / "data" / "a100_triton_example.json.gz"
+TRACE = SHARED_FIXTURES / "kineto" / "a100_triton_example.json.gz"
+"""A real trace. The usage errors below name it and are refused before it is read;
+``shared_store`` copies it through ``shared_fixture``, which skips where it is absent."""
 INT64_RANGE = "[0 .. 9223372036854775807]"
 
 
@@ -393,7 +396,7 @@ def shared_store(place, tmp_path: Path) -> Path:
     beside it, for a test to make read-only."""
     shutil.copytree(place["store"], tmp_path / "store")
     shutil.copy(place["buffer"], tmp_path / "dump.bin")
-    shutil.copy(TRACE, tmp_path / "trace.json.gz")
+    shutil.copy(shared_fixture("kineto/a100_triton_example.json.gz"), tmp_path / "trace.json.gz")
     return tmp_path
 
 

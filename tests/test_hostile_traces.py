@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 from hostile import refused, snapshot
+from shared_fixtures import shared_fixture
 
 from multicore_profiler.errors import ArgumentError, TraceFormatError
 from multicore_profiler.ingest import trace_reader
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.storage.store import Store
 
-DATA = Path(__file__).parent / "data"
+MI250 = "kineto/mi250_minitoy_train.json.gz"
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 
@@ -342,7 +343,7 @@ def test_invalid_utf8_in_a_gzip_trace_names_the_byte_of_its_text(
 def test_bad_arguments_are_refused_before_anything_is_written(
     store: Store, arguments: dict, words: list[str]
 ) -> None:
-    path = DATA / "mi250_minitoy_train.json.gz"
+    path = shared_fixture(MI250)
     refused_api(store, path, ArgumentError, *words, **arguments)
     assert not (store.root / "trace_events").exists()
 
@@ -374,7 +375,7 @@ def test_a_fifo_or_a_directory_is_refused_without_blocking(
 
 
 def test_a_corrupt_gzip_stream_is_refused(capsys, store: Store, tmp_path: Path) -> None:
-    data = bytearray((DATA / "mi250_minitoy_train.json.gz").read_bytes())
+    data = bytearray(shared_fixture(MI250).read_bytes())
     data[len(data) // 2] ^= 0xFF
     refused_both(capsys, store, write(tmp_path, bytes(data), "t.json.gz"), "cannot read")
 
@@ -442,7 +443,7 @@ def test_cli_ingest_trace_rank_past_32_bits_is_a_usage_error_leaving_nothing(
 ) -> None:
     """The CLI checks ``--rank`` with ``limits.RANK`` as it parses (exit 2); the API checks
     the same range (``test_bad_arguments_are_refused_before_anything_is_written``)."""
-    path = str(DATA / "mi250_minitoy_train.json.gz")
+    path = str(shared_fixture(MI250))
     argv = ("ingest-trace", "--store", str(store.root), path, "--rank", "100000000000")
     message = refused(capsys, *argv, status=2, store=store.root)
     assert "100000000000 is out of range [0 .. 2147483647]" in message

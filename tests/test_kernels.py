@@ -20,6 +20,7 @@ from typing import Any
 import kineto_reference as ref
 import pytest
 from hta_breakdown import gpu_kernel_breakdown
+from shared_fixtures import shared_fixture
 
 from multicore_profiler import cli
 from multicore_profiler.analysis.outer_kernel_rules import (
@@ -31,10 +32,9 @@ from multicore_profiler.errors import QueryError, RulesError
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.storage.store import Store
 
-DATA = Path(__file__).parent / "data"
-A100 = DATA / "a100_training_rank0.json.gz"
-MI250 = DATA / "mi250_minitoy_train.json.gz"
-NPU = DATA / "torchnpu_advisor_trace_view.json.gz"
+A100 = "kineto/a100_training_rank0.json.gz"
+MI250 = "kineto/mi250_minitoy_train.json.gz"
+NPU = "ascend/torchnpu_advisor_trace_view.json.gz"
 
 
 def default_family(name: str) -> str:
@@ -52,12 +52,12 @@ def rows(store: Store, query: str, params: Any = None) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def a100_events() -> list[dict[str, Any]]:
-    return ref.load_events(A100)
+    return ref.load_events(shared_fixture(A100))
 
 
 @pytest.fixture
 def a100(store: Store) -> str:
-    return ingest_trace(store, A100).source_id
+    return ingest_trace(store, shared_fixture(A100)).source_id
 
 
 # Families ---------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_a100_collectives_of_each_step(store: Store, a100: str, a100_events) -> 
     ["a100_training_rank0.json.gz", "mi250_minitoy_train.json.gz", "a100_triton_example.json.gz"],
 )
 def test_kernel_breakdown_equals_hta(store: Store, fixture: str) -> None:
-    path = DATA / fixture
+    path = shared_fixture(f"kineto/{fixture}")
     source = ingest_trace(store, path).source_id
     hta = gpu_kernel_breakdown(path)
     # HTA rounds a fractional-us kernel to whole us inside it: ceil(ts) to floor(ts + dur).
@@ -264,8 +264,8 @@ def test_kernel_breakdown_equals_hta(store: Store, fixture: str) -> None:
 
 
 def test_mi250_gpu_annotation_is_not_a_step_and_a_custom_pattern_is(store: Store) -> None:
-    source = ingest_trace(store, MI250).source_id
-    events = ref.load_events(MI250)
+    source = ingest_trace(store, shared_fixture(MI250)).source_id
+    events = ref.load_events(shared_fixture(MI250))
     # ProfilerStep#1 has 9 own kernels; #2 none; the GPU-side copy on tid 0 is no annotation.
     assert rows(store, "SELECT count(*) AS n FROM steps WHERE source_id = $1", [source]) == [
         {"n": 0}
@@ -289,8 +289,8 @@ def test_mi250_gpu_annotation_is_not_a_step_and_a_custom_pattern_is(store: Store
 
 
 def test_torch_npu_tasks_link_by_flows_and_make_steps(store: Store) -> None:
-    source = ingest_trace(store, NPU).source_id
-    events = ref.load_events(NPU)
+    source = ingest_trace(store, shared_fixture(NPU)).source_id
+    events = ref.load_events(shared_fixture(NPU))
     launches = rows(
         store,
         "SELECT linked_by, launch_tid, count(*) AS n FROM op_launches WHERE source_id = $1 "
@@ -694,7 +694,9 @@ def test_every_loaded_trace_at_once(store: Store, a100: str, moe_job) -> None:
 
 def test_cli_kernels_prints_a_per_step_family_table(capsys, tmp_path: Path, a100_events) -> None:
     store = str(tmp_path / "store")
-    assert cli.main(["kernels", "--store", store, str(A100), "--format", "csv"]) == 0
+    assert (
+        cli.main(["kernels", "--store", store, str(shared_fixture(A100)), "--format", "csv"]) == 0
+    )
     out = capsys.readouterr()
     lines = out.out.splitlines()
     steps = ref.steps(a100_events)
@@ -746,7 +748,7 @@ def test_cli_kernels_with_a_rules_file_and_query(capsys, tmp_path: Path) -> None
 
 def test_cli_kernels_errors(capsys, tmp_path: Path) -> None:
     store = str(tmp_path / "store")
-    assert cli.main(["kernels", "--store", store, str(MI250)]) == 1
+    assert cli.main(["kernels", "--store", store, str(shared_fixture(MI250))]) == 1
     err = capsys.readouterr().err
     assert "has no step with a GPU period: 2 annotation(s) match the step pattern" in err
     assert cli.main(["kernels", "--store", store, "0123456789"]) == 1
@@ -755,7 +757,10 @@ def test_cli_kernels_errors(capsys, tmp_path: Path) -> None:
     )
     bad = tmp_path / "bad.toml"
     bad.write_text('[[family]]\nname = "x"\npattern = "["\n')
-    assert cli.main(["kernels", "--store", store, str(MI250), "--rules", str(bad)]) == 1
+    assert (
+        cli.main(["kernels", "--store", store, str(shared_fixture(MI250)), "--rules", str(bad)])
+        == 1
+    )
     assert "family rule 0 ('x'): '[' is not a valid RE2" in capsys.readouterr().err
 
 
@@ -768,7 +773,7 @@ def test_kernel_views_over_an_empty_store(store: Store) -> None:
 
 def test_a_gzip_trace_and_its_copy_as_rank_one_pair_exactly(store: Store, tmp_path: Path) -> None:
     """The real A100 rank and itself, 1 ms later, as rank 1 of the same job."""
-    with gzip.open(A100, "rt") as f:
+    with gzip.open(shared_fixture(A100), "rt") as f:
         document = json.load(f, parse_float=Decimal)
     for event in document["traceEvents"]:
         if "ts" in event:
@@ -776,7 +781,7 @@ def test_a_gzip_trace_and_its_copy_as_rank_one_pair_exactly(store: Store, tmp_pa
     document["distributedInfo"]["rank"] = 1
     copy = tmp_path / "rank1.json"
     copy.write_text(json.dumps(document, default=str))
-    ingest_trace(store, A100, label="dlrm")
+    ingest_trace(store, shared_fixture(A100), label="dlrm")
     ingest_trace(store, copy, label="dlrm")
     got = rows(
         store,

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from shared_fixtures import shared_fixture
 
 from multicore_profiler import cli
 from multicore_profiler.analysis.outer_kernel_steps import check_steps, family_times_by_step
@@ -16,9 +17,8 @@ from multicore_profiler.errors import ArgumentError, RulesError
 from multicore_profiler.ingest.outer_trace import TraceSource, resolve_trace, source_id_of
 from multicore_profiler.storage.store import Store
 
-DATA = Path(__file__).parent / "data"
-A100 = DATA / "a100_training_rank0.json.gz"
-MI250 = DATA / "mi250_minitoy_train.json.gz"
+A100 = "kineto/a100_training_rank0.json.gz"
+MI250 = "kineto/mi250_minitoy_train.json.gz"
 A100_ID = "b8ce7a1a143b55dd"
 A100_EVENTS = 108936
 BASE_COLUMNS = ["source_id", "rank", "step", "annotation", "period_ms", "busy_pct"]
@@ -41,10 +41,11 @@ communication not overlapped + free) and the families' ms in the order of ``FAMI
 
 
 def test_a_trace_file_then_its_prefix(store: Store) -> None:
-    loaded = resolve_trace(store, str(A100))
-    assert loaded == TraceSource(A100_ID, A100, A100_EVENTS, 0, "object", True)
-    again = TraceSource(A100_ID, A100.absolute(), A100_EVENTS, 0, "object", False)
-    assert resolve_trace(store, A100) == again  # the file again: found by its contents
+    a100 = shared_fixture(A100)
+    loaded = resolve_trace(store, str(a100))
+    assert loaded == TraceSource(A100_ID, a100, A100_EVENTS, 0, "object", True)
+    again = TraceSource(A100_ID, a100.absolute(), A100_EVENTS, 0, "object", False)
+    assert resolve_trace(store, a100) == again  # the file again: found by its contents
     assert resolve_trace(store, A100_ID) == again
     assert resolve_trace(store, "B8CE") == again  # 4 characters, any case
     assert resolve_trace(store, "b8ce7a1a", rank=5, label="ignored") == again
@@ -89,7 +90,7 @@ def test_an_ambiguous_short_or_unknown_name_is_refused(store: Store, tmp_path: P
 
 
 def test_check_steps_says_what_the_pattern_matched(store: Store) -> None:
-    mi250 = resolve_trace(store, MI250).source_id
+    mi250 = resolve_trace(store, shared_fixture(MI250)).source_id
     message = (
         f"trace {mi250} has no step with a GPU period: 2 annotation(s) match the step pattern "
         r"'^ProfilerStep#(?P<step>\d+)$'; a step needs device kernels launched from inside its "
@@ -98,13 +99,13 @@ def test_check_steps_says_what_the_pattern_matched(store: Store) -> None:
     )
     with pytest.raises(RulesError, match=f"^{re.escape(message)}$"):
         check_steps(store, mi250)
-    assert check_steps(store, resolve_trace(store, A100).source_id) is None
+    assert check_steps(store, resolve_trace(store, shared_fixture(A100)).source_id) is None
 
 
 def test_family_times_by_step_is_what_mcprof_kernels_prints(
     store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a100 = resolve_trace(store, A100).source_id
+    a100 = resolve_trace(store, shared_fixture(A100)).source_id
     table = family_times_by_step(store, [a100])
     assert table.column_names == BASE_COLUMNS + BREAKDOWN + [f"{f}_ms" for f in FAMILIES]
     assert table.to_pylist() == [

@@ -13,6 +13,7 @@ import boto3
 import pyarrow.fs as pafs
 import pytest
 from remote_writer import KERNEL, LAUNCHES, run_writers
+from shared_fixtures import shared_fixture
 from simulated_runs import write_run
 
 from multicore_profiler import cli
@@ -21,7 +22,6 @@ from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.kernels.synthetic import SWIGLU, SimulatedMoeKernel
 from multicore_profiler.storage.store import Store, open_store
 
-DATA = Path(__file__).parent / "data"
 WRITER = Path(__file__).parent / "remote_writer.py"
 PER_STEP = LAUNCHES * KERNEL.records_per_launch
 
@@ -40,7 +40,7 @@ def test_a_store_on_s3_answers_like_a_local_one(store: Store, s3_uri: str) -> No
         for target in (store, remote):
             write_run(target, SimulatedMoeKernel(), seed=1, commit="aaaa0001")
             write_run(target, SimulatedMoeKernel(stage_us={SWIGLU: 5.0}), seed=2, commit="bbbb")
-            ingest_trace(target, DATA / "mi250_minitoy_train.json.gz", label="toy")
+            ingest_trace(target, shared_fixture("kineto/mi250_minitoy_train.json.gz"), label="toy")
         for query in (
             "SELECT * EXCLUDE (updated_at, end_time, host, versions) FROM runs ORDER BY run_id",
             "SELECT * FROM stage_stats ORDER BY ALL",

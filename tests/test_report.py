@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from golden import AIC, AIV, GMM1, TERMINATE, TRIGGER, WAIT, Slot, pack
+from shared_fixtures import shared_fixture
 from simulated_runs import write_run
 from task_graphs import tasks_table
 
@@ -31,8 +32,6 @@ from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.runs import CaptureCost, RunInfo
 from multicore_profiler.storage.store import Store
-
-DATA = Path(__file__).parent / "data"
 
 
 def rendered(page: Path) -> str:
@@ -134,7 +133,7 @@ def test_report_draws_each_steps_time_breakdown_as_a_stacked_bar(
     store: Store, tmp_path: Path, capsys
 ) -> None:
     write_run(store, SimulatedMoeKernel(experts=2, tiles=2), seed=1, commit="abcd")
-    npu = DATA / "torchnpu_imagenet_2025_L0_rank0_trace_view.json.gz"
+    npu = shared_fixture("ascend/torchnpu_imagenet_2025_L0_rank0_trace_view.json.gz")
     source = ingest_trace(store, npu, label="npu").source_id
     out = tmp_path / "r.html"
     argv = ["report", "--store", str(store.root), "--run", "commit:abcd", "-o", str(out)]
@@ -156,7 +155,7 @@ def test_report_draws_each_steps_time_breakdown_as_a_stacked_bar(
         ),
         ("free_ns", f"{source[:8]} ProfilerStep#50 free_ns: 25908.1 us"),
     ]
-    ingest_trace(store, DATA / "a100_triton_example.json.gz", label="triton")
+    ingest_trace(store, shared_fixture("kineto/a100_triton_example.json.gz"), label="triton")
     with pytest.raises(ExportError, match="label:triton have no step to break down"):
         write_report(store, "commit:abcd", out, traces="label:triton")
 

@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 from hta_breakdown import rank0_dir
+from shared_fixtures import shared_fixture
 
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.storage.store import Store
 
-DATA = Path(__file__).parent / "data"
-A100 = DATA / "a100_training_rank0.json.gz"
-MI250 = DATA / "mi250_minitoy_train.json.gz"
-ALEXNET = DATA / "a100_alexnet.json.gz"
-IMAGENET = DATA / "torchnpu_imagenet_2025_L0_rank0_trace_view.json.gz"
-IMAGENET_STEPS = DATA / "torchnpu_imagenet_2025_L0_rank0_step_trace_time.csv"
+A100 = "kineto/a100_training_rank0.json.gz"
+MI250 = "kineto/mi250_minitoy_train.json.gz"
+ALEXNET = "kineto/a100_alexnet.json.gz"
+IMAGENET = "ascend/torchnpu_imagenet_2025_L0_rank0_trace_view.json.gz"
+IMAGENET_STEPS = "ascend/torchnpu_imagenet_2025_L0_rank0_step_trace_time.csv"
 
 US = 1000
 """ns per µs."""
@@ -70,8 +70,8 @@ def test_temporal_breakdown_is_htas_on_the_nccl_training_trace(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Integer-µs trace: HTA's µs times are exact, so every time agrees to the ns.
-    hta = hta_breakdown(A100, monkeypatch)
-    got = temporal(store, A100)
+    hta = hta_breakdown(shared_fixture(A100), monkeypatch)
+    got = temporal(store, shared_fixture(A100))
     for column in ("idle_ns", "compute_ns", "non_compute_ns", "kernel_ns"):
         assert got[column] == hta[column], column
     assert round(100 * got["comm_comp_overlap_ratio"], 2) == hta["comm_comp_overlap_pctg"] == 1.37
@@ -86,8 +86,8 @@ def test_temporal_breakdown_is_htas_on_a_fractional_us_trace(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # mi250's times have ns digits; HTA holds them as float µs, so agreement is to the ns.
-    hta = hta_breakdown(MI250, monkeypatch)
-    got = temporal(store, MI250)
+    hta = hta_breakdown(shared_fixture(MI250), monkeypatch)
+    got = temporal(store, shared_fixture(MI250))
     for column in ("idle_ns", "compute_ns", "non_compute_ns", "kernel_ns"):
         assert abs(got[column] - hta[column]) < 1, column
     assert (got["idle_ns"], got["compute_ns"], got["non_compute_ns"], got["kernel_ns"]) == (
@@ -103,8 +103,8 @@ def test_temporal_breakdown_counts_cuda_syncs_as_gpu_time_like_hta(
     # AlexNet's 41 cuda_sync events are GPU time for HTA (and here); HTA also classes the 20
     # "Stream Wait Event" ones as computation (their name holds no "Sync"), and 7 µs of them
     # lie outside the compute kernels: here they are waits (class 'other'), non-compute.
-    hta = hta_breakdown(ALEXNET, monkeypatch)
-    got = temporal(store, ALEXNET)
+    hta = hta_breakdown(shared_fixture(ALEXNET), monkeypatch)
+    got = temporal(store, shared_fixture(ALEXNET))
     assert got["idle_ns"] == hta["idle_ns"] == 12_929_684_000
     assert got["kernel_ns"] == hta["kernel_ns"] == 12_996_011_000
     assert got["compute_ns"] + got["non_compute_ns"] == hta["compute_ns"] + hta["non_compute_ns"]
@@ -127,13 +127,13 @@ CSV_COLUMNS = {
 
 @pytest.fixture
 def imagenet(store: Store) -> dict[str, Any]:
-    source_id = ingest_trace(store, IMAGENET).source_id
+    source_id = ingest_trace(store, shared_fixture(IMAGENET)).source_id
     (row,) = rows(store, "SELECT * FROM step_time_breakdown WHERE source_id = ?", [source_id])
     return row
 
 
 def step_trace_time() -> dict[str, float]:
-    with IMAGENET_STEPS.open(newline="") as handle:
+    with shared_fixture(IMAGENET_STEPS).open(newline="") as handle:
         (row,) = csv.DictReader(handle)
     return {column: float(value) for column, value in row.items()}
 
@@ -177,7 +177,7 @@ def test_overlap_analysis_slices_agree_with_the_breakdown_and_the_csv(
 
 def test_the_older_torch_npu_trace_agrees_with_its_overlap_analysis(store: Store) -> None:
     # 2024's trace: device tasks of Task Type "Other" and "AI_CPU", its copies MEMCPY_ASYNC.
-    ingest_trace(store, DATA / "torchnpu_advisor_trace_view.json.gz")
+    ingest_trace(store, shared_fixture("ascend/torchnpu_advisor_trace_view.json.gz"))
     (got,) = rows(store, "SELECT * FROM step_time_breakdown")
     (slices,) = rows(store, "SELECT * FROM overlap_analysis")
     assert (got["computing_ns"], got["free_ns"], got["communication_ns"]) == (
@@ -187,7 +187,7 @@ def test_the_older_torch_npu_trace_agrees_with_its_overlap_analysis(store: Store
 
 
 def test_a_kineto_trace_has_no_overlap_analysis(store: Store) -> None:
-    ingest_trace(store, MI250)
+    ingest_trace(store, shared_fixture(MI250))
     assert rows(store, "SELECT * FROM overlap_analysis") == []
 
 

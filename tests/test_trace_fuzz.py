@@ -12,15 +12,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_fixtures import shared_fixture
 
 from multicore_profiler.errors import ProfileError, TraceFormatError
 from multicore_profiler.ingest.outer_trace import events_table, ingest_trace
 from multicore_profiler.ingest.trace_reader import read_trace
 from multicore_profiler.storage.store import Store
 
-FIXTURE = gzip.decompress(
-    (Path(__file__).parent / "data" / "a100_triton_example.json.gz").read_bytes()
-)
 TOKENS = [
     b"1e999999",
     b"-1e100000",
@@ -76,6 +74,12 @@ def mutated(data: bytes, mutations: list[tuple[str, float, int, bytes]]) -> byte
     return bytes(text)
 
 
+@pytest.fixture(scope="module")
+def triton() -> bytes:
+    """The real one-kernel Triton trace, inflated: the text every example mutates."""
+    return gzip.decompress(shared_fixture("kineto/a100_triton_example.json.gz").read_bytes())
+
+
 def listing(root: Path) -> list[Path]:
     return sorted(path for path in root.rglob("*") if path.is_file())
 
@@ -85,12 +89,13 @@ def listing(root: Path) -> list[Path]:
 def test_a_mutated_trace_loads_or_raises_a_profile_error(
     store: Store,
     tmp_path: Path,
+    triton: bytes,
     mutations: list[tuple[str, float, int, bytes]],
     compressed: bool,
 ) -> None:
     """One store for all examples (a fresh one costs more than the ingest): a refused
     trace leaves its files as they were, a loaded one holds all its events."""
-    data = gzip.compress(FIXTURE, mtime=0) if compressed else FIXTURE
+    data = gzip.compress(triton, mtime=0) if compressed else triton
     path = tmp_path / "trace.json"
     path.write_bytes(mutated(data, mutations))
     before = listing(store.root)

@@ -17,6 +17,7 @@ from exact_json import events_of, load, ns
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from npu_trace import write_npu_trace
+from shared_fixtures import shared_fixture
 
 from multicore_profiler import cli
 from multicore_profiler.errors import TraceFormatError
@@ -24,12 +25,11 @@ from multicore_profiler.ingest import trace_reader
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.storage.store import Store, open_store
 
-DATA = Path(__file__).parent / "data"
 FIXTURES = [
-    "a100_training_rank0.json.gz",
-    "a100_triton_example.json.gz",
-    "mi250_minitoy_train.json.gz",
-    "torchnpu_advisor_trace_view.json.gz",
+    "kineto/a100_training_rank0.json.gz",
+    "kineto/a100_triton_example.json.gz",
+    "kineto/mi250_minitoy_train.json.gz",
+    "ascend/torchnpu_advisor_trace_view.json.gz",
 ]
 COLUMNS = "event_index, ph, cat, name, pid, tid, pid_name, tid_name, ts_ns, dur_ns, flow_id"
 
@@ -69,7 +69,7 @@ def stored_rows(store: Store, source_id: str) -> list[tuple]:
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_every_event_of_a_real_trace_is_stored_exactly(store: Store, name: str) -> None:
-    path = DATA / name
+    path = shared_fixture(name)
     source = ingest_trace(store, path)
     events = events_of(load(path))
     assert source.events == len(events)
@@ -79,7 +79,7 @@ def test_every_event_of_a_real_trace_is_stored_exactly(store: Store, name: str) 
 
 
 def test_args_are_kept_as_written_and_their_ids_in_columns(store: Store) -> None:
-    path = DATA / "a100_training_rank0.json.gz"
+    path = shared_fixture("kineto/a100_training_rank0.json.gz")
     source = ingest_trace(store, path)
     events = events_of(load(path))
     rows = store.sql(
@@ -106,7 +106,7 @@ def test_args_are_kept_as_written_and_their_ids_in_columns(store: Store) -> None
 
 
 def test_a_torch_npu_trace_keeps_string_times_and_huge_flow_ids(store: Store) -> None:
-    path = DATA / "torchnpu_advisor_trace_view.json.gz"
+    path = shared_fixture("ascend/torchnpu_advisor_trace_view.json.gz")
     source = ingest_trace(store, path)
     assert (source.form, source.rank) == ("array", None)
     first = store.sql(
@@ -164,7 +164,7 @@ def test_a_written_npu_trace_with_ids_above_2_64(store: Store, tmp_path: Path) -
 
 
 def test_a_file_already_in_the_store_is_not_loaded_twice(store: Store, tmp_path: Path) -> None:
-    path = DATA / "mi250_minitoy_train.json.gz"
+    path = shared_fixture("kineto/mi250_minitoy_train.json.gz")
     first = ingest_trace(store, path, label="mi250", tags={"job": "a"})
     again = ingest_trace(store, path, label="other")
     assert (again.source_id, again.new, again.events) == (first.source_id, False, 220)
@@ -187,8 +187,10 @@ def test_a_file_already_in_the_store_is_not_loaded_twice(store: Store, tmp_path:
 
 
 def test_rank_comes_from_distributed_info_unless_given(store: Store) -> None:
-    assert ingest_trace(store, DATA / "a100_training_rank0.json.gz").rank == 0
-    assert ingest_trace(store, DATA / "a100_triton_example.json.gz", rank=7).rank == 7
+    assert ingest_trace(store, shared_fixture("kineto/a100_training_rank0.json.gz")).rank == 0
+    assert (
+        ingest_trace(store, shared_fixture("kineto/a100_triton_example.json.gz"), rank=7).rank == 7
+    )
     ranks = store.sql("SELECT DISTINCT source_id, rank FROM trace_events ORDER BY rank")
     assert ranks["rank"].to_pylist() == [0, 7]
 
@@ -274,7 +276,7 @@ def test_bad_files_raise_and_leave_nothing(
 
 
 def test_a_truncated_gzip_file_is_an_error(store: Store, tmp_path: Path) -> None:
-    whole = (DATA / "mi250_minitoy_train.json.gz").read_bytes()
+    whole = (shared_fixture("kineto/mi250_minitoy_train.json.gz")).read_bytes()
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(TraceFormatError, match=r"cut\.json\.gz: "):
@@ -330,7 +332,10 @@ def test_any_trace_round_trips_exactly_whatever_the_blocks(
 
 def test_cli_ingest_trace_prints_source_ids(capsys, tmp_path: Path) -> None:
     store = str(tmp_path / "store")
-    paths = [str(DATA / "a100_triton_example.json.gz"), str(DATA / "mi250_minitoy_train.json.gz")]
+    paths = [
+        str(shared_fixture("kineto/a100_triton_example.json.gz")),
+        str(shared_fixture("kineto/mi250_minitoy_train.json.gz")),
+    ]
     assert cli.main(["ingest-trace", "--store", store, *paths, "--label", "x", "--tag", "k=v"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [

@@ -14,19 +14,19 @@ import pytest
 from exact_json import events_of, load, ns
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_fixtures import shared_fixture
 
 from multicore_profiler.errors import TraceFormatError
 from multicore_profiler.ingest import trace_reader
 from multicore_profiler.ingest.outer_trace import events_table
 
-DATA = Path(__file__).parent / "data"
 FIXTURES = [
-    "a100_training_rank0.json.gz",
-    "a100_alexnet.json.gz",
-    "a100_triton_example.json.gz",
-    "mi250_minitoy_train.json.gz",
-    "torchnpu_advisor_trace_view.json.gz",
-    "torchnpu_imagenet_2025_L0_rank0_trace_view.json.gz",
+    "kineto/a100_training_rank0.json.gz",
+    "kineto/a100_alexnet.json.gz",
+    "kineto/a100_triton_example.json.gz",
+    "kineto/mi250_minitoy_train.json.gz",
+    "ascend/torchnpu_advisor_trace_view.json.gz",
+    "ascend/torchnpu_imagenet_2025_L0_rank0_trace_view.json.gz",
 ]
 
 
@@ -94,7 +94,7 @@ def read(path: Path) -> dict[str, list[Any]]:
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_every_column_of_every_fixture_matches_the_decimal_reference(name: str) -> None:
-    path = DATA / name
+    path = shared_fixture(name)
     assert read(path) == reference(events_of(load(path)))
 
 
