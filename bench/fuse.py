@@ -53,13 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FIXTURE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "fixtures"
-    / "kineto"
-    / "a100_training_rank0.json.gz"
-)
+FIXTURE = Path(__file__).resolve().parents[2] / "shared/fixtures/kineto/a100_training_rank0.json.gz"
 """The real A100 fixture, where it lies: ``../shared/fixtures`` beside the checkout."""
 KERNEL_PATTERN = r"^ncclKernel_SendRecv"
 GAP_US = 10_000

@@ -48,16 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuse import KERNEL_PATTERN, load_template, write_trace
+from fuse import FIXTURE, KERNEL_PATTERN, load_template, write_trace
 
-TRACE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "fixtures"
-    / "kineto"
-    / "a100_training_rank0.json.gz"
-)
-"""The real A100 fixture, where it lies: ``../shared/fixtures`` beside the checkout."""
 GOAL = 10.0
 
 STEP_FAMILY_TOTALS = "SELECT * FROM step_family_totals WHERE source_id = $1"
@@ -185,7 +177,7 @@ def row(work: str, wall: float, size: int, events: int, base: float | None) -> s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--trace", type=Path, default=FIXTURE)
     parser.add_argument("--workdir", type=Path, help="where the temporary directories go")
     parser.add_argument(
         "--scale", type=int, default=1, help="repeat the trace's events this many times"

@@ -30,17 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fuse import FIXTURE
+
 from multicore_profiler.ingest import trace_reader
 from multicore_profiler.ingest.outer_trace import events_table
-
-TRACE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "fixtures"
-    / "kineto"
-    / "a100_training_rank0.json.gz"
-)
-"""The real A100 fixture, where it lies: ``../shared/fixtures`` beside the checkout."""
 
 
 def timed(work: Callable[[], Any], repeat: int) -> list[float]:
@@ -70,7 +63,7 @@ def whole_read(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--trace", type=Path, default=FIXTURE)
     args = parser.parse_args()
 
     def text() -> bytes:
