@@ -116,25 +116,21 @@ def _writer_timeout(value: float | None) -> float:
 
 
 def _dropped_message(step: int, launches: int, full: int, partial: int) -> str:
-    """What the end of a step says of the records its launches' slots dropped."""
-    why = []
-    if full:
-        why.append(f"{full} because slots were full (plan a larger capacity)")
-    if partial:
-        why.append(
-            f"{partial} in slots that are not full (their record_count is below their "
-            "capacity; the invocations list them in partial_slots)"
-        )
-    if len(why) == 1:
-        because = why[0].split(" ", 1)[1]
-        return (
-            f"step {step}: the device dropped {full + partial} records in {launches} "
-            f"launch(es) {because}; the rest are kept"
-        )
-    return (
-        f"step {step}: the device dropped {full + partial} records in {launches} launch(es): "
-        f"{', '.join(why)}; the rest are kept"
-    )
+    """What the end of a step says of the records its launches' slots dropped: in full
+    slots, and in slots that are not full."""
+    reasons = [
+        (full, "because slots were full (plan a larger capacity)"),
+        (
+            partial,
+            "in slots that are not full (their record_count is below their capacity; the "
+            "invocations list them in partial_slots)",
+        ),
+    ]
+    given = [(n, why) for n, why in reasons if n]
+    head = f"step {step}: the device dropped {full + partial} records in {launches} launch(es)"
+    if len(given) == 1:
+        return f"{head} {given[0][1]}; the rest are kept"
+    return f"{head}: {', '.join(f'{n} {why}' for n, why in given)}; the rest are kept"
 
 
 def _caller_stacklevel() -> int:

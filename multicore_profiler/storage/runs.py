@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.errors import ArgumentError
-from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.location import StoreLocation, store_write
 from multicore_profiler.storage.partitions import check_run_id, partition_dir
 from multicore_profiler.storage.schema import RUNS
 
@@ -245,9 +245,10 @@ class RunLease:
         if not location.is_local:
             return None
         directory = location.directory / partition_dir(RUNS, {"run_id": run_id})
-        directory.mkdir(parents=True, exist_ok=True)
         lease = cls(str(directory / f"_writing-{rank}-{uuid.uuid4().hex}.lock"))
-        lease.hold()
+        with store_write(f"take the lease of run {run_id} rank {rank}"):
+            directory.mkdir(parents=True, exist_ok=True)
+            lease.hold()
         return lease
 
     def hold(self) -> None:
