@@ -20,18 +20,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from multicore_profiler import Store, mega_kernel_profile, open_store
+from multicore_profiler import Store, mega_kernel_profile, open_store, schedule
 from multicore_profiler.errors import CaptureError
 from multicore_profiler.ingest.committer import ORPHANED
 from multicore_profiler.ingest.writer import QUEUE_DEPTH, stop_idle_writers
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+from multicore_profiler.storage.check import check_store
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOP_K = 48, 16, 32, 4, 2
 
-# What the writer process does at its ``at``-th records file: write half, say so and stall,
-# or print to stderr and exit with status 3; or, at "boot", exit with status 4 at once.
+# What the writer process does at its ``at``-th records file: write half, say so and stall;
+# print to stderr and exit with status 3; or find the disk full there and from then on
+# ("enospc"); or, at "boot", exit with status 4 at once; or ("slow") take 0.2 s to write
+# each file.
 SITE = """
-import os, sys, time
+import errno, os, sys, time
 from pathlib import Path
 import pyarrow.parquet as pq
 
@@ -45,8 +48,14 @@ seen = 0
 
 def write_table(self, table, *args, **kwargs):
     global seen
+    if {action!r} == "slow":
+        time.sleep(0.2)
+    if {action!r} == "enospc" and seen >= {at}:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if "record_index" in table.column_names:
         seen += 1
+        if {action!r} == "enospc" and seen == {at}:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         if seen == {at}:
             if {action!r} == "exit":
                 sys.stderr.write("disk on fire\\n")
@@ -169,16 +178,16 @@ def test_writer_killed_mid_file_fails_the_session_and_leaves_nothing_of_its_wind
     assert store.sql("SELECT status, capture_steps, capture_writer FROM runs").to_pylist() == [
         {"status": "failed", "capture_steps": 4, "capture_writer": "process"}
     ]
-    # Steps 0 and 1 were committed, then withdrawn with the window; step 2 never was.
-    assert store.sql(
-        "SELECT step, count(*) AS n FROM raw_invocations GROUP BY step ORDER BY step"
-    ).to_pylist() == [{"step": 0, "n": 1}, {"step": 1, "n": 1}]
-    # Three writes are withdrawn: the two committed, and step 2's, which the session handed
+    # Steps 0 and 1 were staged (their records and cores), never committed; step 2 never
+    # was written whole.
+    assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
+    # Three writes are withdrawn: the two staged, and step 2's, which the session handed
     # over (it picks the write ids) and the writer never finished.
     discarded = store.sql("SELECT window_id, reason, write_id FROM raw_discards").to_pylist()
-    committed = set(store.sql("SELECT write_id FROM raw_invocations")["write_id"].to_pylist())
+    staged = set(store.sql("SELECT write_id FROM raw_records")["write_id"].to_pylist())
     assert len(discarded) == 3
-    assert committed < {d["write_id"] for d in discarded}
+    assert len(staged) == 2
+    assert staged < {d["write_id"] for d in discarded}
     assert {(d["window_id"], d["reason"]) for d in discarded} == {
         (0, f"CaptureError: the profile writer process (pid {pid}) was killed by signal SIGKILL")
     }
@@ -283,3 +292,194 @@ def test_job_killed_mid_window_leaves_only_the_windows_it_ended(tmp_path: Path) 
         assert store.sql("SELECT status, capture_steps, capture_writer FROM runs").to_pylist() == [
             {"status": "failed", "capture_steps": 4, "capture_writer": "process"}
         ]
+
+
+KILLED_AFTER_A_WINDOW = """
+import os, signal, sys
+from pathlib import Path
+import torch
+from multicore_profiler import mega_kernel_profile, open_store, schedule
+from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+
+root = Path(sys.argv[1])
+seed = torch.Generator().manual_seed(0)
+router, w1, w2 = make_moe_weights({experts}, {hidden}, {inter}, generator=seed)
+x = torch.randn({tokens}, {hidden}, generator=torch.Generator().manual_seed(1))
+batch = (x, *route(x, router, {top_k}))
+with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
+    with mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3)) as prof:
+        (root / "writer.pid").write_text(str(prof.writer_pid))
+        for _ in range(4):  # window 0: steps 0 to 2, ended; window 1: step 3, handed over
+            kernel(*batch)
+            prof.step()
+        os.kill(os.getpid(), signal.SIGKILL)  # the writer is still on step 0
+"""
+
+WAITS_TO_BE_KILLED = """
+import sys, time
+from pathlib import Path
+import torch
+from multicore_profiler import mega_kernel_profile, open_store
+from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+
+root = Path(sys.argv[1])
+seed = torch.Generator().manual_seed(0)
+router, w1, w2 = make_moe_weights({experts}, {hidden}, {inter}, generator=seed)
+x = torch.randn({tokens}, {hidden}, generator=torch.Generator().manual_seed(1))
+with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
+    with mega_kernel_profile(store=store) as prof:
+        kernel(x, *route(x, router, {top_k}))
+        prof.flush()
+        (root / "writer.pid").write_text(str(prof.writer_pid))
+        time.sleep(600)
+"""
+
+
+def job_script(template: str) -> str:
+    return template.format(experts=EXPERTS, hidden=HIDDEN, inter=INTER, tokens=TOKENS, top_k=TOP_K)
+
+
+def leases(root: Path) -> list[str]:
+    """The capture sessions' lease files left in a store."""
+    return sorted(p.name for p in (root / "runs").rglob("_writing-*"))
+
+
+def test_a_job_killed_while_its_writer_catches_up_keeps_the_ended_window_whole(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The orphaned writer still has window 0's steps to write when the job dies: it
+    writes and commits them (no answer to send stops it), withdraws window 1 and fails
+    the run."""
+    writer_site(monkeypatch, tmp_path, "slow", at=0)
+    job = subprocess.Popen([sys.executable, "-c", job_script(KILLED_AFTER_A_WINDOW), str(tmp_path)])
+    assert job.wait(timeout=60) == -signal.SIGKILL
+    writer = int((tmp_path / "writer.pid").read_text())
+    deadline = time.monotonic() + 60
+    while running(writer):
+        assert time.monotonic() < deadline, "the orphaned writer never exited"
+        time.sleep(0.02)
+    with open_store(tmp_path / "store", create=False) as store:
+        assert store.sql(
+            "SELECT window_id, step, count(*) AS n FROM invocations GROUP BY ALL ORDER BY ALL"
+        ).to_pylist() == [
+            {"window_id": 0, "step": 0, "n": 1},
+            {"window_id": 0, "step": 1, "n": 1},
+            {"window_id": 0, "step": 2, "n": 1},
+        ]
+        assert store.sql("SELECT status, capture_steps FROM runs").to_pylist() == [
+            {"status": "failed", "capture_steps": 4}
+        ]
+        assert leases(store.root) == []
+        assert check_store(store).problems == []
+
+
+def test_a_writer_killed_after_a_windows_last_step_leaves_none_of_that_window(
+    store: Store,
+    kernel_and_batch: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    kernel, batch = kernel_and_batch
+    stalled = writer_site(monkeypatch, tmp_path, "stall", at=3)
+    prof = mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3))
+    killed = r"^the profile writer process \(pid \d+\) was killed by signal SIGKILL$"
+    with pytest.raises(CaptureError, match=killed), prof:  # noqa: PT012 (raised a step later)
+        for _ in range(3):  # the third prof.step() ends window 0
+            kernel(*batch)
+            prof.step()
+        wait_for(stalled, "the writer's stall in step 2's records file")
+        pid = prof.writer_pid
+        os.kill(pid, signal.SIGKILL)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        kernel(*batch)
+        prof.step()
+    assert visible(store) == NOTHING
+    assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
+    assert store.sql("SELECT status FROM runs")["status"].to_pylist() == ["failed"]
+    reason = f"CaptureError: the profile writer process (pid {pid}) was killed by signal SIGKILL"
+    assert store.sql(
+        "SELECT window_id, reason, count(*) AS n FROM raw_discards GROUP BY ALL"
+    ).to_pylist() == [{"window_id": 0, "reason": reason, "n": 3}]
+    assert leases(store.root) == []
+
+
+def test_a_full_disk_leaves_none_of_the_window_and_fails_the_run(
+    store: Store,
+    kernel_and_batch: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The writer's disk fills at step 2's records, the last step of window 0 (ended)."""
+    kernel, batch = kernel_and_batch
+    writer_site(monkeypatch, tmp_path, "enospc", at=3)
+    full = (
+        "profile buffers could not be stored: cannot write records to the store at "
+        f"{store.root}: No space left on device"
+    )
+    with (  # noqa: PT012 (raised at the exit)
+        pytest.raises(CaptureError) as raised,
+        mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3)) as prof,
+    ):
+        for _ in range(4):
+            kernel(*batch)
+            prof.step()
+    assert str(raised.value) == full
+    assert visible(store) == NOTHING
+    assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
+    assert store.sql("SELECT status, capture_steps FROM runs").to_pylist() == [
+        {"status": "failed", "capture_steps": 4}
+    ]
+    # Window 0's two staged steps and the one that failed, window 1's step that was skipped.
+    assert store.sql(
+        "SELECT window_id, reason, count(*) AS n FROM raw_discards GROUP BY ALL ORDER BY ALL"
+    ).to_pylist() == [
+        {"window_id": 0, "reason": f"CaptureError: {full}", "n": 3},
+        {"window_id": 1, "reason": f"CaptureError: {full}", "n": 1},
+    ]
+    assert leases(store.root) == []
+    assert check_store(store).problems == []
+
+
+def test_a_stopped_writer_fails_the_step_after_the_timeout(
+    store: Store,
+    kernel_and_batch: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
+) -> None:
+    kernel, batch = kernel_and_batch
+    prof = mega_kernel_profile(store=store, writer_timeout=0.5)
+    with pytest.raises(CaptureError) as raised, prof:  # noqa: PT012 (raised a step later)
+        pid = prof.writer_pid
+        os.kill(pid, signal.SIGSTOP)
+        for _ in range(QUEUE_DEPTH + 1):  # the last hand-over waits for a stopped writer
+            kernel(*batch)
+            prof.step()
+    assert str(raised.value) == (
+        f"the profile writer process (pid {pid}) did not answer for 0.5 s (stopped or "
+        "stuck), and was killed"
+    )
+    assert not running(pid)
+    assert visible(store) == NOTHING
+    assert store.sql("SELECT status FROM runs")["status"].to_pylist() == ["failed"]
+    assert leases(store.root) == []
+
+
+def test_check_reports_a_run_whose_job_and_writer_were_killed(tmp_path: Path) -> None:
+    job = subprocess.Popen([sys.executable, "-c", job_script(WAITS_TO_BE_KILLED), str(tmp_path)])
+    try:
+        wait_for(tmp_path / "writer.pid", "the job's flush of step 0")
+        os.kill(int((tmp_path / "writer.pid").read_text()), signal.SIGKILL)
+    finally:
+        job.kill()
+    assert job.wait(timeout=30) == -signal.SIGKILL
+    with open_store(tmp_path / "store", create=False) as store:
+        (run_id,) = store.sql("SELECT run_id FROM runs WHERE status = 'running'")["run_id"]
+        (lease,) = leases(store.root)
+        report = check_store(store)
+    assert [(p.path, p.check, p.reason) for p in report.problems] == [
+        (
+            f"runs/run_id={run_id}/{lease}",
+            "abandoned",
+            f"rank 0 of run {run_id} is left 'running' by a capture session whose job and "
+            "writer ended without marking it (killed, or a full disk): it will never end; "
+            "the windows it committed are kept",
+        )
+    ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -11,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 import torch.profiler
+from golden import AIC, AIV, NO_OWNER, Slot, pack
 
 from multicore_profiler import ProfilerAction, Store, mega_kernel_profile, schedule
 from multicore_profiler.errors import CaptureError, DroppedRecordsWarning, SessionError
 from multicore_profiler.ingest.buffers import ingest_buffers
-from multicore_profiler.ingest.session import MegaKernelProfile, Window
+from multicore_profiler.ingest.session import ID_BLOCK, MegaKernelProfile, Window
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.ingest.writer import stop_idle_writers
 from multicore_profiler.kernels import (
@@ -303,8 +306,9 @@ def test_a_compaction_meanwhile_does_not_bring_a_discarded_window_back(
                 prof.step()
             prof.flush()
             report = store.compact()
-            # The three invocation files of the open window are merged into one.
-            assert (report.files_before, report.files_after) == (3, 1)
+            # The open window's three steps are staged, not committed: a compaction leaves
+            # their records and cores files alone.
+            assert (report.files_before, report.uncommitted_files) == (0, 6)
             raise RuntimeError("job died")
 
     with pytest.raises(RuntimeError, match="job died"):
@@ -357,8 +361,11 @@ def test_max_pending_calls_drains_within_a_step(
         """SELECT step, list(invocation_id ORDER BY invocation_id) AS ids
            FROM invocations GROUP BY step"""
     ).to_pylist() == [{"step": 0, "ids": [0, 1, 2, 3, 4]}]
-    files = list((store.root / "invocations" / f"run_id={prof.run_id}").glob("*.parquet"))
+    files = list((store.root / "records" / f"run_id={prof.run_id}").rglob("*.parquet"))
     assert len(files) == 3  # drained at 2, 4, and at exit
+    # The window's three writes are committed together, by one invocations file.
+    files = list((store.root / "invocations" / f"run_id={prof.run_id}").glob("*.parquet"))
+    assert len(files) == 1
     stats = prof.writer_stats
     assert (stats.batches, stats.invocations) == (3, 5)
     assert stats.cpu_seconds > 0
@@ -437,6 +444,90 @@ def test_sessions_sharing_a_run_id_continue_its_ids(
     ).to_pylist() == [
         {"run_id": "shared-run", "window_id": 0, "ids": [0, 1]},
         {"run_id": "shared-run", "window_id": 1, "ids": [2, 3]},
+    ]
+
+
+OTHER_SESSION = """
+import sys
+import torch
+from multicore_profiler import mega_kernel_profile
+from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+
+seed = torch.Generator().manual_seed(0)
+router, w1, w2 = make_moe_weights({experts}, {hidden}, {inter}, generator=seed)
+x = torch.randn({tokens}, {hidden}, generator=torch.Generator().manual_seed(1))
+with ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
+    with mega_kernel_profile(store=sys.argv[1], writer="thread") as prof:
+        for _ in range(6):
+            kernel(x, *route(x, router, {top_k}))
+            prof.step()
+"""
+
+
+def test_sessions_open_at_once_on_one_run_id_take_distinct_ids(
+    store: Store,
+    kernel: ReferenceMoeKernel,
+    batch: tuple[torch.Tensor, ...],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second session writes the whole of its window while the first has one open."""
+    monkeypatch.setenv("MCPROF_RUN_ID", "shared-run")
+    other = OTHER_SESSION.format(
+        experts=EXPERTS, hidden=HIDDEN, inter=INTER, tokens=TOKENS, top_k=TOP_K
+    )
+    with mega_kernel_profile(store=store) as prof:
+        kernel(*batch)
+        prof.step()
+        subprocess.run([sys.executable, "-c", other, str(store.root)], check=True, timeout=120)
+        for _ in range(5):
+            kernel(*batch)
+            prof.step()
+    assert store.sql(
+        """SELECT count(*) AS launches, count(DISTINCT invocation_id) AS ids,
+                  list(invocation_id ORDER BY invocation_id) AS taken
+           FROM invocations"""
+    ).to_pylist() == [
+        {"launches": 12, "ids": 12, "taken": [*range(6), *range(ID_BLOCK, ID_BLOCK + 6)]}
+    ]
+    assert not list(store.root.rglob("_claim-*"))  # both sessions let go of their ids
+
+
+def test_drops_in_slots_that_are_not_full_are_not_called_full(store: Store) -> None:
+    """A slot whose record_count is below its capacity and that counts dropped records."""
+    tasks = new_tasks(1)
+    tasks["core_type"] = 1
+    config = build_runtime_config(
+        tasks,
+        event_count=0,
+        aic_workers=1,
+        aiv_workers=1,
+        backend=CpuBackend(),
+        aic_capacity=16,
+        aiv_capacity=16,
+    )
+    one = [(100, 200, 0x20000, 0, 0, NO_OWNER)]
+    full = [(100 + i, 101 + i, 0x20000, 0, 0, NO_OWNER) for i in range(16)]
+    partial_and_full = [Slot(AIC, 0, 100, full, dropped=2), Slot(AIV, 0, 100, one, dropped=1)]
+    buffers = [
+        pack(1, 1, 16, 16, [Slot(AIC, 0, 100, one, dropped=3)]),
+        pack(1, 1, 16, 16, partial_and_full),
+    ]
+    warned = []
+    with mega_kernel_profile(store=store) as prof:
+        for data in buffers:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with prepare_call(config) as call:
+                    call.buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+                prof.step()
+            warned += [str(w.message) for w in caught if w.category is DroppedRecordsWarning]
+    assert warned == [
+        "step 0: the device dropped 3 records in 1 launch(es) in slots that are not full "
+        "(their record_count is below their capacity; the invocations list them in "
+        "partial_slots); the rest are kept",
+        "step 1: the device dropped 3 records in 1 launch(es): 2 because slots were full "
+        "(plan a larger capacity), 1 in slots that are not full (their record_count is below "
+        "their capacity; the invocations list them in partial_slots); the rest are kept",
     ]
 
 
@@ -560,11 +651,28 @@ def test_session_reports_itself(store: Store) -> None:
         ({"on_trace_ready": 3}, "on_trace_ready must be callable"),
         ({"schedule": "often"}, "schedule must be callable"),
         ({"writer": "fork"}, r"writer must be one of \('process', 'thread'\), got 'fork'"),
+        ({"writer_timeout": 0}, r"^writer_timeout must be a positive number of seconds, got 0$"),
+        ({"writer_timeout": "1"}, r"^writer_timeout must be a number of seconds, got '1'$"),
     ],
 )
 def test_bad_session_arguments_raise(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(SessionError, match=message):
         mega_kernel_profile(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("soon", r"^\$MCPROF_WRITER_TIMEOUT must be a number of seconds, got 'soon'$"),
+        ("inf", r"^\$MCPROF_WRITER_TIMEOUT must be a positive number of seconds, got inf$"),
+    ],
+)
+def test_a_bad_writer_timeout_in_the_environment_is_refused(
+    value: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCPROF_WRITER_TIMEOUT", value)
+    with pytest.raises(SessionError, match=message):
+        mega_kernel_profile()
 
 
 def _rank_job(rank: int, world: int, init_file: str, store_path: str) -> None:

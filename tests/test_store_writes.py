@@ -233,6 +233,26 @@ def test_store_writes_alone_fill_a_store(root: Path) -> None:
         assert discards == [{"rank": 1, "write_id": first, "reason": "a dead window"}]
 
 
+def test_staged_steps_show_only_once_committed_and_then_together(root: Path) -> None:
+    writes = StoreWrites(StoreLocation.local(root))
+    staged = [writes.stage_step(RUN, step, **step_rows(step, 2 * step)) for step in (0, 1)]
+    with open_store(root, create=False) as store:
+        assert record_rows(store) == []
+        writes.commit(RUN, staged)
+        assert store.sql(
+            "SELECT step, list(invocation_id ORDER BY invocation_id) AS ids, "
+            "count(DISTINCT write_id) AS writes FROM invocations GROUP BY step ORDER BY step"
+        ).to_pylist() == [
+            {"step": 0, "ids": [0, 1], "writes": 1},
+            {"step": 1, "ids": [2, 3], "writes": 1},
+        ]
+        assert len(record_rows(store)) == 8
+    # One commit file for the two steps.
+    assert len(list((root / "invocations").rglob("*.parquet"))) == 1
+    with pytest.raises(StoreError, match=r"^no staged step to commit$"):
+        writes.commit(RUN, [])
+
+
 def test_step_checks_are_those_of_the_store(root: Path) -> None:
     writes = StoreWrites(StoreLocation.local(root))
     rows = step_rows(5, 0)

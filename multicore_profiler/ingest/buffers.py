@@ -54,8 +54,8 @@ def ingest_buffers(
     already, by ``decode_buffers`` with this layout and frequency). The invocation ids
     are claimed first (see ``storage.claims``): the next free ones of the run and rank, or
     exactly those from ``launches.first_invocation_id``, refused (``StoreError``) if
-    taken. ``new_run``, a run the store does not hold yet, is recorded before the step and
-    as finished (or failed) after it.
+    taken. ``new_run``, a run the store does not hold yet, is recorded after the step, as
+    finished: a step that cannot be written (a full disk) leaves neither rows nor a run.
     """
     kernel = kernel or KernelInfo()
     launches = launches or Launches()
@@ -65,18 +65,15 @@ def ingest_buffers(
         invocations, cores, records = step_tables(
             decoded, kernel, replace(launches, first_invocation_id=first)
         )
-        if new_run is not None:
-            store.write_run(new_run)
-        try:
-            write_id = store.write_step(
-                run_id, launches.step, invocations=invocations, cores=cores, records=records
-            )
-        except BaseException:
-            if new_run is not None:
-                store.write_run(new_run.finish("failed"))
-            raise
+        write_id = store.write_step(
+            run_id, launches.step, invocations=invocations, cores=cores, records=records
+        )
     if new_run is not None:
-        store.write_run(new_run.finish())
+        try:
+            store.write_run(new_run.finish())
+        except BaseException:
+            store.discard_writes(run_id, launches.rank, [write_id], reason="its run's row failed")
+            raise
     return IngestedStep(decoded, first, write_id, run_id)
 
 
@@ -94,8 +91,8 @@ def ingest_into_run(
     """``ingest_buffers`` into the run ``run_id``, created if the store has no such run.
 
     A new run (``RunInfo.begin``: this host, git revision and package versions) takes
-    ``run_id``, or a fresh id when it is ``None``, and ``label``; it is recorded as running
-    before the step and as finished (or failed) after it. A run the store holds keeps its
+    ``run_id``, or a fresh id when it is ``None``, and ``label``; it is recorded, finished,
+    once the step is. A run the store holds keeps its
     row (``label`` is not applied to it). The buffers are decoded before the store is
     read; the step's run id is ``IngestedStep.run_id``.
     """

@@ -2,22 +2,27 @@
 
 The session copies each recorded step's buffers into shared memory (``staging``) and
 sends a ``Batch`` naming where they lie; the committer decodes them, builds the step's
-Arrow rows and commits them to the store (``StoreWrites.write_step``), then answers
-with a ``Done`` that gives the segment back. It runs in a process of its own, started
+Arrow rows and writes its cores and records (``StoreWrites.stage_step``), then answers
+with a ``Done`` that gives the segment back. The step's invocations wait: at the
+window's end (``WindowClosed``, in order after the window's batches) the committer
+commits the invocations of all its steps with one file (``StoreWrites.commit``), so a
+window shows whole or not at all; a window with a step that could not be written is
+never committed. It runs in a process of its own, started
 by ``writer.StepWriter`` with the package's ``__init__`` skipped, so it loads neither
 DuckDB nor torch and never takes the job's GIL; or, with ``writer="thread"``, in a
 thread of the job, speaking the same messages.
 
 Messages are read ahead: an ``Abort`` drops the queued batches of every window that
-has not ended (the session withdraws what was committed of them). If the session's end
-of the socket closes without ``Close`` or ``Abort`` (the job died), the committer does
-the same and withdraws itself the steps it committed of those windows
-(``discard_writes``: no view shows them), then marks the run failed with the cost
-measured so far.
+has not ended. If the session's end of the socket closes without ``Close`` or ``Abort``
+(the job died; an answer that cannot be sent means the same), the committer does the
+same: it still writes and commits the windows the job ended, withdraws the steps it
+staged of the others (``discard_writes``, so the vacuum deletes their files), then
+marks the run failed with the cost measured so far and ends the run's lease.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -36,8 +41,8 @@ from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.ingest.staging import Segment, map_segment
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches, step_tables
 from multicore_profiler.storage.location import StoreLocation
-from multicore_profiler.storage.runs import CaptureCost, RunInfo
-from multicore_profiler.storage.writes import StoreWrites
+from multicore_profiler.storage.runs import CaptureCost, RunInfo, RunLease
+from multicore_profiler.storage.writes import StagedStep, StoreWrites
 
 ORPHANED = "the job ended without closing its capture session"
 """The reason the committer gives for the windows it withdraws when the job died."""
@@ -52,6 +57,9 @@ class Open:
     rank: int
     writer: str
     """``process`` or ``thread``: recorded with the cost."""
+    lease: str | None = None
+    """The run's lease file (``RunLease``), which the committer holds too until the
+    session ends."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +124,10 @@ class Batch:
 
 @dataclass(frozen=True)
 class WindowClosed:
-    """A window ended: its steps are final, whatever happens to the job later."""
+    """A window ended: commit its steps (answered with a ``Done``); they are final,
+    whatever happens to the job later."""
 
+    sequence: int
     window: int
 
 
@@ -134,7 +144,8 @@ class Abort:
 @dataclass(frozen=True)
 class Done:
     """A batch's answer (the session knows its window, write id and segment, which is
-    free again): written, or its error, or neither (skipped after an error or an abort)."""
+    free again), or a window's: written (a batch's cores and records; a window's commit),
+    or its error, or neither (skipped after an error or an abort)."""
 
     sequence: int
     written: bool
@@ -164,10 +175,13 @@ class Committer:
     def __init__(self, connection: Connection, opening: Open, clock: Callable[[], float]) -> None:
         self._connection = connection
         self._clock = clock
-        self._queue: deque[Batch | NewKernel | Close | Abort | None] = deque()
+        self._queue: deque[Batch | NewKernel | WindowClosed | Close | Abort | None] = deque()
         self._segments: dict[int, Segment] = {}
         self._kernels: dict[int, NewKernel] = {}
-        self._window_writes: dict[int, list[int]] = {}
+        self._staged: dict[int, list[StagedStep]] = {}
+        """The steps written of each window not committed yet."""
+        self._gone = False
+        """Whether the session's end of the socket is closed (answers go nowhere)."""
         self._ended: set[int] = set()
         """Windows the session ended, as far as read (ahead of the batches written)."""
         self._failed = False
@@ -176,6 +190,9 @@ class Committer:
         self._cost = (0, 0.0)
         self._opening = opening
         self._writes = StoreWrites(opening.location)
+        self._lease = None if opening.lease is None else RunLease(opening.lease)
+        if self._lease is not None:
+            self._lease.hold()
 
     def serve(self) -> bool:
         """Answer batches until the session ends; then close every segment. Return
@@ -187,24 +204,40 @@ class Committer:
                     self._orphaned()
                     return False
                 if isinstance(message, Batch):
-                    self._connection.send(self._batch(message))
+                    self._answer(self._batch(message))
+                elif isinstance(message, WindowClosed):
+                    self._answer(self._commit(message))
                 elif isinstance(message, NewKernel):
                     self._kernels[message.key] = message
                 else:  # Close or Abort: every batch before it is answered
-                    self._connection.send(Closed())
-                    return True
+                    self._answer(Closed())
+                    if not self._gone:
+                        return True
         finally:
             for segment in self._segments.values():
                 segment.close()
+            if self._lease is not None:
+                self._lease.release()
 
-    def _next(self) -> Batch | NewKernel | Close | Abort | None:
+    def _answer(self, answer: Done | Closed) -> None:
+        """Send an answer; a session that is gone (the job died) gets none, and the
+        messages it sent before it went are served as an orphan's."""
+        if self._gone:
+            return
+        try:
+            self._connection.send(answer)
+        except OSError:
+            self._gone = self._aborted = True
+
+    def _next(self) -> Batch | NewKernel | WindowClosed | Close | Abort | None:
         """The next message, after reading every one already sent (None: the socket
-        ended without Close)."""
+        ended without Close; the ``Close`` or ``Abort`` of a session that then went is
+        skipped, so its end is served as an orphan's)."""
         while not self._queue or self._connection.poll(0):
             try:
                 message = self._connection.recv()
             except (EOFError, OSError):
-                self._aborted = True
+                self._gone = self._aborted = True
                 self._queue.append(None)
                 break
             if isinstance(message, NewSegment):
@@ -212,11 +245,13 @@ class Committer:
                 continue
             if isinstance(message, WindowClosed):
                 self._ended.add(message.window)
-                continue
             if isinstance(message, Abort):
                 self._aborted = True
             self._queue.append(message)
-        return self._queue.popleft()
+        message = self._queue.popleft()
+        if isinstance(message, Close | Abort) and self._gone:
+            return self._next()
+        return message
 
     def _map(self, message: NewSegment) -> None:
         fd = recv_handle(self._connection)
@@ -233,18 +268,36 @@ class Committer:
             invocations = self._write(batch)
         except BaseException as exc:
             self._failed = True
-            profile = isinstance(exc, ProfileError)
-            return Done(
-                batch.sequence,
-                False,
-                0,
-                self._spent(began),
-                error=str(exc) if profile else repr(exc),
-                profile_error=profile,
-            )
-        cpu = self._spent(began)
-        self._window_writes.setdefault(batch.window, []).append(batch.write_id)
-        return Done(batch.sequence, True, invocations, cpu)
+            return self._error(batch.sequence, exc, began)
+        return Done(batch.sequence, True, invocations, self._spent(began))
+
+    def _commit(self, closed: WindowClosed) -> Done:
+        """Commit the steps of a window that ended, all of them with one file; none if
+        one of them could not be written."""
+        staged = self._staged.pop(closed.window, [])
+        if self._failed or not staged:
+            return Done(closed.sequence, False, 0, 0.0)
+        began = self._clock()
+        try:
+            self._writes.commit(self._opening.run.run_id, staged)
+        except BaseException as exc:
+            self._failed = True
+            self._staged[closed.window] = staged  # withdrawn with the run's end
+            return self._error(closed.sequence, exc, began)
+        invocations = sum(s.invocations.num_rows for s in staged)
+        return Done(closed.sequence, True, invocations, self._spent(began))
+
+    def _error(self, sequence: int, exc: BaseException, began: float) -> Done:
+        """The answer for a batch or window that could not be written."""
+        profile = isinstance(exc, ProfileError)
+        return Done(
+            sequence,
+            False,
+            0,
+            self._spent(began),
+            error=str(exc) if profile else repr(exc),
+            profile_error=profile,
+        )
 
     def _spent(self, began: float) -> float:
         """The CPU time since ``began``, counted into the session's writer cost."""
@@ -253,8 +306,8 @@ class Committer:
         return cpu
 
     def _write(self, batch: Batch) -> int:
-        """Decode the batch's launches and commit them as one step write; return how many
-        invocations it holds."""
+        """Decode the batch's launches and stage them as one step write of its window;
+        return how many invocations it holds."""
         opening = self._opening
         if batch.tasks is not None:
             self._writes.write_tasks(opening.run.run_id, batch.tasks)
@@ -285,7 +338,7 @@ class Committer:
             tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             for tables in zip(*parts, strict=True)
         )
-        self._writes.write_step(
+        staged = self._writes.stage_step(
             opening.run.run_id,
             batch.step,
             invocations=invocations,
@@ -293,16 +346,22 @@ class Committer:
             records=records,
             write_id=batch.write_id,
         )
+        self._staged.setdefault(batch.window, []).append(staged)
         return invocations.num_rows
 
     def _orphaned(self) -> None:
-        """The job died: withdraw the windows it did not end, and fail the run."""
+        """The job died: withdraw the steps staged of windows never committed, fail the
+        run and end its lease (kept if the run's row cannot be written: a full disk)."""
         opening = self._opening
         run_id = opening.run.run_id
-        for window, write_ids in self._window_writes.items():
-            if window not in self._ended:
+        with contextlib.suppress(Exception):  # rows no view shows: only the vacuum's
+            for window, staged in self._staged.items():
                 self._writes.discard_writes(
-                    run_id, opening.rank, write_ids, window_id=window, reason=ORPHANED
+                    run_id,
+                    opening.rank,
+                    [s.write_id for s in staged],
+                    window_id=window,
+                    reason=ORPHANED,
                 )
         steps, job_seconds = self._cost
         cost = CaptureCost(
@@ -312,6 +371,8 @@ class Committer:
             writer=opening.writer,
         )
         self._writes.write_run(opening.run.finish("failed", capture=cost))
+        if self._lease is not None:
+            self._lease.end()
 
 
 def serve(connection: Connection, clock: Callable[[], float], *, adopt: bool) -> None:

@@ -265,11 +265,22 @@ def _slots_of(layout: BufferLayout) -> _Slots:
     return slots
 
 
-def dropped_records(buffer: np.ndarray, layout: BufferLayout) -> int:
-    """The records the device dropped in one ``uint8`` buffer of ``layout``: the sum of its
-    slots' ``dropped_count``, read without decoding the buffer (what a capture session
-    warns about at the end of a step)."""
-    return int(buffer.view(np.uint32)[_slots_of(layout).dropped].sum())
+_COUNT_BEFORE_DROPPED = (
+    SLOT_HEADER_DTYPE.fields["dropped_count"][1] - SLOT_HEADER_DTYPE.fields["record_count"][1]
+) // 4
+"""How many 32-bit words a slot header's ``record_count`` lies before its ``dropped_count``."""
+
+
+def dropped_records(buffer: np.ndarray, layout: BufferLayout) -> tuple[int, int]:
+    """The records the device dropped in one ``uint8`` buffer of ``layout``, read without
+    decoding the buffer (what a capture session warns about at the end of a step): the
+    ``dropped_count`` of its full slots, and that of slots whose ``record_count`` is below
+    their capacity."""
+    slots = _slots_of(layout)
+    words = buffer.view(np.uint32)
+    dropped = words[slots.dropped]
+    full = words[slots.dropped - _COUNT_BEFORE_DROPPED] >= slots.capacity
+    return int(dropped[full].sum()), int(dropped[~full].sum())
 
 
 class _Locator:

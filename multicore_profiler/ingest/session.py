@@ -20,6 +20,9 @@ and backend.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import numbers
 import os
 import sys
 import threading
@@ -31,21 +34,26 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from multicore_profiler.errors import DroppedRecordsWarning, SessionError
+from multicore_profiler.errors import DroppedRecordsWarning, ProfileError, SessionError
 from multicore_profiler.extension import Extensible
 from multicore_profiler.ingest.pool import BufferPool
 from multicore_profiler.ingest.schedule import ProfilerAction, Schedule
-from multicore_profiler.ingest.writer import StepWriter, WriterStats
+from multicore_profiler.ingest.writer import WRITER_TIMEOUT, StepWriter, WriterStats
 from multicore_profiler.kernels.runtime import (
     PreparedCall,
     RuntimeConfig,
     install_sink,
     remove_sink,
 )
-from multicore_profiler.storage.runs import WRITERS, CaptureCost, RunInfo, new_run_id
+from multicore_profiler.storage.claims import Claim, hold_ids, release_claim
+from multicore_profiler.storage.runs import WRITERS, CaptureCost, RunInfo, RunLease, new_run_id
 from multicore_profiler.storage.store import Store, open_store
 
 RUN_ID_ENV = "MCPROF_RUN_ID"
+WRITER_TIMEOUT_ENV = "MCPROF_WRITER_TIMEOUT"
+"""Seconds a session waits for an answer of its writer, when ``writer_timeout`` is not given."""
+ID_BLOCK = 1024
+"""Invocation ids a session claims at a time in a run that other sessions may share."""
 _PACKAGE = "multicore_profiler."
 
 ScheduleFn = Callable[[int], Any]
@@ -86,6 +94,43 @@ def _describe(schedule: ScheduleFn | None) -> str:
         args = ", ".join(f"{n}={values[n]}" for n in names if n in values)
         return f"{getattr(schedule, '__module__', '')}.schedule({args})".lstrip(".")
     return getattr(schedule, "__qualname__", type(schedule).__qualname__)
+
+
+def _writer_timeout(value: float | None) -> float:
+    """``writer_timeout``, else ``$MCPROF_WRITER_TIMEOUT``, else the default; a positive,
+    finite number of seconds."""
+    where = "writer_timeout"
+    if value is None and os.environ.get(WRITER_TIMEOUT_ENV):
+        where, text = f"${WRITER_TIMEOUT_ENV}", os.environ[WRITER_TIMEOUT_ENV]
+        try:
+            value = float(text)
+        except ValueError:
+            raise SessionError(f"{where} must be a number of seconds, got {text!r}") from None
+    if value is None:
+        return WRITER_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SessionError(f"{where} must be a number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise SessionError(f"{where} must be a positive number of seconds, got {value}")
+    return float(value)
+
+
+def _dropped_message(step: int, launches: int, full: int, partial: int) -> str:
+    """What the end of a step says of the records its launches' slots dropped: in full
+    slots, and in slots that are not full."""
+    reasons = [
+        (full, "because slots were full (plan a larger capacity)"),
+        (
+            partial,
+            "in slots that are not full (their record_count is below their capacity; the "
+            "invocations list them in partial_slots)",
+        ),
+    ]
+    given = [(n, why) for n, why in reasons if n]
+    head = f"step {step}: the device dropped {full + partial} records in {launches} launch(es)"
+    if len(given) == 1:
+        return f"{head} {given[0][1]}; the rest are kept"
+    return f"{head}: {', '.join(f'{n} {why}' for n, why in given)}; the rest are kept"
 
 
 def _caller_stacklevel() -> int:
@@ -132,6 +177,7 @@ class MegaKernelProfile(Extensible):
         label: str | None,
         tags: Mapping[str, str] | None,
         writer: str,
+        writer_timeout: float | None = None,
     ) -> None:
         if isinstance(max_pending_calls, bool) or not isinstance(max_pending_calls, int):
             raise SessionError(f"max_pending_calls must be an int, got {max_pending_calls!r}")
@@ -152,6 +198,7 @@ class MegaKernelProfile(Extensible):
         self._label = label
         self._tags = {str(k): str(v) for k, v in (tags or {}).items()}
         self._writer_kind = writer
+        self._writer_timeout = _writer_timeout(writer_timeout)
         self.pool = BufferPool()
         """The session's profile buffers, reused across launches."""
         self.windows: list[Window] = []
@@ -169,13 +216,19 @@ class MegaKernelProfile(Extensible):
         self._pending: list[PreparedCall] = []
         self._window: int | None = None
         self._window_steps: list[int] = []
-        self._window_first_invocation = 0
+        self._window_invocations = 0
         self._next_invocation = 0
+        self._handed = 0
         self._first_window = 0
         self._configs_written: set[str] = set()
         self._recorded_steps = 0
         self._handed_step: int | None = None
         self._job_seconds = 0.0
+        self._lease: RunLease | None = None
+        self._claims: list[Claim] = []
+        """Blocks of invocation ids held in a shared run (``$MCPROF_RUN_ID``)."""
+        self._id_end: int | None = None
+        """The end of the ids this session may take (None: all, a run of its own)."""
 
     @property
     def store(self) -> Store:
@@ -190,7 +243,7 @@ class MegaKernelProfile(Extensible):
     @property
     def invocations(self) -> int:
         """Recorded invocations handed to the writer so far."""
-        return self._next_invocation
+        return self._handed
 
     @property
     def writer_stats(self) -> WriterStats:
@@ -238,15 +291,32 @@ class MegaKernelProfile(Extensible):
                 schedule=_describe(self._schedule),
                 rank=self.rank,
             )
-            self._writer = StepWriter(
-                self._store.location, self._run, self.rank, writer=self._writer_kind
-            )
+            self._lease = RunLease.take(self._store.location, self.run_id, self.rank)
+            try:
+                self._writer = StepWriter(
+                    self._store.location,
+                    self._run,
+                    self.rank,
+                    writer=self._writer_kind,
+                    timeout=self._writer_timeout,
+                    lease=None if self._lease is None else self._lease.path,
+                )
+            except BaseException:
+                self._end_lease()
+                raise
+            begun = False
             try:
                 self._store.write_run(self._run)
+                begun = True
                 if os.environ.get(RUN_ID_ENV):  # a fresh id has nothing to continue
                     self._continue_run(self._store)
             except BaseException:
                 self._writer.abort()
+                if not begun:
+                    self._end_lease()
+                else:
+                    with contextlib.suppress(ProfileError, OSError):
+                        self._end_run(self._store, self._run.finish("failed"))
                 raise
         except BaseException:
             remove_sink(self)
@@ -337,42 +407,87 @@ class MegaKernelProfile(Extensible):
         except BaseException as exc:
             self._abandon(exc)
             raise
-        store.write_run(run.finish("complete", capture=self.capture_cost))
+        self._release_claims()
+        self._end_run(store, run.finish("complete", capture=self.capture_cost))
 
     def _abandon(self, error: BaseException) -> None:
-        """Exit on an exception: drop the open window's buffers and rows, mark the run failed."""
+        """Exit on an exception: drop the open window's buffers, withdraw every window the
+        writer did not say it committed, mark the run failed. Each of these is tried even
+        if one before it fails (a full disk); if the run's row cannot be written, its
+        lease stays, and ``mcprof check`` reports the run left running."""
         store, writer, run = self._started()
         with self._lock:
             calls, self._pending = self._pending, []
-        self._release(calls)
-        writer.abort()
-        if self._window is not None:
-            store.discard_writes(
-                run.run_id,
-                self.rank,
-                writer.write_ids(self._window),
-                window_id=self._window,
-                reason=f"{type(error).__name__}: {error}",
-            )
+        try:
+            self._release(calls)
+        finally:
+            writer.abort()
             self._window = None
-        store.write_run(run.finish("failed", capture=self.capture_cost))
+            reason = f"{type(error).__name__}: {error}"
+            with contextlib.suppress(ProfileError, OSError):
+                for window, write_ids in sorted(writer.uncommitted().items()):
+                    store.discard_writes(
+                        run.run_id, self.rank, write_ids, window_id=window, reason=reason
+                    )
+            self._release_claims()
+            self._end_run(store, run.finish("failed", capture=self.capture_cost))
+
+    def _end_run(self, store: Store, row: RunInfo) -> None:
+        """Write the run's last row and end its lease; if the row cannot be written, let
+        go of the lease but keep its file, by which ``mcprof check`` reports the run."""
+        lease, self._lease = self._lease, None
+        try:
+            store.write_run(row)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        if lease is not None:
+            lease.end()
+
+    def _end_lease(self) -> None:
+        """No row of the run was written: the lease ends."""
+        if self._lease is not None:
+            self._lease.end()
+            self._lease = None
+
+    def _release_claims(self) -> None:
+        """Let go of the invocation ids claimed, once the writer has committed or ended."""
+        store = self._store
+        while self._claims and store is not None:
+            with contextlib.suppress(ProfileError, OSError):
+                release_claim(store.location, self._claims.pop())
+
+    def _take_ids(self, count: int) -> int:
+        """The first of ``count`` invocation ids for the next hand-over: the next ones of
+        the run, or, in a run other sessions may share, of a block of ids this session
+        claimed (``storage.claims``), so that no two sessions write the same ids."""
+        first = self._next_invocation
+        if self._id_end is None or first + count <= self._id_end:
+            return first
+        store, _, run = self._started()
+        claim = hold_ids(store, run.run_id, self.rank, max(count, ID_BLOCK))
+        self._claims.append(claim)
+        self._id_end = claim.last + 1
+        return claim.first
 
     def _continue_run(self, store: Store) -> None:
-        """Start invocation and window ids after those this rank already wrote to the run
-        (a run id given by ``$MCPROF_RUN_ID`` to several sessions, or a retried job)."""
+        """In a run id given by ``$MCPROF_RUN_ID`` (which several sessions, or a retried
+        job, may share) take invocation ids from claimed blocks (``_take_ids``), and start
+        window ids after those this rank already committed to the run."""
         taken = store.sql(
-            """SELECT max(invocation_id) + 1 AS invocation, max(window_id) + 1 AS next_window
+            """SELECT max(window_id) + 1 AS next_window
                FROM raw_invocations WHERE run_id = $1 AND rank = $2""",
             [self.run_id, self.rank],
             runs=[self.run_id],  # every rank asks at start: list and read this run only
         ).to_pylist()[0]
-        self._next_invocation = taken["invocation"] or 0
         self._first_window = taken["next_window"] or 0
+        self._id_end = 0
 
     def _open_window(self) -> None:
         self._window = self._first_window + len(self.windows)
         self._window_steps = [self.step_num]
-        self._window_first_invocation = self._next_invocation
+        self._window_invocations = 0
 
     def _close_window(self, *, ready: bool) -> bool:
         """End the open window; return whether ``on_trace_ready`` is to be called (its
@@ -389,7 +504,7 @@ class MegaKernelProfile(Extensible):
             Window(
                 index=window,
                 steps=tuple(self._window_steps),
-                invocations=self._next_invocation - self._window_first_invocation,
+                invocations=self._window_invocations,
             )
         )
         self._window = None
@@ -474,24 +589,25 @@ class MegaKernelProfile(Extensible):
                 self._recorded_steps += 1
             try:
                 self._synchronize(calls)
-                dropped = self._started()[1].put(
+                first = self._take_ids(len(calls))
+                full, partial = self._started()[1].put(
                     calls,
                     step=self.step_num,
                     window=window,
-                    first_invocation_id=self._next_invocation,
+                    first_invocation_id=first,
                     new_configs=new_configs,
                     recorded_steps=self._recorded_steps,
                     job_seconds=self._job_seconds,
                 )
             finally:
                 self.pool.release([c.buffer for c in calls])
-            self._next_invocation += len(calls)
-            if dropped:
+            self._window_invocations += len(calls)
+            self._handed += len(calls)
+            self._next_invocation = first + len(calls)
+            if full or partial:
                 warnings.warn(
                     DroppedRecordsWarning(
-                        f"step {self.step_num}: the device dropped {dropped} records in "
-                        f"{len(calls)} launch(es) because slots were full (plan a larger "
-                        "capacity); the rest are kept"
+                        _dropped_message(self.step_num, len(calls), full, partial)
                     ),
                     stacklevel=_caller_stacklevel(),
                 )
@@ -513,6 +629,7 @@ def mega_kernel_profile(
     label: str | None = None,
     tags: Mapping[str, str] | None = None,
     writer: str = "process",
+    writer_timeout: float | None = None,
 ) -> MegaKernelProfile:
     """Profile the MegaKernel launches of a block of code into a store, step by step.
 
@@ -528,9 +645,12 @@ def mega_kernel_profile(
     ``max_pending_calls`` bounds the launches held on the device before they are
     drained within a step. ``writer`` is where recorded steps are decoded and stored:
     ``"process"`` (a process of its own: the job's thread only copies and hands over) or
-    ``"thread"`` (a thread of the job, sharing its GIL). Sessions do not nest. On an
-    exception inside the block, or if the writer dies, the open window's buffers and
-    rows are discarded, the run is marked failed, and the exception propagates.
+    ``"thread"`` (a thread of the job, sharing its GIL). ``writer_timeout`` bounds each
+    wait for the writer, in seconds (default ``$MCPROF_WRITER_TIMEOUT``, else 300): a
+    writer silent for longer is killed and the wait ends in ``CaptureError``. Sessions do
+    not nest. A window's steps become visible together when it ends. On an exception
+    inside the block, or if the writer dies, the open window's buffers and rows are
+    discarded, the run is marked failed, and the exception propagates.
     """
     return MegaKernelProfile(
         schedule=schedule,
@@ -541,4 +661,5 @@ def mega_kernel_profile(
         label=label,
         tags=tags,
         writer=writer,
+        writer_timeout=writer_timeout,
     )

@@ -11,11 +11,13 @@ A writer process outlives its session: the next session of the same process take
 and it exits with the process.
 
 Backpressure is bounded: at most ``depth`` batches are in flight (handed over and not
-yet committed). A ``put`` beyond that waits until the oldest is committed, so a slow
+yet written). A ``put`` beyond that waits until the oldest is written, so a slow
 store slows ``prof.step()`` by one step write at a time, and the session holds at most
-``depth`` segments, each the size of the largest step it recorded. A batch that cannot
-be stored, or a writer that dies, is raised as ``CaptureError`` at the next ``put``,
-``flush`` or ``close``, naming the cause (a process killed by a signal names it).
+``depth`` segments, each the size of the largest step it recorded. Every wait for an
+answer is bounded by ``timeout`` seconds: a writer that says nothing for that long (a
+stopped or stuck process) is killed and reported. A batch that cannot be stored, or a
+writer that dies, is raised as ``CaptureError`` at the next ``put``, ``flush`` or
+``close``, naming the cause (a process killed by a signal names it).
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ STDERR_TAIL = 2000
 
 START_TIMEOUT = 120.0
 """Seconds a new writer process has to say it is ready (it imports numpy and pyarrow)."""
+
+WRITER_TIMEOUT = 300.0
+"""Default seconds a session waits for an answer of its writer before it gives up on it."""
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -236,16 +241,24 @@ class StepWriter:
         *,
         writer: str = "process",
         depth: int = QUEUE_DEPTH,
+        timeout: float = WRITER_TIMEOUT,
+        lease: str | None = None,
     ) -> None:
         self.stats = WriterStats()
         """Updated as the committer's answers arrive."""
         self._rank = rank
         self._depth = depth
+        self._timeout = timeout
         self._segments = Segments(depth)
         self._kernels: dict[tuple[str, int, int], tuple[int, RuntimeConfig]] = {}
         self._in_flight: dict[int, tuple[int, int, int]] = {}
         """Batches handed over and not answered: sequence -> (window, write id, segment)."""
+        self._closing: dict[int, int] = {}
+        """Windows whose commit was asked for and not answered: sequence -> window."""
         self._writes: dict[int, list[int]] = defaultdict(list)
+        """The step writes of each window, answered as written or not (yet) answered."""
+        self._committed: set[int] = set()
+        """Windows the writer answered as committed."""
         self._sequence = 0
         self._error: CaptureError | None = None
         self._dead: CaptureError | None = None
@@ -268,7 +281,7 @@ class StepWriter:
             self._connection = Connection(ours.detach())
         try:
             self._connection.send(Environment(dict(os.environ)))
-            self._connection.send(Open(location, run, rank, writer))
+            self._connection.send(Open(location, run, rank, writer, lease))
         except (TypeError, AttributeError, pickle.PicklingError) as exc:  # a live filesystem
             self._release()  # the writer has the environment and waits for an Open: stop it
             raise SessionError(
@@ -290,15 +303,16 @@ class StepWriter:
         new_configs: Sequence[RuntimeConfig],
         recorded_steps: int,
         job_seconds: float,
-    ) -> int:
+    ) -> tuple[int, int]:
         """Copy the launches' buffers (synchronized already) to shared memory and hand
         them over as one batch; wait first while ``depth`` batches are in flight. Return
-        how many records the device dropped in them.
+        how many records the device dropped in them: in full slots, and in slots that
+        are not full.
 
         Answers are read only when the queue is full, all those there at once, so a step
         costs one message; a writer that died is seen at once all the same."""
         self._check_alive()
-        if len(self._in_flight) >= self._depth:
+        while len(self._in_flight) >= self._depth and self._dead is None:
             self._answers(wait=True)
         self._raise()
         segment, new, dropped_id = self._segments.take(
@@ -307,7 +321,7 @@ class StepWriter:
         if new:
             self._send(NewSegment(segment.id, segment.size, dropped_id), fd=segment.fd)
         view = segment.view
-        groups, offset, dropped = [], 0, 0
+        groups, offset, full, partial = [], 0, 0, 0
         for (kernel, direction), group in groupby(
             calls, key=lambda c: (self._kernel(c.config), c.direction)
         ):
@@ -317,7 +331,8 @@ class StepWriter:
                 size = call.config.layout.total_bytes
                 host = view[offset : offset + size]
                 call.config.backend.to_host(call.buffer, host)
-                dropped += dropped_records(host, call.config.layout)
+                in_full, in_partial = dropped_records(host, call.config.layout)
+                full, partial = full + in_full, partial + in_partial
                 offset += size
         self._sequence += 1
         write_id = new_write_id()
@@ -336,15 +351,20 @@ class StepWriter:
             )
         )
         self._in_flight[self._sequence] = (window, write_id, segment.id)
-        return dropped
+        self._writes[window].append(write_id)
+        return full, partial
 
     def window_closed(self, window: int) -> None:
-        """A window ended: its steps stay, whatever happens to the job later."""
-        self._send(WindowClosed(window))
+        """A window ended: the writer commits its steps, all at once, and they stay
+        whatever happens to the job later."""
+        self._sequence += 1
+        self._send(WindowClosed(self._sequence, window))
+        self._closing[self._sequence] = window
 
     def flush(self) -> None:
-        """Wait until every batch handed over is committed; raise if one could not be."""
-        while self._in_flight and self._dead is None:
+        """Wait until every batch handed over is written and every window ended is
+        committed; raise if one could not be."""
+        while (self._in_flight or self._closing) and self._dead is None:
             self._answers(wait=True)
         self._raise()
 
@@ -376,11 +396,11 @@ class StepWriter:
         finally:
             self._release()
 
-    def write_ids(self, window: int) -> list[int]:
-        """The step writes of a window that are, or may be, committed: those answered as
-        written, and those not answered (a writer that died may have committed them)."""
-        unanswered = [w for seen, w, _ in self._in_flight.values() if seen == window]
-        return [*self._writes.get(window, ()), *unanswered]
+    def uncommitted(self) -> dict[int, list[int]]:
+        """The step writes of each window that the writer has not answered as committed:
+        those it staged, those not answered, and those it may have committed (a writer
+        that died may have committed a window without saying so)."""
+        return {w: ids for w, ids in self._writes.items() if w not in self._committed}
 
     def _kernel(self, config: RuntimeConfig) -> int:
         """The committer's key of a config's kernel, sent the first time it is seen."""
@@ -418,9 +438,26 @@ class StepWriter:
         if self._dead is not None:
             raise self._dead
         try:
+            if not self._connection.poll(self._timeout):
+                raise self._silent()
             return self._connection.recv()
         except (EOFError, OSError) as exc:
             raise self._died() from exc
+
+    def _silent(self) -> CaptureError:
+        """The error that a writer that said nothing for ``timeout`` seconds is reported
+        with; a process is killed (it may be stopped, or stuck), a thread left behind."""
+        if self._process is None:
+            self._dead = CaptureError(
+                f"the profile writer thread did not answer for {self._timeout:g} s"
+            )
+        else:
+            self._process.process.kill()
+            self._dead = CaptureError(
+                f"the profile writer process (pid {self._process.process.pid}) did not "
+                f"answer for {self._timeout:g} s (stopped or stuck), and was killed"
+            )
+        return self._dead
 
     def _check_alive(self) -> None:
         """Raise if the writer ended (a look at the process, without reading its answers)."""
@@ -444,13 +481,17 @@ class StepWriter:
             wait = False
 
     def _answered(self, done: Done) -> None:
-        window, write_id, segment = self._in_flight.pop(done.sequence)
-        self._segments.give_back(segment)
         self.stats.cpu_seconds += done.cpu_seconds
-        if done.written:
-            self._writes[window].append(write_id)
-            self.stats.batches += 1
-            self.stats.invocations += done.invocations
+        window = self._closing.pop(done.sequence, None)
+        if window is not None:
+            if done.written:
+                self._committed.add(window)
+        else:
+            _, _, segment = self._in_flight.pop(done.sequence)
+            self._segments.give_back(segment)
+            if done.written:
+                self.stats.batches += 1
+                self.stats.invocations += done.invocations
         if done.error is not None and self._error is None:
             self._error = CaptureError(
                 f"profile buffers could not be stored: {done.error}"
@@ -501,7 +542,7 @@ class StepWriter:
                 self._process.stop()
         else:
             self._connection.close()
-            self._thread.join()
+            self._thread.join(None if self._dead is None else 0)  # a stuck one is left
 
 
 def _serve_in_thread(connection: Connection) -> None:

@@ -36,18 +36,20 @@ from multicore_profiler.storage.partitions import (
     relative_path,
     utc,
 )
-from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, TABLES, TableSpec
+from multicore_profiler.storage.runs import LEASE_NAME, lease_abandoned
+from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, RUNS, TABLES, TableSpec
 from multicore_profiler.storage.swap import JOURNAL_DIR, LOCK_FILE
 from multicore_profiler.storage.vacuum import LEFTOVER_SUFFIX, SNAPSHOT_TABLES, RunFiles, dead_files
 
 if TYPE_CHECKING:
     from multicore_profiler.storage.handle import StoreHandle
 
-CHECKS = ("checksum", "parquet", "schema", "counts", "orphan", "leftover", "layout")
+CHECKS = ("checksum", "parquet", "schema", "counts", "orphan", "leftover", "abandoned", "layout")
 """What a problem can be: a page failing its CRC; a file that is not readable Parquet;
 a schema that does not fit the table; an invocation whose counts disagree with its rows;
-a file of a write never committed; a dead writer's ``.parquet.tmp`` file or claim; a
-file outside the store's layout."""
+a file of a write never committed; a dead writer's ``.parquet.tmp`` file or claim; a run
+left ``running`` by a capture session whose job and writer are gone; a file outside the
+store's layout."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _COUNTS = """
 WITH records AS (
@@ -211,6 +213,8 @@ def _classify(
         )
     elif spec is INVOCATIONS and (claim := CLAIM_NAME.fullmatch(name)):
         _claim(scan, info, relative, claim, now)
+    elif spec is RUNS and (lease := LEASE_NAME.fullmatch(name)):
+        _lease(store, scan, info, relative, values, int(lease["rank"]), now)
     elif name.endswith(LEFTOVER_SUFFIX):
         _leftover(scan, info, relative, now)
     elif not name.endswith(PARQUET_SUFFIX):
@@ -247,6 +251,39 @@ def _claim(
         f"{matched['rank']} that its writer never withdrew"
     )
     _leftover(scan, info, relative, now, what)
+
+
+def _lease(
+    store: StoreHandle,
+    scan: _Scan,
+    info: pafs.FileInfo,
+    relative: str,
+    values: dict[str, object],
+    rank: int,
+    now: datetime,
+) -> None:
+    """A capture session's lease of a run (``RunLease``): held, a session under way; held
+    by nobody while the rank's latest row says ``running``, a run that will never end."""
+    if not lease_abandoned(info.path):
+        scan.in_progress += 1
+        return
+    run_id = str(values["run_id"])
+    latest = store.sql(
+        """SELECT status FROM raw_runs WHERE run_id = $1 AND rank = $2
+           ORDER BY updated_at DESC LIMIT 1""",
+        [run_id, rank],
+        runs=[run_id],
+    )["status"].to_pylist()
+    if latest == ["running"]:
+        scan.problem(
+            relative,
+            "abandoned",
+            f"rank {rank} of run {run_id} is left 'running' by a capture session whose job "
+            "and writer ended without marking it (killed, or a full disk): it will never "
+            "end; the windows it committed are kept",
+        )
+    else:
+        _leftover(scan, info, relative, now, "the lease of a capture session that ended")
 
 
 def _leftover(

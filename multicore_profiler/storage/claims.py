@@ -103,12 +103,27 @@ def claimed_ids(
 ) -> Iterator[int]:
     """Hold ``count`` invocation ids of (run, rank) for one write; yield the first.
 
+    ``hold_ids`` for the block: the claim is deleted when it ends, after the commit.
+    """
+    claim = hold_ids(store, run_id, rank, count, first)
+    try:
+        yield claim.first
+    finally:
+        release_claim(store.location, claim)
+
+
+def hold_ids(
+    store: StoreHandle, run_id: str, rank: int, count: int, first: int | None = None
+) -> Claim:
+    """Claim ``count`` invocation ids of (run, rank) until ``release_claim``, which its
+    holder calls after the writes that take them are committed (a capture session holds
+    blocks of ids for its whole life).
+
     With ``first`` None they are the lowest ids free of committed and claimed ones (after
     the highest, unless a range left by a withdrawn or dead writer's claim fits); else
     exactly ``first`` .. ``first + count - 1``, refused with a ``StoreError`` naming the
-    ids if any is committed or stays claimed by another writer. The claim is deleted
-    when the block ends, after the commit. ``ArgumentError`` where the ids would pass
-    2^63-1.
+    ids if any is committed or stays claimed by another writer. ``ArgumentError`` where
+    the ids would pass 2^63-1.
     """
     RANK.check(rank, "rank")
     if first is not None:
@@ -137,11 +152,11 @@ def claimed_ids(
                 if c.path != own and c.overlaps(start, last)
             ]
             if not clashes and not _committed(store, run_id, rank, start, last):
-                yield start
-                return
-        finally:  # after the commit, or to withdraw on a clash
-            with store_write(f"withdraw the claim {own}"):
-                location.delete_file(own)
+                return Claim(start, last, own, None)
+        except BaseException:
+            release_claim(location, Claim(start, last, own, None))
+            raise
+        release_claim(location, Claim(start, last, own, None))  # withdrawn on a clash
         if first is not None:
             _refuse_committed(store, run_id, rank, start, last)
         time.sleep(random.uniform(0, 2 * delay))
@@ -152,6 +167,12 @@ def claimed_ids(
         f"other writers claim {held} (a dead writer's claim, {claims_dir(run_id)}/_claim-{rank}-*, "
         "is ignored once a day old, and 'mcprof compact' deletes it)"
     )
+
+
+def release_claim(location: StoreLocation, claim: Claim) -> None:
+    """Delete a claim: its ids that are not committed are free again."""
+    with store_write(f"withdraw the claim {claim.path}"):
+        location.delete_file(claim.path)
 
 
 def _live(location: StoreLocation, run_id: str, rank: int) -> list[Claim]:

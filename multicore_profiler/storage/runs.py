@@ -3,24 +3,30 @@ row of the ``runs`` table."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import math
 import numbers
 import os
 import platform
+import re
 import socket
 import subprocess
 import uuid
+import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.errors import ArgumentError
-from multicore_profiler.storage.partitions import check_run_id
+from multicore_profiler.storage.location import StoreLocation, store_write
+from multicore_profiler.storage.partitions import check_run_id, partition_dir
 from multicore_profiler.storage.schema import RUNS
 
 STATUSES = ("running", "complete", "failed")
@@ -210,3 +216,82 @@ class RunInfo:
         row["versions"] = list(self.versions.items())
         row["tags"] = list(self.tags.items())
         return pa.Table.from_pylist([row], schema=RUNS.schema)
+
+
+LEASE_NAME = re.compile(r"_writing-(?P<rank>\d{1,10})-(?P<token>[0-9a-f]{32})\.lock")
+"""The name of a capture session's lease file in its run's ``runs`` directory."""
+
+
+@dataclasses.dataclass(eq=False)
+class RunLease:
+    """A rank's claim to end its run's row, held by the processes that may still write it.
+
+    A capture session of a local store creates ``runs/run_id=<run>/_writing-<rank>-<token>.lock``
+    before the run's first row; the job and its writer each hold a shared ``flock`` on it
+    while they may mark the run ``complete`` or ``failed``. The one that writes the run's
+    last row deletes the file. A lease file that nobody holds any more (both processes
+    died, or could not write the last row: a full disk) names a run left ``running`` for
+    good, which ``mcprof check`` reports (``abandoned``). A remote store takes no lease:
+    its filesystem has no locks. A forked child (a DataLoader worker) lets go of its
+    copies at once: the lease is its parent's.
+    """
+
+    path: str
+    _file: IO[bytes] | None = None
+
+    @classmethod
+    def take(cls, location: StoreLocation, run_id: str, rank: int) -> RunLease | None:
+        """Create and hold a new lease of (run, rank); None for a remote store."""
+        if not location.is_local:
+            return None
+        directory = location.directory / partition_dir(RUNS, {"run_id": run_id})
+        lease = cls(str(directory / f"_writing-{rank}-{uuid.uuid4().hex}.lock"))
+        with store_write(f"take the lease of run {run_id} rank {rank}"):
+            directory.mkdir(parents=True, exist_ok=True)
+            lease.hold()
+        return lease
+
+    def hold(self) -> None:
+        """Hold the lease (shared with the other processes of the session)."""
+        self._file = open(self.path, "ab")  # noqa: SIM115 (held until released)
+        fcntl.flock(self._file, fcntl.LOCK_SH)
+        _HELD.add(self)
+
+    def release(self) -> None:
+        """Let go of the lease, keeping its file (the run's last row is another's to write)."""
+        _HELD.discard(self)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def end(self) -> None:
+        """The run's last row is written: delete the lease file and let go."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self.release()
+
+
+_HELD: weakref.WeakSet[RunLease] = weakref.WeakSet()
+"""The leases this process holds."""
+
+
+def _forget_in_child() -> None:
+    """Close a forked child's copies of the leases (the parent's hold stays)."""
+    for lease in list(_HELD):
+        lease.release()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def lease_abandoned(path: str) -> bool:
+    """Whether no process holds the lease file at ``path`` any more."""
+    try:
+        with open(path, "rb") as file:
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+    except FileNotFoundError:
+        return False

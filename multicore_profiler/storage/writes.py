@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -33,6 +34,16 @@ from multicore_profiler.storage.schema import (
 
 _STEP_KEYS = ("rank", "invocation_id")
 """The columns by which a step's cores and records name their invocation."""
+
+
+@dataclass(frozen=True)
+class StagedStep:
+    """A step whose cores and records are written and whose invocations are not yet:
+    ``StoreWrites.commit`` writes them."""
+
+    write_id: int
+    invocations: pa.Table
+    """The step's invocation rows, stamped with its write id."""
 
 
 def new_write_id() -> int:
@@ -67,20 +78,41 @@ class StoreWrites:
     ) -> int:
         """Write one step's invocations with their cores and records; return the write id.
 
-        Cores and records are written first and the invocations last, all stamped with
-        a fresh ``write_id`` (or the one given: a capture session picks it, so that it
-        can withdraw the step even if its writer dies before saying it was written):
-        until the invocations' file exists, no view shows the step's rows, so a writer
-        that dies half-way leaves nothing a query sees, even after a retry writes the
-        same invocation ids.
+        ``stage_step`` then ``commit`` of that one step: until the invocations' file
+        exists, no view shows the step's rows, so a writer that dies half-way leaves
+        nothing a query sees, even after a retry writes the same invocation ids.
+        """
+        staged = self.stage_step(
+            run_id, step, invocations=invocations, cores=cores, records=records, write_id=write_id
+        )
+        self.commit(run_id, [staged])
+        return staged.write_id
 
-        Durability: only the invocations file, the step's commit, is flushed to disk
-        (the file, then its directory after the rename): one commit per step. The cores
-        and records files are renamed into place without a flush of their own. A
-        process crash (the writer's or the job's) still loses at most the step being
-        written: the files of a committed step are in the kernel's page cache, which
-        outlives the process. Only a power cut (or a kernel crash) before the page cache
-        is written back can lose the cores and records files of the last steps
+    def stage_step(
+        self,
+        run_id: str,
+        step: int,
+        *,
+        invocations: pa.Table,
+        cores: pa.Table,
+        records: pa.Table,
+        write_id: int | None = None,
+    ) -> StagedStep:
+        """Write one step's cores and records, which no view shows until ``commit`` writes
+        the invocations returned; return them with the write id.
+
+        Every row is stamped with a fresh ``write_id`` (or the one given: a capture
+        session picks it, so that it can withdraw the step even if its writer dies before
+        saying it was written). A capture session stages each step of a window as it comes
+        and commits the window's steps together at its end: a window shows whole or not
+        at all.
+
+        Durability: only the invocations file, the commit, is flushed to disk (the file,
+        then its directory after the rename). The cores and records files are renamed into
+        place without a flush of their own. A process crash (the writer's or the job's)
+        loses nothing committed: the files of a committed step are in the kernel's page
+        cache, which outlives the process. Only a power cut (or a kernel crash) before the
+        page cache is written back can lose the cores and records files of the last steps
         committed, whose invocations then show without them.
         """
         if invocations.num_rows == 0:
@@ -114,14 +146,22 @@ class StoreWrites:
         # A writer's rows are their own origin (only a compaction rewrites them).
         if _has(invocations, "origin_write_id"):
             invocations = invocations.drop_columns(["origin_write_id"])
-        commit = _insert(
+        rows = _insert(
             _stamped(invocations, INVOCATIONS, write_id),
             INVOCATIONS,
             "origin_write_id",
             pa.nulls(invocations.num_rows, pa.int64()),
         )
-        write_partition(self._location, INVOCATIONS, partition, commit)
-        return write_id
+        return StagedStep(write_id, rows)
+
+    def commit(self, run_id: str, steps: Sequence[StagedStep]) -> None:
+        """Commit staged steps of a run with one invocations file: every view shows all
+        of their rows from the moment it is renamed into place, none of them before."""
+        if not steps:
+            raise StoreError("no staged step to commit")
+        tables = [s.invocations for s in steps]
+        rows = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        write_partition(self._location, INVOCATIONS, {"run_id": run_id}, rows)
 
     def write_tasks(self, run_id: str, tasks: pa.Table) -> str:
         """Write task graphs (rows of the ``tasks`` table) of a run; return the file.
