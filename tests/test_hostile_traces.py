@@ -447,3 +447,39 @@ def test_cli_ingest_trace_rank_past_32_bits_is_a_usage_error_leaving_nothing(
     argv = ("ingest-trace", "--store", str(store.root), path, "--rank", "100000000000")
     message = refused(capsys, *argv, status=2, store=store.root)
     assert "100000000000 is out of range [0 .. 2147483647]" in message
+
+
+# 6. Crafted traces: a second top-level traceEvents key (which events the trace holds
+# would depend on who reads it), an event or top-level fields past their limits.
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (
+            trace('{"ph": "X", "ts": 1}', top=', "traceEvents": [{"ph": "X"}, {"ph": "X"}]'),
+            ["at byte 40 of its JSON text: traceEvents is a top-level key a second time"],
+        ),
+        (
+            trace('{"ph": "X", "ts": 1}', '{"ph": "X", "name": "' + "n" * 2000 + '"}'),
+            ["at byte 39 of its JSON text: event 1 holds more than 1024 bytes of JSON text"],
+        ),
+        (
+            '{"pad": "' + " " * 2000 + '", "traceEvents": [{"ph": "X"}]}',
+            ["at byte 1024 of its JSON text: no top-level traceEvents array begins before it"],
+        ),
+        (
+            trace('{"ph": "X", "ts": 1}', top=', "pad": "' + " " * 2000 + '"'),
+            ["at byte 37 of its JSON text: the text from the events array's end holds more"],
+        ),
+    ],
+    ids=["second-traceEvents", "long-event", "long-prologue", "long-epilogue"],
+)
+def test_a_crafted_trace_is_refused_naming_its_byte(
+    capsys, store: Store, tmp_path: Path, monkeypatch, text: str, words: list[str]
+) -> None:
+    monkeypatch.setattr(trace_reader, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(trace_reader, "EVENT_BYTES_MAX", 1024, raising=False)
+    monkeypatch.setattr(trace_reader, "FIELDS_BYTES_MAX", 1024, raising=False)
+    path = write(tmp_path, text)
+    refused_both(capsys, store, path, str(path), *words)

@@ -4,8 +4,11 @@ A trace can be gigabytes, so it is never held whole, nor as an object per event 
 long: its events array is read a chunk at a time (``CHUNK_BYTES``), cut after the last
 ``}`` that a comma follows. That cut is a guess msgspec checks: the chunk decodes as a
 JSON array only if the cut is between two events (a cut inside a string or an object
-leaves it unterminated). A guess that fails at the end of the chunk reads more text; a
-failure before it is the text's own error, or the events array's end.
+leaves it unterminated). A guess that fails at the end of the chunk is checked against
+the text's exact structure (``_Structure``: strings and nesting, found with numpy), which
+cuts after the chunk's last whole event, else reads as much text again, up to
+``EVENT_BYTES_MAX`` for one event; a failure before it is the text's own error, or the
+events array's end. Whitespace between events is skipped as it is read, never held.
 
 msgspec decodes each event into a struct whose fields (``EVENT_KEYS``) are ``Raw``: the
 value's JSON text, a view of the chunk. Encoding those structs again writes every event
@@ -16,9 +19,12 @@ gives a value's byte in the file for messages, and the ``ts`` spans that fusion 
 Escapes msgspec refuses (a lone UTF-16 surrogate, an unknown escape) are made decodable in
 a copy of the same length, whose values are read back from the original text.
 
-The document around the events is kept as text: the ``prologue`` up to and including
-the array's ``[`` and the ``epilogue`` from its ``]`` on; its top-level fields are read
-by ``json``, which keeps integers past 64 bits and lone surrogates exactly.
+The document around the events is kept as text (``FIELDS_BYTES_MAX`` each): the
+``prologue`` up to and including the array's ``[`` and the ``epilogue`` from its ``]``
+on; its top-level fields are read by ``json``, which keeps integers past 64 bits and
+lone surrogates exactly. The top-level ``traceEvents`` key is found by the same
+structure, each byte looked at once; a second one is refused (JSON readers keep the
+last, so which events the trace holds would depend on who reads it).
 """
 
 from __future__ import annotations
@@ -53,6 +59,16 @@ file's size. Reading the A100 fixture (26 MB) took 265 ms in 1 MiB chunks, 299 m
 and 367 ms in 8 MiB (the columns of a smaller chunk stay in the CPU's caches); a 1 GB
 trace 11.1 s in 1 MiB, 9.1 s in 2 MiB, 8.7 s in 4 MiB and 8.8 s in 8 MiB."""
 
+EVENT_BYTES_MAX = 64 << 20
+"""The most JSON text one event may hold, from its ``{`` to its ``}`` (more than
+``CHUNK_BYTES``): an event is held whole while it is read, and decoded a few times, so a
+longer one (a 2 GiB string in a crafted or corrupt trace) is refused, naming its byte,
+rather than read into memory. Real events hold kilobytes."""
+
+FIELDS_BYTES_MAX = 64 << 20
+"""The most text before the events array (up to its ``[``), and again after it (from its
+``]``), whitespace included: the top-level fields are held whole and read by ``json``."""
+
 EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
 ARGS_KEYS = ("correlation", "External id", "stream", "device", "Task Type", "Stream Id")
 """Fields of ``args`` the store keeps in columns of their own (torch_npu names its
@@ -83,7 +99,9 @@ _ENCODER = msgspec.json.Encoder()
 _DECODE_ERRORS = (msgspec.DecodeError, RecursionError)
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,")
 _CLOSE = re.compile(rb"\}[ \t\r\n]*\]")
-_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
+_EVENTS_NAME = re.compile(rb'"traceEvents"')
+_WHITE = b" \t\r\n"
+_SPACES = re.compile(rb"[ \t\r\n]*")
 _BYTE = re.compile(r" \(byte (\d+)\)$")
 _ELEMENT = re.compile(r"at `\$\[(\d+)\]")
 _ESCAPE = re.compile(
@@ -107,6 +125,106 @@ def _decodable(text: bytes) -> bytes:
 
 def _address(buffer: Any) -> int:
     return pa.py_buffer(buffer).address
+
+
+_NESTING = np.zeros(256, np.int8)
+_NESTING[[ord("{"), ord("[")]] = 1
+_NESTING[[ord("}"), ord("]")]] = -1
+_SCAN_BYTES = 1 << 20
+"""Text ``_Structure`` looks at in one step: its arrays stay a few times this size."""
+
+
+@dataclass
+class _Structure:
+    """Where a JSON text's strings and nesting are, found with numpy a window at a time
+    (``_SCAN_BYTES``), each window from the state the one before left: the depth, whether
+    a string is open and whether the next byte is escaped. The reader's guesses at ``},``
+    are fast but blind to strings; this is exact, and used where a guess failed and in
+    the text around the events array."""
+
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    position: int = 0
+    """Bytes scanned so far."""
+    closed_at: int | None = None
+    """Where the depth first fell below 0 (the events array's ``]``, for text that starts
+    in it), if it did."""
+
+    def step(self, piece: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether each of ``marks`` (sorted positions in ``piece``) is inside a string,
+        and the depth before it; the state moves on to the piece's end."""
+        carried = self.escaped
+        """Whether the piece's first byte is escaped."""
+        quotes = np.flatnonzero(piece == ord('"'))
+        slashes = np.flatnonzero(piece == ord("\\"))
+        if slashes.size:
+            runs = slashes[np.append(True, np.diff(slashes) != 1)]
+            """The first backslash of each run of them."""
+            if quotes.size:
+                before = quotes - 1
+                found = np.minimum(np.searchsorted(slashes, before), slashes.size - 1)
+                run = runs[np.maximum(np.searchsorted(runs, before, side="right") - 1, 0)]
+                length = before - run + 1 - (carried & (run == 0))
+                quotes = quotes[~((slashes[found] == before) & (length % 2 == 1))]
+            last = int(runs[-1])
+            length = piece.size - last - (carried and last == 0)
+            self.escaped = int(slashes[-1]) == piece.size - 1 and length % 2 == 1
+        else:
+            self.escaped = carried and piece.size == 0
+        if carried and quotes.size and quotes[0] == 0:
+            quotes = quotes[1:]
+        nesting = np.flatnonzero(_NESTING[piece])
+        outside = (np.searchsorted(quotes, nesting) % 2 == 1) == self.in_string
+        nesting = nesting[outside]
+        steps = np.cumsum(_NESTING[piece[nesting]], dtype=np.int64)
+        if self.closed_at is None:
+            below = np.flatnonzero(self.depth + steps < 0)
+            if below.size:
+                self.closed_at = self.position + int(nesting[below[0]])
+        inside = (np.searchsorted(quotes, marks) % 2 == 1) != self.in_string
+        level = np.searchsorted(nesting, marks)
+        depth = self.depth + np.append(0, steps)[level]
+        self.depth += int(steps[-1]) if steps.size else 0
+        self.in_string ^= quotes.size % 2 == 1
+        self.position += piece.size
+        return inside, depth
+
+    def scan(
+        self, text: bytes | bytearray, begin: int, end: int, marks: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``step`` over ``text[begin:end]`` (which follows what was scanned before) a
+        window at a time; ``marks`` are sorted positions in it."""
+        inside, depth = [np.zeros(0, bool)], [np.zeros(0, np.int64)]
+        for start in range(begin, end, _SCAN_BYTES):
+            stop = min(start + _SCAN_BYTES, end)
+            piece = np.frombuffer(text, np.uint8, stop - start, start)
+            chosen = marks[np.searchsorted(marks, start) : np.searchsorted(marks, stop)]
+            within, level = self.step(piece, chosen - start)
+            inside.append(within)
+            depth.append(level)
+        return np.concatenate(inside), np.concatenate(depth)
+
+
+def _events_structure(text: bytes) -> tuple[int, bool, int | None]:
+    """For ``text`` that starts between two events of the events array: its last comma
+    between two events (-1: none), whether it ends between two events (after a whole
+    one, whitespace aside) and where the array's ``]`` is, if there."""
+    structure = _Structure()
+    last = -1
+    for start in range(0, len(text), _SCAN_BYTES):
+        piece = np.frombuffer(text, np.uint8, min(_SCAN_BYTES, len(text) - start), start)
+        commas = np.flatnonzero(piece == ord(","))
+        inside, depth = structure.step(piece, commas)
+        separators = commas[~inside & (depth == 0)] + start
+        if structure.closed_at is not None:
+            separators = separators[separators < structure.closed_at]
+        if separators.size:
+            last = int(separators[-1])
+        if structure.closed_at is not None:
+            return last, False, structure.closed_at
+    between = structure.depth == 0 and not structure.in_string
+    return last, between and bool(text[last + 1 :].strip(_WHITE)), None
 
 
 @dataclass
@@ -277,7 +395,8 @@ class EventBlock:
     @cached_property
     def text(self) -> np.ndarray:
         """The events' JSON text as written, from the end of the text before (the array's
-        ``[`` or the comma the chunk before was cut at) to the last event's ``}``."""
+        ``[`` or the comma the chunk before was cut at, or whitespace after them that was
+        skipped) to the last event's ``}``."""
         return padded(self._text)
 
     def prepare(self) -> None:
@@ -556,6 +675,14 @@ class _Reader:
         """Events read so far."""
         self.comma = False
         """Whether ``pending`` follows an events' comma (an event must come next)."""
+        self.after_event = False
+        """Whether ``pending`` follows an event (a comma or the array's end comes next)."""
+        self.structure = _Structure()
+        """The prologue's structure up to ``scanned``, where the search for the events
+        array's key goes on when more text is read."""
+        self.scanned = 0
+        self.keys: list[int] = []
+        """Where the top-level ``traceEvents`` key is (a second one is refused)."""
 
     def _read(self, size: int | None = None) -> bytes:
         """The next text (empty at the end), counted in ``text_bytes``."""
@@ -569,54 +696,97 @@ class _Reader:
         return bool(chunk)
 
     def prologue(self) -> None:
-        """Read up to and including the events array's ``[``."""
+        """Read up to and including the events array's ``[`` (``FIELDS_BYTES_MAX`` at most),
+        into a ``bytearray``, which grows without copying what it holds."""
         size = min(1 << 16, CHUNK_BYTES)
+        text = bytearray()
+        opened = False
         while True:
-            more = self._more(size)
+            chunk = self._read(size)
+            text += chunk
             size = min(2 * size, CHUNK_BYTES)
-            text = self.pending
-            stripped = text.lstrip()
-            if stripped:
-                opener = stripped[:1]
-                if opener not in b"{[":
+            if not opened:
+                stripped = text.lstrip()
+                opener = bytes(stripped[:1])
+                if opener and opener not in b"{[":
                     raise TraceFormatError(
                         f"{self.path} is not a Chrome trace: it starts with {opener!r}, "
                         "not an object or an array"
                     )
                 if opener == b"[":
                     self.trace.form = "array"
-                    self._cut_prologue(len(text) - len(stripped) + 1)
+                    self._cut_prologue(bytes(text), len(text) - len(stripped) + 1)
                     return
-                for found in _EVENTS_KEY.finditer(text):
-                    if self._at_top_level(text[: found.end()]):
-                        self.trace.form = "object"
-                        self._cut_prologue(found.end())
-                        return
-            if not more:
+                opened = bool(opener)
+            end = self._events_array(text) if opened else None
+            if end is not None and end <= FIELDS_BYTES_MAX:
+                self._check_prologue(bytes(text[:end]))
+                self.trace.form = "object"
+                self._cut_prologue(bytes(text), end)
+                return
+            if end is not None or len(text) > FIELDS_BYTES_MAX:
+                raise TraceFormatError(
+                    f"{where(self.path, FIELDS_BYTES_MAX)}: no top-level traceEvents array "
+                    f"begins before it: the text before the events array may hold at most "
+                    f"{FIELDS_BYTES_MAX} bytes"
+                )
+            if not chunk:
                 raise TraceFormatError(
                     f"{self.path} is not a Chrome trace: no top-level traceEvents array"
-                    if stripped
+                    if opened
                     else f"{self.path} is empty"
                 )
 
-    def _at_top_level(self, prologue: bytes) -> bool:
-        """Whether ``prologue`` (ending in ``"traceEvents": [``) opens the top-level
-        events array: it does when closing that array and the object makes it JSON."""
+    def _events_array(self, text: bytearray) -> int | None:
+        """Where the top-level ``"traceEvents": [`` ends in ``text`` (the prologue read so
+        far), if it is there. Each byte is looked at once: the search goes on from
+        ``scanned``, with the structure found up to there."""
+        begin = self.scanned
+        end = max(begin, len(text) - len(_EVENTS_NAME.pattern) + 1)
+        """Past it a key may still be cut short."""
+        found = _EVENTS_NAME.finditer(text, begin, len(text))
+        marks = np.fromiter((match.start() for match in found), np.int64)
+        marks = marks[marks < end]
+        probe = replace(self.structure)
+        inside, depth = probe.scan(text, begin, end, marks)
+        for mark in marks[~inside & (depth == 1)].tolist():
+            colon = _SPACES.match(text, mark + len(_EVENTS_NAME.pattern)).end()
+            value = _SPACES.match(text, colon + 1).end()
+            if colon == len(text) or (text[colon : colon + 1] == b":" and value == len(text)):
+                self.structure.scan(text, begin, mark, marks[:0])
+                self.scanned = mark
+                return None  # what follows the key is not read yet
+            if text[colon : colon + 1] == b":":  # a key, not a string value
+                self._key(mark)
+                if text[value : value + 1] == b"[":
+                    return value + 1
+        self.structure = probe
+        self.scanned = end
+        return None
+
+    def _key(self, at: int) -> None:
+        """A top-level ``traceEvents`` key at byte ``at``; a second one is refused: JSON
+        readers keep the last value, this reader the first array, so which events the
+        trace holds would depend on who reads it."""
+        self.keys.append(at)
+        if len(self.keys) > 1:
+            raise TraceFormatError(
+                f"{where(self.path, at)}: traceEvents is a top-level key a second time (first "
+                f"at byte {self.keys[0]}): which events the trace holds is ambiguous"
+            )
+
+    def _check_prologue(self, prologue: bytes) -> None:
+        """The prologue (ending in the top-level ``"traceEvents": [``) must be JSON once the
+        array and the object are closed."""
         check_utf8(self.path, prologue, 0)
-        document = prologue.decode() + "]}"
         try:
-            json.loads(document, parse_constant=_not_json)
-        except json.JSONDecodeError as exc:
-            if exc.pos >= len(document) - 2:  # an array nested deeper, or not yet closed
-                return False
-            raise _fields_refused(self.path, exc) from None
+            json.loads(prologue.decode() + "]}", parse_constant=_not_json)
         except (ValueError, RecursionError) as exc:
             raise _fields_refused(self.path, exc) from None
-        return True
 
-    def _cut_prologue(self, end: int) -> None:
-        self.trace.prologue = self.pending[:end]
-        self.pending = self.pending[end:]
+    def _cut_prologue(self, text: bytes, end: int) -> None:
+        self.trace.prologue = text[:end]
+        self.pending = text[end:]
         self.offset = end
 
     def _block(self, text: bytes, decoded: tuple[list[Any], bytes, bool]) -> EventBlock:
@@ -626,16 +796,44 @@ class _Reader:
         self.index += len(block)
         return block
 
+    def _skip(self, count: int) -> None:
+        """Drop the first ``count`` bytes of ``pending``."""
+        self.offset += count
+        self.pending = self.pending[count:]
+
     def blocks(self) -> Iterator[EventBlock]:
-        """Complete events, chunk by chunk; at the array's end, the epilogue is read."""
-        grow = False
+        """Complete events, chunk by chunk; at the array's end, the epilogue is read.
+        Whitespace between events is skipped, never held; an event is held whole, up to
+        ``EVENT_BYTES_MAX``."""
+        grow = 0
         while True:
-            # Fill the chunk; past a cut that failed (or none), read a chunk more.
-            size = CHUNK_BYTES if grow else CHUNK_BYTES - len(self.pending)
+            # Fill the chunk; past a cut that failed (or none), read ``grow`` bytes more.
+            size = grow or CHUNK_BYTES - len(self.pending)
             final = size > 0 and not self._more(size)
-            grow = True
+            grow = 0
+            if _SPACES.match(self.pending).end() == len(self.pending):
+                self._skip(len(self.pending))
+            if self.after_event:
+                lead = _SPACES.match(self.pending).end()
+                follows = self.pending[lead : lead + 1]
+                if follows == b",":
+                    self._skip(lead + 1)
+                    self.after_event, self.comma = False, True
+                elif follows == b"]":
+                    yield from self._closed(self.pending, lead, ([], b"[]", True))
+                    return
+                elif follows:
+                    raise TraceFormatError(
+                        f"{where(self.path, self.offset + lead)}: the events array holds "
+                        f"something other than comma-separated objects there ({follows!r} "
+                        "follows an event)"
+                    )
+                elif final:
+                    raise self._error(None, 2)
+                continue
             pending = self.pending
             failure: BaseException | None = None
+            exact: int | None = None
             size = len(pending) + 2
             found = _last(_BOUNDARY, pending)
             if found is not None:
@@ -648,29 +846,63 @@ class _Reader:
                     failure = exc
                 else:
                     yield self._block(pending[:cut], decoded)
-                    self.offset += found.end()
-                    self.pending = pending[found.end() :]
+                    self._skip(found.end())
                     self.comma = True
-                    grow = False
                     continue
             if not final and (failure is None or _at_end(failure, size)):
-                continue  # no cut yet, or one inside an event: read on
-            limit = len(pending)
+                # No cut yet, or one inside an event: find the events' ends exactly.
+                last, between, exact = _events_structure(pending)
+                if exact is None and (last >= 0 or between):
+                    events_end = len(pending[: None if between else last].rstrip(_WHITE))
+                    guess = b"[" + pending[:events_end] + b"]"
+                    size = len(guess)
+                    try:
+                        decoded = _decoded(guess)
+                    except _DECODE_ERRORS as exc:
+                        failure = exc
+                    else:
+                        yield self._block(pending[:events_end], decoded)
+                        self._skip(events_end if between else last + 1)
+                        self.comma, self.after_event = not between, between
+                        continue
+                elif exact is None:
+                    grow = self._room(pending)
+                    continue
+            limit = len(pending) if exact is None else exact + 1
             if failure is not None and not _at_end(failure, size):
                 limit = min(limit, (_failure_byte(failure) or 1) - 1)
-            closed = self._close(pending, limit)
+            closed = self._close(pending, limit, exact)
             if closed is not None:
                 yield from closed
                 return
             raise self._error(failure, size)
 
-    def _close(self, pending: bytes, limit: int) -> Iterator[EventBlock] | None:
+    def _room(self, pending: bytes) -> int:
+        """How much more to read for the one event in ``pending``, whose end is not there:
+        as much again (so that an event is decoded a few times at most), up to
+        ``EVENT_BYTES_MAX``; an event already that long is refused."""
+        lead = _SPACES.match(pending).end()
+        held = len(pending) - lead
+        if held >= EVENT_BYTES_MAX:
+            raise TraceFormatError(
+                f"{where(self.path, self.offset + lead)}: event {self.index} holds more than "
+                f"{EVENT_BYTES_MAX} bytes of JSON text, the most one event may hold"
+            )
+        return min(max(CHUNK_BYTES, len(pending)), EVENT_BYTES_MAX - held)
+
+    def _close(
+        self, pending: bytes, limit: int, exact: int | None = None
+    ) -> Iterator[EventBlock] | None:
         """The last events and the epilogue, if the events array closes in ``pending``
-        before ``limit``: the first ``]`` there that a ``}`` precedes (or, with no event
-        in between, the array's ``[``) and up to which the text decodes as an array."""
+        before ``limit``: at ``exact`` where the array's ``]`` is known, else at the first
+        ``]`` there that a ``}`` precedes (or, with no event in between, the array's
+        ``[``) and up to which the text decodes as an array."""
         empty = pending.lstrip()
-        candidates = [len(pending) - len(empty)] if empty[:1] == b"]" and not self.comma else []
-        candidates += [match.end() - 1 for match in _CLOSE.finditer(pending, 0, limit)]
+        if exact is not None:
+            candidates = [exact] if pending[:exact].strip() or not self.comma else []
+        else:
+            candidates = [len(pending) - len(empty)] if empty[:1] == b"]" and not self.comma else []
+            candidates += [match.end() - 1 for match in _CLOSE.finditer(pending, 0, limit)]
         for close in candidates:
             guess = b"[" + pending[:close] + b"]"
             try:
@@ -688,15 +920,23 @@ class _Reader:
             yield self._block(pending[:events_end], decoded)
         epilogue_at = self.offset + close
         rest = [pending[close:]]
-        while chunk := self._read():
+        held = len(rest[0])
+        while held <= FIELDS_BYTES_MAX and (chunk := self._read()):
             rest.append(chunk)
+            held += len(chunk)
+        if held > FIELDS_BYTES_MAX:
+            raise TraceFormatError(
+                f"{where(self.path, epilogue_at)}: the text from the events array's end holds "
+                f"more than {FIELDS_BYTES_MAX} bytes, the most the text after it may hold"
+            )
         self.trace.events = self.index
         self.trace.epilogue = b"".join(rest)
         check_utf8(self.path, self.trace.epilogue, epilogue_at)
-        self._check_epilogue()
+        self._check_epilogue(epilogue_at)
 
-    def _check_epilogue(self) -> None:
-        """The text after the events array must close the document, and nothing follow."""
+    def _check_epilogue(self, epilogue_at: int) -> None:
+        """The text after the events array must close the document, and nothing follow;
+        nor may it hold the top-level ``traceEvents`` key again."""
         trace = self.trace
         if trace.form == "array":
             if trace.epilogue[1:].strip():
@@ -718,6 +958,14 @@ class _Reader:
             raise _fields_refused(self.path, exc) from None
         except (ValueError, RecursionError) as exc:
             raise _fields_refused(self.path, exc) from None
+        epilogue = trace.epilogue
+        found = _EVENTS_NAME.finditer(epilogue)
+        marks = np.fromiter((match.start() for match in found), np.int64)
+        inside, depth = _Structure(depth=2).scan(epilogue, 0, len(epilogue), marks)
+        for mark in marks[~inside & (depth == 1)].tolist():
+            colon = _SPACES.match(epilogue, mark + len(_EVENTS_NAME.pattern)).end()
+            if epilogue[colon : colon + 1] == b":":
+                self._key(epilogue_at + mark)
         fields.pop("traceEvents", None)
         trace.fields = fields
 
