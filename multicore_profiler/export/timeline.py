@@ -73,7 +73,12 @@ LANE_TID_STEP = 10_000
 CORE_TID_STEP = 1000
 """A core's tid: core type x 1000 + block id."""
 RUN_PID_STEP = 100_000
-"""With several runs in one timeline, pid = run's position (from 1) x 100000 + rank."""
+"""A process's pid: its rank when the timeline holds one run; with several runs, the run's
+position (from 1, oldest first) x 100000 + rank while every rank is below 100000 and every
+such pid is at most ``PID_MAX``; otherwise the processes' positions (from 1) in (run, rank)
+order. Each scheme gives every process its own pid, whatever the ranks and the runs."""
+PID_MAX = (1 << 31) - 1
+"""The largest pid: Perfetto reads a JSON pid as 32 bits, and a sort index as int32."""
 GROUP_ROWS = 1 << 17
 """Records of a group by default (whole tracks, so one track can make a group larger)."""
 DEPENDENCY_FLOW = "dependency"
@@ -349,14 +354,28 @@ WITH entries AS (
 starts AS (
     SELECT i.run_id, i.rank, min(s.start_cycle) AS first_start
     FROM sel s JOIN inv i USING (cand) GROUP BY ALL
+),
+placed AS (
+    SELECT
+        s.*, (SELECT any_value(run_order) FROM inv i WHERE i.run_id = s.run_id) AS run_order
+    FROM starts s
+),
+scheme AS (
+    SELECT
+        count(DISTINCT run_id) = 1 AS one_run,
+        max(rank) < {run_step} AND max(run_order) * {run_step} + max(rank) <= {pid_max}
+            AS stepped
+    FROM placed
 )
 SELECT
     run_id, rank, coalesce(e.anchor, s.first_start) AS anchor,
-    CASE WHEN (SELECT count(DISTINCT run_id) FROM inv) = 1 THEN rank
-         ELSE (SELECT any_value(run_order) FROM inv i WHERE i.run_id = s.run_id) * {run_step} + rank
+    CASE WHEN m.one_run THEN rank
+         WHEN m.stepped THEN run_order * {run_step} + rank
+         ELSE row_number() OVER (ORDER BY run_order, rank)
     END AS pid
-FROM starts s LEFT JOIN entries e USING (run_id, rank)
+FROM placed s LEFT JOIN entries e USING (run_id, rank) CROSS JOIN scheme m
 """
+"""Each (run, rank)'s process, its anchor and its pid (``RUN_PID_STEP``)."""
 
 _TASK_STAGES = """
 CREATE TEMP TABLE task_stage AS
@@ -752,7 +771,7 @@ class Timeline:
                 f"{frequency} Hz; cycles cannot become times without a positive frequency"
             )
         con.execute(_SLOTS)
-        con.execute(_PROCESSES.format(run_step=RUN_PID_STEP))
+        con.execute(_PROCESSES.format(run_step=RUN_PID_STEP, pid_max=PID_MAX))
         con.execute(_TASK_STAGES)
         con.execute(_GROUPS.format(rows=group_rows))
         filed = _GroupFiles(scratch, "records")
