@@ -29,7 +29,8 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
   ``metadata``, the ``megaKernelCycleTrace`` object describing the selection.
 
 It streams: the selected records go once, compactly, to a scratch Parquet file, and
-from there to one Arrow file per group of whole tracks (about ``group_rows`` records); the
+from there to Arrow files by group of whole tracks (about ``group_rows`` records a group,
+at most ``OPEN_GROUP_FILES`` files open at once, whatever the number of groups); the
 flows are found a few invocations at a time and filed by their wait's group too (the
 critical path's chain by its later record's group), so memory does not grow with the
 selection. Where a record overlaps an earlier one of its
@@ -41,6 +42,7 @@ none does (the usual case); finding one, it finds every lane and raises
 from __future__ import annotations
 
 import tempfile
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,6 +83,9 @@ PID_MAX = (1 << 31) - 1
 """The largest pid: Perfetto reads a JSON pid as 32 bits, and a sort index as int32."""
 GROUP_ROWS = 1 << 17
 """Records of a group by default (whole tracks, so one track can make a group larger)."""
+OPEN_GROUP_FILES = 64
+"""Scratch files a timeline keeps open at once while it files rows by group: a selection of
+100 M records has about 760 groups, each filed into its own files."""
 DEPENDENCY_FLOW = "dependency"
 """A flow's ``kind``: a trigger to the wait it released."""
 CRITICAL_FLOW = "critical_path"
@@ -212,17 +217,21 @@ JOIN grp g ON g.inv_index = i.inv_index AND g.core_type = s.core_type AND g.bloc
 
 
 class _GroupFiles:
-    """Rows filed by group, one Arrow IPC file per group under ``scratch`` named
-    ``<kind><group>.arrow``, as DuckDB streams them: a group then reads its own file only,
-    and no more than a batch of the rows is in memory meanwhile."""
+    """Rows filed by group, in Arrow IPC files under ``scratch`` named
+    ``<kind><group>-<part>.arrow``, as DuckDB streams them: a group then reads its own
+    files only, and no more than a batch of the rows is in memory meanwhile. At most
+    ``open_limit`` files are open at once: filing into a group whose file was closed to
+    make room starts its next part, and a group reads its parts in order."""
 
-    def __init__(self, scratch: Path, kind: str) -> None:
+    def __init__(self, scratch: Path, kind: str, open_limit: int = OPEN_GROUP_FILES) -> None:
         self.scratch = scratch
         self.kind = kind
-        self._writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+        self._open_limit = open_limit
+        self._writers: OrderedDict[int, pa.ipc.RecordBatchFileWriter] = OrderedDict()
+        self._parts: dict[int, int] = {}
 
-    def path(self, group: int) -> Path:
-        return self.scratch / f"{self.kind}{int(group)}.arrow"
+    def path(self, group: int, part: int) -> Path:
+        return self.scratch / f"{self.kind}{int(group)}-{int(part)}.arrow"
 
     def add(
         self, con: duckdb.DuckDBPyConnection, sql: str, departures: _GroupFiles | None = None
@@ -242,10 +251,23 @@ class _GroupFiles:
         rows = batch.drop_columns(placed).take(pa.array(order))
         edges = np.flatnonzero(np.diff(group)) + 1
         for first, stop in zip([0, *edges.tolist()], [*edges.tolist(), len(group)], strict=True):
-            number = int(group[first])
-            if number not in self._writers:
-                self._writers[number] = pa.ipc.new_file(self.path(number), rows.schema)
-            self._writers[number].write_batch(rows.slice(first, stop - first))
+            self._writer(int(group[first]), rows.schema).write_batch(
+                rows.slice(first, stop - first)
+            )
+
+    def _writer(self, group: int, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
+        """The open file of ``group``: the least recently used one is closed when
+        ``open_limit`` are open, and a group whose file was closed starts its next part."""
+        writer = self._writers.get(group)
+        if writer is not None:
+            self._writers.move_to_end(group)
+            return writer
+        if len(self._writers) >= self._open_limit:
+            self._writers.popitem(last=False)[1].close()
+        part = self._parts.get(group, 0)
+        self._parts[group] = part + 1
+        writer = self._writers[group] = pa.ipc.new_file(self.path(group, part), schema)
+        return writer
 
     def close(self) -> None:
         for writer in self._writers.values():
@@ -253,12 +275,12 @@ class _GroupFiles:
         self._writers.clear()
 
     def read(self, group: int) -> pa.Table | None:
-        """The rows of ``group`` (``None`` when it has none)."""
-        path = self.path(group)
-        if not path.exists():
-            return None
-        with pa.OSFile(str(path)) as source:
-            return pa.ipc.open_file(source).read_all()
+        """The rows of ``group``, its parts in order (``None`` when it has none)."""
+        tables = []
+        while (path := self.path(group, len(tables))).exists():
+            with pa.OSFile(str(path)) as source:
+                tables.append(pa.ipc.open_file(source).read_all())
+        return pa.concat_tables(tables) if tables else None
 
 
 def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str, scratch: Path) -> int:
