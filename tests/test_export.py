@@ -513,6 +513,34 @@ def test_cli_export(golden: Store, tmp_path: Path, capsys: pytest.CaptureFixture
     assert capsys.readouterr().err == f"mcprof: error: no records match run {RUN}, step 9\n"
 
 
+def test_a_record_selected_twice_is_shown_once(
+    golden: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The golden store's 6 records, task 8's wait and SwiGLU selected twice: 6 slices,
+    each once, 1 arrow, 6 records of the invocation, and a warning that says so."""
+    query = "SELECT * FROM records UNION ALL SELECT * FROM records WHERE task_id = 8"
+    trace = exported(golden, tmp_path / "t.json", query=query)
+    assert trace["traceEvents"] == GOLDEN_EVENTS
+    summary = trace["megaKernelCycleTrace"]
+    assert (summary["recordCount"], summary["invocations"][0]["recordCount"]) == (6, 6)
+    assert summary["flowCount"] == 1
+    assert summary["warnings"] == [
+        f"2 row(s) of query {query!r} repeat a record it selects already: each record is shown once"
+    ]
+    out = tmp_path / "cli.json"
+    argv = ["export", "--store", str(golden.root), "-o", str(out), "--sql", query]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out == (
+        f"{out}: 14 events (6 records of 1 invocation(s), 1 dependency arrows) from query "
+        f"{query!r}\n"
+    )
+    assert captured.err == (
+        f"mcprof: warning: 2 row(s) of query {query!r} repeat a record it selects already: "
+        "each record is shown once\n"
+    )
+
+
 def test_session_exports_its_last_window(tmp_path: Path) -> None:
     """The reference MegaKernel under a schedule of two windows: the session's export holds
     the second window's launches only, with an arrow for every wait."""

@@ -353,14 +353,17 @@ def test_nested_and_zero_length_records(store: Store, tmp_path: Path) -> None:
     ]
 
 
-def test_a_record_selected_twice_keeps_one_flow(golden: Store, tmp_path: Path) -> None:
-    """A query that selects every record twice: two copies of each slice, and the arrow
-    once, from the first copy of the trigger to the first copy of the wait."""
-    result, trace = both(
-        golden, tmp_path, query="SELECT * FROM records UNION ALL SELECT * FROM records"
-    )
-    assert result.records == 12
+def test_a_record_selected_twice_is_shown_once(golden: Store, tmp_path: Path) -> None:
+    """A query that selects every record twice: each slice once, the arrow once, 6 records
+    of the invocation (12 before), and a warning that says so."""
+    query = "SELECT * FROM records UNION ALL SELECT * FROM records"
+    result, trace = both(golden, tmp_path, query=query)
+    assert result.records == result.metadata["invocations"][0]["recordCount"] == 6
+    assert len(trace.slices) == 2 + 6  # an invocation slice per core, and the records
     assert len(trace.flows) == result.flows == 1
+    assert result.metadata["warnings"] == [
+        f"6 row(s) of query {query!r} repeat a record it selects already: each record is shown once"
+    ]
 
 
 def test_overlapping_invocations_carry_their_context(golden: Store, tmp_path: Path) -> None:

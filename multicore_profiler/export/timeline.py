@@ -283,9 +283,21 @@ class _GroupFiles:
         return pa.concat_tables(tables) if tables else None
 
 
-def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str, scratch: Path) -> int:
-    """Keep the selected records as ``sel`` (``_SELECTED``); check they can make a trace;
-    return how many there are."""
+def _select(
+    con: duckdb.DuckDBPyConnection,
+    selection: str,
+    described: str,
+    scratch: Path,
+    *,
+    from_records: bool,
+) -> tuple[int, int]:
+    """Keep the selected records as ``sel`` (``_SELECTED``), each once; check they can make a
+    trace; return how many there are, and how many rows of the selection repeated one.
+
+    A selection of the store's ``records`` names each once; a query's rows may repeat one
+    (``UNION ALL`` of overlapping conditions), and a record drawn twice would double its
+    invocation's count and its slices: a repeated row is kept once, as it shows nothing the
+    first did not (every column the timeline reads is the same)."""
     relation = con.sql(selection)
     if relation is None:
         raise ExportError(f"{described} returns no rows to export (it is not a query)")
@@ -299,6 +311,20 @@ def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str, scra
     columns = ", ".join(f'q."{c}"::{t} AS {c}' for c, t in _RECORD_TYPES.items())
     kept = sql_string(str(scratch / "selected.parquet"))
     con.execute(_SELECTED.format(columns=columns, selection=selection, path=kept))
+    repeated = 0
+    if not from_records:
+        rows, distinct = _one(
+            con,
+            f"SELECT count(*), (SELECT count(*) FROM (SELECT DISTINCT * FROM read_parquet({kept})))"
+            f" FROM read_parquet({kept})",
+        )
+        repeated = rows - distinct
+        if repeated:
+            once = sql_string(str(scratch / "selected-once.parquet"))
+            con.execute(
+                f"COPY (SELECT DISTINCT * FROM read_parquet({kept})) TO {once} (FORMAT parquet)"
+            )
+            kept = once
     con.execute(f"CREATE TEMP VIEW sel AS SELECT * FROM read_parquet({kept})")
     counts = _one(
         con,
@@ -325,7 +351,7 @@ def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str, scra
             f"{counts[1]} selected record(s) belong to no invocation in the store "
             f"(first: run {run_id} rank {rank} invocation {invocation})"
         )
-    return counts[0]
+    return counts[0], repeated
 
 
 _INVOCATIONS = """
@@ -780,7 +806,10 @@ class Timeline:
         self._group_rows = group_rows
         # Opening the store's files leaves freed Arrow buffers in the pool: give them back.
         pa.default_memory_pool().release_unused()
-        self.records = _select(con, selected.sql, selected.described, scratch)
+        self.records, self.repeated = _select(
+            con, selected.sql, selected.described, scratch, from_records=selected.runs is not None
+        )
+        """The records shown, and the rows of the selection that repeated one (kept once)."""
         con.execute(_INVOCATIONS.format(from_records=selected.runs is not None))
         bad = con.execute(
             "SELECT run_id, rank, invocation_id, frequency_hz FROM inv "
@@ -1270,6 +1299,11 @@ def _summary(
         warnings.append(
             f"{len(moved[0])} records overlapped an earlier record of their core (clock "
             f"granularity) and were moved to {len(sub_tracks)} sub-track(s)"
+        )
+    if timeline.repeated:
+        warnings.append(
+            f"{timeline.repeated} row(s) of {timeline.described} repeat a record it selects "
+            "already: each record is shown once"
         )
     without_graph = sum(not e["taskGraph"] for e in entries)
     return {
