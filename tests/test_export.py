@@ -541,6 +541,37 @@ def test_a_record_selected_twice_is_shown_once(
     )
 
 
+def test_an_arrow_that_would_end_before_it_begins_is_left_out(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Task 8's wait ends (cycle 395, 5.9 us) before task 7's trigger starts (400, 6.0 us):
+    its f would come before its s (both viewers drop it, and check_trace refuses it); the
+    trace leaves the arrow out, still counts it in flowCount, and warns, as the Perfetto
+    trace does. Task 9's wait, released by the same trigger after it ends, keeps its arrow."""
+    buffer = pack(1, 2, 16, 16, [
+        Slot(AIC, 0, 100, [(110, 160, WAIT, 7, 2, 5), (160, 400, GMM1, 7, 2, 5),
+                           (400, 405, TRIGGER, 7, 2, 5)]),
+        Slot(AIV, 1, 120, [(130, 395, WAIT, 8, 0, 5), (395, 410, WAIT, 9, 0, 5)]),
+    ])  # fmt: skip
+    fill(store, NAMED, [buffer])
+    tasks = golden_tasks().to_pylist()
+    tasks[2] |= {"wait_event": 0, "wait_count": 1}
+    store.write_tasks(RUN, pa.Table.from_pylist(tasks, golden_tasks().schema))
+    trace = exported(store, tmp_path / "t.json")
+    flows = [e for e in trace["traceEvents"] if e["ph"] in "sf"]
+    assert flows == [FLOW | {"ph": "s", "tid": 1000}, FLOW | {"ph": "f", "bp": "e", "tid": 2001}]
+    summary = trace["megaKernelCycleTrace"]
+    assert summary["flowCount"] == 2
+    warning = (
+        "1 flow(s) end before they begin (a wait that ended before its trigger started): "
+        "the JSON trace cannot draw them"
+    )
+    assert summary["warnings"] == [warning]
+    out = tmp_path / "cli.json"
+    assert cli.main(["export", "--store", str(store.root), "-o", str(out)]) == 0
+    assert capsys.readouterr().err == f"mcprof: warning: {warning}\n"
+
+
 def test_session_exports_its_last_window(tmp_path: Path) -> None:
     """The reference MegaKernel under a schedule of two windows: the session's export holds
     the second window's launches only, with an arrow for every wait."""
