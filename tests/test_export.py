@@ -22,11 +22,14 @@ from trace_checker import check_trace, load_trace
 
 from multicore_profiler import cli
 from multicore_profiler.abi import BufferLayout
+from multicore_profiler.analysis.analyze import analyze
+from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.errors import (
     DroppedRecordsWarning,
     ExportError,
     ProfileError,
     QueryError,
+    SelectorError,
     SessionError,
 )
 from multicore_profiler.export.chrome_trace import export_chrome_trace
@@ -400,9 +403,11 @@ def test_query_without_record_columns_names_them(golden: Store, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"run": RUN, "step": 5}, f"no records match run {RUN}, step 5"),
         ({"run": RUN, "where": "desc_id = 12345"}, "no records match .* where desc_id = 12345"),
-        ({"run": "no-such-run"}, "no records match run no-such-run"),
+        (
+            {"run": RUN, "step": 4, "invocation": 0, "rank": 3, "where": "task_id = 1"},
+            f"no records match run {RUN}, step 4, invocation 0, rank 3, where task_id = 1",
+        ),
         ({"query": "SELECT * FROM records WHERE false"}, "no records match query"),
     ],
 )
@@ -412,6 +417,60 @@ def test_empty_selection_fails_and_leaves_no_file(
     with pytest.raises(ExportError, match=message):
         export_chrome_trace(golden, tmp_path / "t.json", **options)
     assert list(tmp_path.iterdir()) == [golden.root]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"run": "no-such-run"}, "run no-such-run is not in the store at {uri}"),
+        ({"run": [RUN, "nope"]}, "run nope is not in the store at {uri}"),
+        (
+            {"run": ["nope", RUN, "gone"], "step": 5},
+            "runs nope, gone are not in the store at {uri}",
+        ),
+        ({"run": RUN, "step": 5}, f"run {RUN} has no step 5"),
+        ({"step": 4, "invocation": 1}, f"run {RUN} has no invocation 1"),
+        ({"run": [RUN], "rank": 0, "window": 2}, f"run {RUN} has no rank 0, window 2"),
+    ],
+)
+def test_a_selection_naming_what_is_not_there_fails(
+    golden: Store, tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    """Every run, step, invocation, rank and window a selection names is in the store (of
+    the runs it names): one it does not hold is a SelectorError naming each such value,
+    never a trace of the rest. Nothing is written."""
+    with pytest.raises(SelectorError) as caught:
+        export_chrome_trace(golden, tmp_path / "t.json", **options)
+    assert str(caught.value) == message.format(uri=golden.uri)
+    assert list(tmp_path.iterdir()) == [golden.root]
+
+
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        (RecordSelection(run=(RUN, "nope")), "run nope is not in the store at {uri}"),
+        (RecordSelection(rank=9, step=4), f"run {RUN} has no rank 9"),
+    ],
+)
+def test_analyze_refuses_a_selection_naming_what_is_not_there(
+    golden: Store, selection: RecordSelection, message: str
+) -> None:
+    with pytest.raises(SelectorError) as caught:
+        analyze(golden, selection)
+    assert str(caught.value) == message.format(uri=golden.uri)
+
+
+def test_cli_export_of_a_run_that_is_not_there(
+    golden: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's case: ``--run r1 --run nope`` wrote r1's trace and ignored nope."""
+    out = tmp_path / "t.json"
+    argv = ["export", "--store", str(golden.root), "-o", str(out), "--run", RUN, "--run", "nope"]
+    assert cli.main(argv) == 1
+    assert (
+        capsys.readouterr().err == f"mcprof: error: run nope is not in the store at {golden.uri}\n"
+    )
+    assert not out.exists()
 
 
 def test_records_of_no_invocation_fail(golden: Store, tmp_path: Path) -> None:
@@ -510,7 +569,7 @@ def test_cli_export(golden: Store, tmp_path: Path, capsys: pytest.CaptureFixture
     assert cli.main(["export", "--store", str(golden.root), "-o", str(out), "--sql", query]) == 0
     assert "1 records of 1 invocation(s)" in capsys.readouterr().out
     assert cli.main(["export", "--store", str(golden.root), "-o", str(out), "--step", "9"]) == 1
-    assert capsys.readouterr().err == f"mcprof: error: no records match run {RUN}, step 9\n"
+    assert capsys.readouterr().err == f"mcprof: error: run {RUN} has no step 9\n"
 
 
 def test_a_record_selected_twice_is_shown_once(

@@ -34,6 +34,7 @@ from multicore_profiler.export.timeline import (
     us_text,
 )
 from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
@@ -155,6 +156,15 @@ def test_an_overlap_changes_the_layout_once(store: Store) -> None:
 
 
 def test_selection_sql_and_description(golden: Store) -> None:
+    ingest_buffers(
+        golden,
+        [test_export.golden_buffer()],
+        test_export.LAYOUT,
+        frequency_hz=50e6,
+        run_id=RUN,
+        kernel=test_export.NAMED,
+        launches=Launches(rank=3, device=5, step=4, first_invocation_id=1, window_id=0),
+    )
     selected = RecordSelection(run=RUN, step=4, rank=3, window=0).resolve(golden)
     assert selected.described == f"run {RUN}, step 4, rank 3, window 0"
     assert selected.runs == [RUN]
