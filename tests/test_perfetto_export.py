@@ -466,6 +466,8 @@ def test_failures_leave_neither_file(golden: Store, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(ProfileError, match="no records match"):
+        export_perfetto_trace(golden, out / "t.pftrace", where="desc_id = 12345")
+    with pytest.raises(ProfileError, match=f"^run {RUN} has no step 9$"):
         export_perfetto_trace(golden, out / "t.pftrace", step=9)
     assert list(out.iterdir()) == []
     with pytest.raises(ExportError, match="cannot write the trace to"):
