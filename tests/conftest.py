@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from perfetto_checker import check_perfetto_files
 from simulated_runs import write_run
+from trace_checker import check_chrome_files
 
 from multicore_profiler.kernels.synthetic import GMM1, SWIGLU, SimulatedMoeKernel
 from multicore_profiler.storage.store import Store, open_store
@@ -73,12 +74,15 @@ def s3_uri(s3_env: dict[str, str], request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _perfetto_traces_pass_the_importer_rules(request: pytest.FixtureRequest) -> Iterator[None]:
+def _exported_traces_pass_the_importer_rules(request: pytest.FixtureRequest) -> Iterator[None]:
     """After a test that used tmp_path, every ``*.pftrace`` / ``*.pftrace.gz`` it wrote there
-    (recursively) must pass perfetto_checker's rules of Perfetto's TrackEvent importer."""
+    (recursively) must pass perfetto_checker's rules of Perfetto's TrackEvent importer, and
+    every Chrome JSON trace the exporter wrote there (``*.json`` / ``*.json.gz``) must pass
+    trace_checker's rules of Perfetto's and chrome://tracing's JSON importers."""
     if "tmp_path" not in request.fixturenames:
         yield
         return
     tmp_path = request.getfixturevalue("tmp_path")  # set up here, so it is torn down after us
     yield
     check_perfetto_files(tmp_path)
+    check_chrome_files(tmp_path)

@@ -391,8 +391,8 @@ def test_plot_writes_the_curves_png(capsys, store_args, tmp_path) -> None:
             1,
             "the change 'Combine*0.5' matches no compute record of the selection",
         ),
-        (["--invocation", "7"], 1, "no records match run analyze-run, invocation 7"),
-        (["--run", "no-such-run"], 1, "no records match run no-such-run"),
+        (["--invocation", "7"], 1, "run analyze-run has no invocation 7"),
+        (["--run", "no-such-run"], 1, "run no-such-run is not in the store at {store}"),
         (
             ["--tolerance", "-1"],
             2,
@@ -418,6 +418,7 @@ def test_errors_are_one_line(capsys, store_args, argv, status, message) -> None:
         code = raised.value.code
     else:
         code = main(["analyze", *store_args, *argv])
+    message = message.replace("{store}", store_args[store_args.index("--store") + 1])
     assert (code, capsys.readouterr()) == (status, ("", f"mcprof: error: {message}\n"))
 
 

@@ -22,11 +22,14 @@ from trace_checker import check_trace, load_trace
 
 from multicore_profiler import cli
 from multicore_profiler.abi import BufferLayout
+from multicore_profiler.analysis.analyze import analyze
+from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.errors import (
     DroppedRecordsWarning,
     ExportError,
     ProfileError,
     QueryError,
+    SelectorError,
     SessionError,
 )
 from multicore_profiler.export.chrome_trace import export_chrome_trace
@@ -400,9 +403,11 @@ def test_query_without_record_columns_names_them(golden: Store, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"run": RUN, "step": 5}, f"no records match run {RUN}, step 5"),
         ({"run": RUN, "where": "desc_id = 12345"}, "no records match .* where desc_id = 12345"),
-        ({"run": "no-such-run"}, "no records match run no-such-run"),
+        (
+            {"run": RUN, "step": 4, "invocation": 0, "rank": 3, "where": "task_id = 1"},
+            f"no records match run {RUN}, step 4, invocation 0, rank 3, where task_id = 1",
+        ),
         ({"query": "SELECT * FROM records WHERE false"}, "no records match query"),
     ],
 )
@@ -412,6 +417,60 @@ def test_empty_selection_fails_and_leaves_no_file(
     with pytest.raises(ExportError, match=message):
         export_chrome_trace(golden, tmp_path / "t.json", **options)
     assert list(tmp_path.iterdir()) == [golden.root]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"run": "no-such-run"}, "run no-such-run is not in the store at {uri}"),
+        ({"run": [RUN, "nope"]}, "run nope is not in the store at {uri}"),
+        (
+            {"run": ["nope", RUN, "gone"], "step": 5},
+            "runs nope, gone are not in the store at {uri}",
+        ),
+        ({"run": RUN, "step": 5}, f"run {RUN} has no step 5"),
+        ({"step": 4, "invocation": 1}, f"run {RUN} has no invocation 1"),
+        ({"run": [RUN], "rank": 0, "window": 2}, f"run {RUN} has no rank 0, window 2"),
+    ],
+)
+def test_a_selection_naming_what_is_not_there_fails(
+    golden: Store, tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    """Every run, step, invocation, rank and window a selection names is in the store (of
+    the runs it names): one it does not hold is a SelectorError naming each such value,
+    never a trace of the rest. Nothing is written."""
+    with pytest.raises(SelectorError) as caught:
+        export_chrome_trace(golden, tmp_path / "t.json", **options)
+    assert str(caught.value) == message.format(uri=golden.uri)
+    assert list(tmp_path.iterdir()) == [golden.root]
+
+
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        (RecordSelection(run=(RUN, "nope")), "run nope is not in the store at {uri}"),
+        (RecordSelection(rank=9, step=4), f"run {RUN} has no rank 9"),
+    ],
+)
+def test_analyze_refuses_a_selection_naming_what_is_not_there(
+    golden: Store, selection: RecordSelection, message: str
+) -> None:
+    with pytest.raises(SelectorError) as caught:
+        analyze(golden, selection)
+    assert str(caught.value) == message.format(uri=golden.uri)
+
+
+def test_cli_export_of_a_run_that_is_not_there(
+    golden: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's case: ``--run r1 --run nope`` wrote r1's trace and ignored nope."""
+    out = tmp_path / "t.json"
+    argv = ["export", "--store", str(golden.root), "-o", str(out), "--run", RUN, "--run", "nope"]
+    assert cli.main(argv) == 1
+    assert (
+        capsys.readouterr().err == f"mcprof: error: run nope is not in the store at {golden.uri}\n"
+    )
+    assert not out.exists()
 
 
 def test_records_of_no_invocation_fail(golden: Store, tmp_path: Path) -> None:
@@ -510,7 +569,66 @@ def test_cli_export(golden: Store, tmp_path: Path, capsys: pytest.CaptureFixture
     assert cli.main(["export", "--store", str(golden.root), "-o", str(out), "--sql", query]) == 0
     assert "1 records of 1 invocation(s)" in capsys.readouterr().out
     assert cli.main(["export", "--store", str(golden.root), "-o", str(out), "--step", "9"]) == 1
-    assert capsys.readouterr().err == f"mcprof: error: no records match run {RUN}, step 9\n"
+    assert capsys.readouterr().err == f"mcprof: error: run {RUN} has no step 9\n"
+
+
+def test_a_record_selected_twice_is_shown_once(
+    golden: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The golden store's 6 records, task 8's wait and SwiGLU selected twice: 6 slices,
+    each once, 1 arrow, 6 records of the invocation, and a warning that says so."""
+    query = "SELECT * FROM records UNION ALL SELECT * FROM records WHERE task_id = 8"
+    trace = exported(golden, tmp_path / "t.json", query=query)
+    assert trace["traceEvents"] == GOLDEN_EVENTS
+    summary = trace["megaKernelCycleTrace"]
+    assert (summary["recordCount"], summary["invocations"][0]["recordCount"]) == (6, 6)
+    assert summary["flowCount"] == 1
+    assert summary["warnings"] == [
+        f"2 row(s) of query {query!r} repeat a record it selects already: each record is shown once"
+    ]
+    out = tmp_path / "cli.json"
+    argv = ["export", "--store", str(golden.root), "-o", str(out), "--sql", query]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out == (
+        f"{out}: 14 events (6 records of 1 invocation(s), 1 dependency arrows) from query "
+        f"{query!r}\n"
+    )
+    assert captured.err == (
+        f"mcprof: warning: 2 row(s) of query {query!r} repeat a record it selects already: "
+        "each record is shown once\n"
+    )
+
+
+def test_an_arrow_that_would_end_before_it_begins_is_left_out(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Task 8's wait ends (cycle 395, 5.9 us) before task 7's trigger starts (400, 6.0 us):
+    its f would come before its s (both viewers drop it, and check_trace refuses it); the
+    trace leaves the arrow out, still counts it in flowCount, and warns, as the Perfetto
+    trace does. Task 9's wait, released by the same trigger after it ends, keeps its arrow."""
+    buffer = pack(1, 2, 16, 16, [
+        Slot(AIC, 0, 100, [(110, 160, WAIT, 7, 2, 5), (160, 400, GMM1, 7, 2, 5),
+                           (400, 405, TRIGGER, 7, 2, 5)]),
+        Slot(AIV, 1, 120, [(130, 395, WAIT, 8, 0, 5), (395, 410, WAIT, 9, 0, 5)]),
+    ])  # fmt: skip
+    fill(store, NAMED, [buffer])
+    tasks = golden_tasks().to_pylist()
+    tasks[2] |= {"wait_event": 0, "wait_count": 1}
+    store.write_tasks(RUN, pa.Table.from_pylist(tasks, golden_tasks().schema))
+    trace = exported(store, tmp_path / "t.json")
+    flows = [e for e in trace["traceEvents"] if e["ph"] in "sf"]
+    assert flows == [FLOW | {"ph": "s", "tid": 1000}, FLOW | {"ph": "f", "bp": "e", "tid": 2001}]
+    summary = trace["megaKernelCycleTrace"]
+    assert summary["flowCount"] == 2
+    warning = (
+        "1 flow(s) end before they begin (a wait that ended before its trigger started): "
+        "the JSON trace cannot draw them"
+    )
+    assert summary["warnings"] == [warning]
+    out = tmp_path / "cli.json"
+    assert cli.main(["export", "--store", str(store.root), "-o", str(out)]) == 0
+    assert capsys.readouterr().err == f"mcprof: warning: {warning}\n"
 
 
 def test_session_exports_its_last_window(tmp_path: Path) -> None:

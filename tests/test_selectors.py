@@ -97,6 +97,27 @@ def test_a_selector_that_selects_nothing_is_an_error(runs_store: Store) -> None:
         runs_store.select_runs("commit:ffff")
 
 
+@pytest.mark.parametrize(
+    ("text", "absent"),
+    [
+        ("run:r1,run:nope", "run:nope names"),
+        ("r1,nope,gone", "run:nope, run:gone name"),
+        ("commit:3f2a,commit:ffff", "commit:ffff names"),
+        ("branch:main,branch:nope", "branch:nope names"),
+        ("label:nightly,label:nope", "label:nope names"),
+        ("branch:fix-gmm,commit:9c1e,commit:ffff", "commit:ffff names"),
+    ],
+)
+def test_a_selector_naming_an_absent_run_is_an_error(
+    runs_store: Store, text: str, absent: str
+) -> None:
+    """Its other alternatives select runs, but what it names that no run has is not
+    silently ignored."""
+    with pytest.raises(SelectorError) as caught:
+        runs_store.select_runs(text)
+    assert str(caught.value) == f"selector {text}: {absent} no run in {runs_store}"
+
+
 def test_cli_runs_select(capsys, runs_store: Store, tmp_path: Path) -> None:
     store = str(runs_store.root)
     code = cli.main(["runs", "--store", store, "--select", "commit:9c1e", "--format", "csv"])
@@ -107,3 +128,7 @@ def test_cli_runs_select(capsys, runs_store: Store, tmp_path: Path) -> None:
     assert len(capsys.readouterr().out.splitlines()) == 6
     assert cli.main(["runs", "--store", store, "--select", "label:nope"]) == 1
     assert "selector label:nope selects none of the 5 runs" in capsys.readouterr().err
+    assert cli.main(["runs", "--store", store, "--select", "label:ci,label:nope"]) == 1
+    assert capsys.readouterr().err == (
+        f"mcprof: error: selector label:ci,label:nope: label:nope names no run in {runs_store}\n"
+    )

@@ -27,12 +27,14 @@ from multicore_profiler.export.timeline import (
     RecordSelection,
     Spans,
     Timeline,
+    _GroupFiles,
     open_timeline,
     track_name,
     track_tid,
     us_text,
 )
 from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
@@ -154,6 +156,15 @@ def test_an_overlap_changes_the_layout_once(store: Store) -> None:
 
 
 def test_selection_sql_and_description(golden: Store) -> None:
+    ingest_buffers(
+        golden,
+        [test_export.golden_buffer()],
+        test_export.LAYOUT,
+        frequency_hz=50e6,
+        run_id=RUN,
+        kernel=test_export.NAMED,
+        launches=Launches(rank=3, device=5, step=4, first_invocation_id=1, window_id=0),
+    )
     selected = RecordSelection(run=RUN, step=4, rank=3, window=0).resolve(golden)
     assert selected.described == f"run {RUN}, step 4, rank 3, window 0"
     assert selected.runs == [RUN]
@@ -241,3 +252,38 @@ def test_flow_ids_name_each_flow_at_both_of_its_slices(golden: Store) -> None:
         {"task_id": 8, "desc_id": SWIGLU, "flows_out": [], "flows_in": []},
         {"task_id": 9, "desc_id": UNNAMED, "flows_out": [], "flows_in": []},
     ]
+
+
+def open_in(directory: Path) -> int:
+    """How many of this process's file descriptors are open on files under ``directory``."""
+    fds = Path("/proc/self/fd")
+    targets = []
+    for fd in fds.iterdir():
+        try:
+            targets.append(fd.readlink())
+        except FileNotFoundError:  # the descriptor listdir itself used, closed since
+            continue
+    return sum(target.is_relative_to(directory) for target in targets)
+
+
+def test_filing_by_group_keeps_a_bounded_number_of_files_open(tmp_path: Path) -> None:
+    """300,000 rows of 200 groups, every batch of DuckDB's stream holding all 200: with a
+    limit of 4, at most 4 files are open while the rows are filed (200 before), and each
+    group reads back its rows, in the order they came."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    con = duckdb.connect()
+    sql = "SELECT (i % 200)::INTEGER AS grp, i FROM range(300000) t(i) ORDER BY i"
+    files = _GroupFiles(scratch, "rows", open_limit=4)
+    try:
+        files.add(con, sql)
+        assert open_in(scratch) == 4
+    finally:
+        files.close()
+    assert open_in(scratch) == 0
+    for group in (0, 7, 199):
+        table = files.read(group)
+        assert table is not None
+        assert table.column_names == ["i"]
+        assert table["i"].to_pylist() == list(range(group, 300000, 200))
+    assert files.read(200) is None

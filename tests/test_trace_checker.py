@@ -11,8 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trace_checker import check_trace, load_trace
+import test_export
+from trace_checker import EXPORT_HEAD, check_chrome_files, check_trace, load_trace
 
+from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.storage.store import Store
+
+golden = test_export.golden
+"""The golden store of test_export (a fixture)."""
 PID = 1
 
 
@@ -412,3 +418,39 @@ def test_large_trace_is_checked_quickly() -> None:
     broken[-3]["dur"] = 95  # the last kernel's store now ends after the kernel
     with pytest.raises(AssertionError, match="partially overlaps"):
         check_trace(broken)
+
+
+def test_check_chrome_files_checks_the_exporters_traces(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The conftest hook's check: every file the Chrome JSON writer wrote (by its opening),
+    plain or gzipped, however deep; other JSON is left alone. (Not under tmp_path, which
+    the hook itself checks after each test.)"""
+    root = tmp_path_factory.mktemp("exports")
+    good = [*header(1, 2), x(0, 5, 1), x(6, 2, 2), flow("s", 1, 1), flow("f", 6, 2, bp="e")]
+    late = [*header(1, 2), x(0, 5, 1), x(1, 2, 2), flow("s", 4, 1), flow("f", 3, 2, bp="e")]
+
+    def export_text(events: list[dict[str, Any]]) -> bytes:
+        rows = b",\n".join(json.dumps(e, separators=(",", ":")).encode() for e in events)
+        return EXPORT_HEAD + rows + b'\n],"megaKernelCycleTrace":{}}\n'
+
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "t.json.gz").write_bytes(gzip.compress(export_text(good)))
+    (root / "t.json").write_bytes(export_text(good))
+    (root / "outer.json").write_text(json.dumps({"traceEvents": late}))  # not an export
+    (root / "notes.json").write_text("[1, 2")  # not even JSON
+    assert check_chrome_files(root) == [root / "a" / "b" / "t.json.gz", root / "t.json"]
+    (root / "a" / "late.json").write_bytes(export_text(late))
+    message = (
+        f"{root / 'a' / 'late.json'}: event #6 (ph='f', name='handoff'): comes before its flow "
+        "start #5 (ts 3 < 4, or equal ts and earlier in the file); both viewers drop it"
+    )
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        check_chrome_files(root)
+
+
+def test_the_hook_finds_the_exporters_traces(golden: Store, tmp_path: Path) -> None:
+    """The writer's traces begin with EXPORT_HEAD, so the hook checks each of them."""
+    export_chrome_trace(golden, tmp_path / "t.json")
+    export_chrome_trace(golden, tmp_path / "t.json.gz")
+    assert check_chrome_files(tmp_path) == [tmp_path / "t.json", tmp_path / "t.json.gz"]

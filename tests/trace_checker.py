@@ -37,7 +37,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Trace", "check_trace", "load_trace"]
+__all__ = ["EXPORT_HEAD", "Trace", "check_chrome_files", "check_trace", "load_trace"]
 
 Trace = dict[str, Any] | list[Any]
 
@@ -91,6 +91,31 @@ def check_trace(trace: Trace) -> None:
     checker.check_flows()
     checker.check_metadata()
     _check_serializable(trace, events)
+
+
+EXPORT_HEAD = b'{"schemaVersion":1,"displayTimeUnit":"ns","traceEvents":[\n'
+"""How every trace of the Chrome JSON writer (``export_chrome_trace``) begins."""
+
+
+def check_chrome_files(root: str | os.PathLike[str]) -> list[Path]:
+    """Check every ``*.json`` and ``*.json.gz`` under `root` (recursively) that the Chrome JSON
+    writer wrote (it begins with ``EXPORT_HEAD``), raising AssertionError with the file's path
+    for one that would not open correctly; return the paths checked."""
+    paths = []
+    for path in sorted(Path(root).rglob("*.json*")):
+        if not path.name.endswith((".json", ".json.gz")) or not path.is_file():
+            continue
+        with path.open("rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        with (gzip.open if gzipped else open)(path, "rb") as fh:
+            if fh.read(len(EXPORT_HEAD)) != EXPORT_HEAD:
+                continue
+        try:
+            check_trace(load_trace(path))
+        except AssertionError as exc:
+            raise AssertionError(f"{path}: {exc}") from exc
+        paths.append(path)
+    return paths
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from multicore_profiler.errors import ExportError
+from multicore_profiler.errors import ExportError, SelectorError
 from multicore_profiler.limits import INVOCATION_ID, RANK, STEP, WINDOW, check_given
 from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.sql_policy import one_expression, read_only_statement
@@ -96,7 +96,9 @@ class RecordSelection:
 
     def resolve(self, store: Store) -> SelectedRecords:
         """The selection's SQL, description and runs in ``store`` (the latest run when no
-        run is given: ``ExportError`` if the store holds none)."""
+        run is given: ``ExportError`` if the store holds none). ``SelectorError`` names each
+        run given that the store does not hold, or else each step, invocation, rank and
+        window given that none of the runs' invocations has."""
         if self.query is not None:
             return SelectedRecords(self.query.rstrip().rstrip(";"), f"query {self.query!r}", None)
         if self.run is None:
@@ -108,6 +110,8 @@ class RecordSelection:
             runs = [latest["run_id"][0].as_py()]
         else:
             runs = [self.run] if isinstance(self.run, str) else list(self.run)
+            _check_runs(store, runs)
+        self._check_narrowing(store, runs)
         conditions = [f"run_id IN ({sql_strings(runs)})"]
         described = [f"run {', '.join(runs)}"]
         for column, value in (
@@ -131,3 +135,43 @@ class RecordSelection:
         source = "records" if self.where is None else "records_ns"
         sql = f"SELECT * FROM {source} r WHERE {' AND '.join(conditions)}"
         return SelectedRecords(sql, ", ".join(described), runs)
+
+    def _check_narrowing(self, store: Store, runs: list[str]) -> None:
+        """``SelectorError`` naming each step, invocation, rank and window given that no
+        invocation of ``runs`` has."""
+        given = [
+            (column, label, int(value))
+            for column, label, value in (
+                ("step", "step", self.step),
+                ("invocation_id", "invocation", self.invocation),
+                ("rank", "rank", self.rank),
+                ("window_id", "window", self.window),
+            )
+            if value is not None
+        ]
+        if not given:
+            return
+        found = store.sql(
+            "SELECT "
+            + ", ".join(f"coalesce(bool_or({c} = {v}), false) AS {c}" for c, _, v in given)
+            + f" FROM invocations WHERE run_id IN ({sql_strings(runs)})"
+        ).to_pylist()[0]
+        absent = [f"{label} {value}" for column, label, value in given if not found[column]]
+        if absent:
+            held = "has" if len(runs) == 1 else "have"
+            raise SelectorError(f"{_runs(runs)} {held} no {', '.join(absent)}")
+
+
+def _runs(runs: Sequence[str]) -> str:
+    """``run a`` or ``runs a, b``."""
+    return f"run{'s' if len(runs) > 1 else ''} {', '.join(runs)}"
+
+
+def _check_runs(store: Store, runs: list[str]) -> None:
+    """``SelectorError`` naming each of ``runs`` that the store does not hold."""
+    held = store.sql(f"SELECT run_id FROM runs WHERE run_id IN ({sql_strings(runs)})")
+    present = set(held["run_id"].to_pylist())
+    absent = [run for run in dict.fromkeys(runs) if run not in present]
+    if absent:
+        verb = "is" if len(absent) == 1 else "are"
+        raise SelectorError(f"{_runs(absent)} {verb} not in the store at {store.uri}")

@@ -196,8 +196,21 @@ def _pass(timeline: Timeline, aside: Path, gz: bool) -> _Written:
             at = _put(sink, gz, rows, at, progress)
         if not gz:
             sink.seek(at)
-        sink.write(_tail_bytes(timeline.metadata))
-    return _Written(timeline.metadata, len(meta), flows.rows + chain.rows)
+        metadata = _with_undrawn(timeline.metadata, flows.undrawn + chain.undrawn)
+        sink.write(_tail_bytes(metadata))
+    return _Written(metadata, len(meta), flows.rows + chain.rows)
+
+
+def _with_undrawn(metadata: dict[str, Any], undrawn: int) -> dict[str, Any]:
+    """The timeline's ``megaKernelCycleTrace`` object, with a warning for the flows the
+    trace leaves out (``_FlowSpool.add``), if any."""
+    if not undrawn:
+        return metadata
+    warning = (
+        f"{undrawn} flow(s) end before they begin (a wait that ended before its trigger "
+        "started): the JSON trace cannot draw them"
+    )
+    return metadata | {"warnings": [*metadata["warnings"], warning]}
 
 
 def _spool(group_flows: pa.Table | None, flows: _FlowSpool, chain: _FlowSpool) -> None:
@@ -268,7 +281,8 @@ class _FlowSpool:
     """The rows (pid, tid, ts) of flows of one ``category`` and ``name``, two per flow,
     spooled to an unnamed scratch file beside the trace as the groups make them, with their
     spans: their widths are known only once every group is done, and they follow every
-    event in the file."""
+    event in the file. ``undrawn`` counts the flows left out: those that end before they
+    begin."""
 
     def __init__(self, directory: Path, *, category: str = CATEGORY, name: str = FLOW_NAME) -> None:
         self._directory = directory
@@ -276,6 +290,7 @@ class _FlowSpool:
         self._name = name
         self._file: BinaryIO | None = None
         self.rows = 0
+        self.undrawn = 0
         self._spans: list[tuple[Span, Span, Span]] = []
 
     def __enter__(self) -> _FlowSpool:
@@ -292,20 +307,31 @@ class _FlowSpool:
 
     def add(self, flows: pa.Table | None) -> None:
         """Spool the arrows of one group: ``s`` at the trigger's start, ``f`` where
-        ``flow_end_ts`` puts it."""
+        ``flow_end_ts`` puts it. A flow whose target ends before its source begins (a wait
+        that ended before its trigger started) is counted and left out: its ``f`` would
+        come before its ``s``, which both viewers drop, and no ``f`` after the ``s`` binds
+        to the wait, as the Perfetto trace cannot draw it either."""
         if flows is None or flows.num_rows == 0:
             return
         assert self._file is not None
-        rows = np.empty((2 * flows.num_rows, 3), dtype=np.int64)
         source_ts = numpy_column(flows, "source_ts")
+        end_ts = flow_end_ts(
+            source_ts, numpy_column(flows, "target_ts"), numpy_column(flows, "target_end")
+        )
+        drawn = end_ts >= source_ts
+        self.undrawn += int(np.count_nonzero(~drawn))
+        if not drawn.all():
+            flows = flows.filter(pa.array(drawn))
+            source_ts, end_ts = source_ts[drawn], end_ts[drawn]
+            if flows.num_rows == 0:
+                return
+        rows = np.empty((2 * flows.num_rows, 3), dtype=np.int64)
         rows[0::2, 0] = numpy_column(flows, "source_pid")
         rows[1::2, 0] = numpy_column(flows, "target_pid")
         rows[0::2, 1] = numpy_column(flows, "source_tid")
         rows[1::2, 1] = numpy_column(flows, "target_tid")
         rows[0::2, 2] = source_ts
-        rows[1::2, 2] = flow_end_ts(
-            source_ts, numpy_column(flows, "target_ts"), numpy_column(flows, "target_end")
-        )
+        rows[1::2, 2] = end_ts
         self._file.write(rows.tobytes())
         self._spans.append((span_of(rows[:, 0]), span_of(rows[:, 1]), span_of(rows[:, 2])))
         self.rows += len(rows)

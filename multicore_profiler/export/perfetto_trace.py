@@ -555,10 +555,11 @@ def _flow_lists(slices: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _once_each(slices: pa.Table, column: str) -> pa.Table:
-    """``slices`` with each flow id of a list column on its first slice only: a query can
-    select a record twice, and both copies match the flows of that record, but a flow
-    leaves one slice and enters one (a second begin would make the flow a step through
-    the copy)."""
+    """``slices`` with each flow id of a list column on its first slice only: two rows of a
+    query can share a record's identity (invocation, core, cycles, desc and task id) and
+    differ in another column, and both match the flows of that record, but a flow leaves
+    one slice and enters one (a second begin would make the flow a step through the
+    other)."""
     flat, offsets = _flow_lists(slices, column)
     if len(np.unique(flat)) == len(flat):
         return slices

@@ -29,7 +29,8 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
   ``metadata``, the ``megaKernelCycleTrace`` object describing the selection.
 
 It streams: the selected records go once, compactly, to a scratch Parquet file, and
-from there to one Arrow file per group of whole tracks (about ``group_rows`` records); the
+from there to Arrow files by group of whole tracks (about ``group_rows`` records a group,
+at most ``OPEN_GROUP_FILES`` files open at once, whatever the number of groups); the
 flows are found a few invocations at a time and filed by their wait's group too (the
 critical path's chain by its later record's group), so memory does not grow with the
 selection. Where a record overlaps an earlier one of its
@@ -41,6 +42,7 @@ none does (the usual case); finding one, it finds every lane and raises
 from __future__ import annotations
 
 import tempfile
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,9 +75,17 @@ LANE_TID_STEP = 10_000
 CORE_TID_STEP = 1000
 """A core's tid: core type x 1000 + block id."""
 RUN_PID_STEP = 100_000
-"""With several runs in one timeline, pid = run's position (from 1) x 100000 + rank."""
+"""A process's pid: its rank when the timeline holds one run; with several runs, the run's
+position (from 1, oldest first) x 100000 + rank while every rank is below 100000 and every
+such pid is at most ``PID_MAX``; otherwise the processes' positions (from 1) in (run, rank)
+order. Each scheme gives every process its own pid, whatever the ranks and the runs."""
+PID_MAX = (1 << 31) - 1
+"""The largest pid: Perfetto reads a JSON pid as 32 bits, and a sort index as int32."""
 GROUP_ROWS = 1 << 17
 """Records of a group by default (whole tracks, so one track can make a group larger)."""
+OPEN_GROUP_FILES = 64
+"""Scratch files a timeline keeps open at once while it files rows by group: a selection of
+100 M records has about 760 groups, each filed into its own files."""
 DEPENDENCY_FLOW = "dependency"
 """A flow's ``kind``: a trigger to the wait it released."""
 CRITICAL_FLOW = "critical_path"
@@ -207,17 +217,21 @@ JOIN grp g ON g.inv_index = i.inv_index AND g.core_type = s.core_type AND g.bloc
 
 
 class _GroupFiles:
-    """Rows filed by group, one Arrow IPC file per group under ``scratch`` named
-    ``<kind><group>.arrow``, as DuckDB streams them: a group then reads its own file only,
-    and no more than a batch of the rows is in memory meanwhile."""
+    """Rows filed by group, in Arrow IPC files under ``scratch`` named
+    ``<kind><group>-<part>.arrow``, as DuckDB streams them: a group then reads its own
+    files only, and no more than a batch of the rows is in memory meanwhile. At most
+    ``open_limit`` files are open at once: filing into a group whose file was closed to
+    make room starts its next part, and a group reads its parts in order."""
 
-    def __init__(self, scratch: Path, kind: str) -> None:
+    def __init__(self, scratch: Path, kind: str, open_limit: int = OPEN_GROUP_FILES) -> None:
         self.scratch = scratch
         self.kind = kind
-        self._writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+        self._open_limit = open_limit
+        self._writers: OrderedDict[int, pa.ipc.RecordBatchFileWriter] = OrderedDict()
+        self._parts: dict[int, int] = {}
 
-    def path(self, group: int) -> Path:
-        return self.scratch / f"{self.kind}{int(group)}.arrow"
+    def path(self, group: int, part: int) -> Path:
+        return self.scratch / f"{self.kind}{int(group)}-{int(part)}.arrow"
 
     def add(
         self, con: duckdb.DuckDBPyConnection, sql: str, departures: _GroupFiles | None = None
@@ -237,10 +251,23 @@ class _GroupFiles:
         rows = batch.drop_columns(placed).take(pa.array(order))
         edges = np.flatnonzero(np.diff(group)) + 1
         for first, stop in zip([0, *edges.tolist()], [*edges.tolist(), len(group)], strict=True):
-            number = int(group[first])
-            if number not in self._writers:
-                self._writers[number] = pa.ipc.new_file(self.path(number), rows.schema)
-            self._writers[number].write_batch(rows.slice(first, stop - first))
+            self._writer(int(group[first]), rows.schema).write_batch(
+                rows.slice(first, stop - first)
+            )
+
+    def _writer(self, group: int, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
+        """The open file of ``group``: the least recently used one is closed when
+        ``open_limit`` are open, and a group whose file was closed starts its next part."""
+        writer = self._writers.get(group)
+        if writer is not None:
+            self._writers.move_to_end(group)
+            return writer
+        if len(self._writers) >= self._open_limit:
+            self._writers.popitem(last=False)[1].close()
+        part = self._parts.get(group, 0)
+        self._parts[group] = part + 1
+        writer = self._writers[group] = pa.ipc.new_file(self.path(group, part), schema)
+        return writer
 
     def close(self) -> None:
         for writer in self._writers.values():
@@ -248,17 +275,29 @@ class _GroupFiles:
         self._writers.clear()
 
     def read(self, group: int) -> pa.Table | None:
-        """The rows of ``group`` (``None`` when it has none)."""
-        path = self.path(group)
-        if not path.exists():
-            return None
-        with pa.OSFile(str(path)) as source:
-            return pa.ipc.open_file(source).read_all()
+        """The rows of ``group``, its parts in order (``None`` when it has none)."""
+        tables = []
+        while (path := self.path(group, len(tables))).exists():
+            with pa.OSFile(str(path)) as source:
+                tables.append(pa.ipc.open_file(source).read_all())
+        return pa.concat_tables(tables) if tables else None
 
 
-def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str, scratch: Path) -> int:
-    """Keep the selected records as ``sel`` (``_SELECTED``); check they can make a trace;
-    return how many there are."""
+def _select(
+    con: duckdb.DuckDBPyConnection,
+    selection: str,
+    described: str,
+    scratch: Path,
+    *,
+    from_records: bool,
+) -> tuple[int, int]:
+    """Keep the selected records as ``sel`` (``_SELECTED``), each once; check they can make a
+    trace; return how many there are, and how many rows of the selection repeated one.
+
+    A selection of the store's ``records`` names each once; a query's rows may repeat one
+    (``UNION ALL`` of overlapping conditions), and a record drawn twice would double its
+    invocation's count and its slices: a repeated row is kept once, as it shows nothing the
+    first did not (every column the timeline reads is the same)."""
     relation = con.sql(selection)
     if relation is None:
         raise ExportError(f"{described} returns no rows to export (it is not a query)")
@@ -272,6 +311,20 @@ def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str, scra
     columns = ", ".join(f'q."{c}"::{t} AS {c}' for c, t in _RECORD_TYPES.items())
     kept = sql_string(str(scratch / "selected.parquet"))
     con.execute(_SELECTED.format(columns=columns, selection=selection, path=kept))
+    repeated = 0
+    if not from_records:
+        rows, distinct = _one(
+            con,
+            f"SELECT count(*), (SELECT count(*) FROM (SELECT DISTINCT * FROM read_parquet({kept})))"
+            f" FROM read_parquet({kept})",
+        )
+        repeated = rows - distinct
+        if repeated:
+            once = sql_string(str(scratch / "selected-once.parquet"))
+            con.execute(
+                f"COPY (SELECT DISTINCT * FROM read_parquet({kept})) TO {once} (FORMAT parquet)"
+            )
+            kept = once
     con.execute(f"CREATE TEMP VIEW sel AS SELECT * FROM read_parquet({kept})")
     counts = _one(
         con,
@@ -298,7 +351,7 @@ def _select(con: duckdb.DuckDBPyConnection, selection: str, described: str, scra
             f"{counts[1]} selected record(s) belong to no invocation in the store "
             f"(first: run {run_id} rank {rank} invocation {invocation})"
         )
-    return counts[0]
+    return counts[0], repeated
 
 
 _INVOCATIONS = """
@@ -349,14 +402,28 @@ WITH entries AS (
 starts AS (
     SELECT i.run_id, i.rank, min(s.start_cycle) AS first_start
     FROM sel s JOIN inv i USING (cand) GROUP BY ALL
+),
+placed AS (
+    SELECT
+        s.*, (SELECT any_value(run_order) FROM inv i WHERE i.run_id = s.run_id) AS run_order
+    FROM starts s
+),
+scheme AS (
+    SELECT
+        count(DISTINCT run_id) = 1 AS one_run,
+        max(rank) < {run_step} AND max(run_order) * {run_step} + max(rank) <= {pid_max}
+            AS stepped
+    FROM placed
 )
 SELECT
     run_id, rank, coalesce(e.anchor, s.first_start) AS anchor,
-    CASE WHEN (SELECT count(DISTINCT run_id) FROM inv) = 1 THEN rank
-         ELSE (SELECT any_value(run_order) FROM inv i WHERE i.run_id = s.run_id) * {run_step} + rank
+    CASE WHEN m.one_run THEN rank
+         WHEN m.stepped THEN run_order * {run_step} + rank
+         ELSE row_number() OVER (ORDER BY run_order, rank)
     END AS pid
-FROM starts s LEFT JOIN entries e USING (run_id, rank)
+FROM placed s LEFT JOIN entries e USING (run_id, rank) CROSS JOIN scheme m
 """
+"""Each (run, rank)'s process, its anchor and its pid (``RUN_PID_STEP``)."""
 
 _TASK_STAGES = """
 CREATE TEMP TABLE task_stage AS
@@ -739,7 +806,10 @@ class Timeline:
         self._group_rows = group_rows
         # Opening the store's files leaves freed Arrow buffers in the pool: give them back.
         pa.default_memory_pool().release_unused()
-        self.records = _select(con, selected.sql, selected.described, scratch)
+        self.records, self.repeated = _select(
+            con, selected.sql, selected.described, scratch, from_records=selected.runs is not None
+        )
+        """The records shown, and the rows of the selection that repeated one (kept once)."""
         con.execute(_INVOCATIONS.format(from_records=selected.runs is not None))
         bad = con.execute(
             "SELECT run_id, rank, invocation_id, frequency_hz FROM inv "
@@ -752,7 +822,7 @@ class Timeline:
                 f"{frequency} Hz; cycles cannot become times without a positive frequency"
             )
         con.execute(_SLOTS)
-        con.execute(_PROCESSES.format(run_step=RUN_PID_STEP))
+        con.execute(_PROCESSES.format(run_step=RUN_PID_STEP, pid_max=PID_MAX))
         con.execute(_TASK_STAGES)
         con.execute(_GROUPS.format(rows=group_rows))
         filed = _GroupFiles(scratch, "records")
@@ -1229,6 +1299,11 @@ def _summary(
         warnings.append(
             f"{len(moved[0])} records overlapped an earlier record of their core (clock "
             f"granularity) and were moved to {len(sub_tracks)} sub-track(s)"
+        )
+    if timeline.repeated:
+        warnings.append(
+            f"{timeline.repeated} row(s) of {timeline.described} repeat a record it selects "
+            "already: each record is shown once"
         )
     without_graph = sum(not e["taskGraph"] for e in entries)
     return {

@@ -15,7 +15,8 @@ Every term is checked here, when the text is read: a bad one is a ``SelectorErro
 the term, never an error of the query it would have made.
 
 ``branch:main,latest:5`` is the five latest runs on main; ``commit:3f2a,commit:9c1e`` the runs
-of either commit.
+of either commit. A selector that selects no run, or names an alternative no run of the store
+has (``commit:3f2a,commit:ffff``), is a ``SelectorError`` naming it (``Store.select_runs``).
 """
 
 from __future__ import annotations
@@ -110,12 +111,7 @@ class RunSelector:
         """A query of the selected ids, oldest first, and its parameters: of runs (the
         ``runs`` view), or of traces (``trace_sources``: ``run:`` names a source id, times
         are when it was ingested, and there is no commit or branch)."""
-        if of == "traces":
-            if self.commits or self.branches:
-                raise SelectorError(f"selector {self}: traces have no commit or branch")
-            table, id_column, time_column = "trace_sources", "source_id", "ingested_at"
-        else:
-            table, id_column, time_column = "runs", "run_id", "start_time"
+        table, id_column, time_column = self._table(of)
         conditions: list[str] = []
         params: dict[str, Any] = {}
 
@@ -150,6 +146,49 @@ class RunSelector:
             f"ORDER BY {time_column}, {id_column}"
         )
         return query, params
+
+    def absent_sql(self, of: str = "runs") -> tuple[str, dict[str, Any]]:
+        """A query of the alternatives (``run:``, ``commit:``, ``branch:``, ``label:``)
+        that no run (or trace, ``of="traces"``) has at all, in the selector's order, as a
+        ``term`` column, and its parameters: a selector whose other alternatives select
+        runs still names none that is not there. (A tag term, which every run must hold,
+        that none holds selects nothing.)"""
+        table, id_column, _ = self._table(of)
+        tests = [
+            (self.runs, f"{id_column} = $value_{{index}}"),
+            (self.commits, "starts_with(commit, $value_{index})"),
+            (self.branches, "branch = $value_{index}"),
+            (self.labels, "label = $value_{index}"),
+        ]
+        keys = ("run", "commit", "branch", "label")
+        terms: list[str] = []
+        params: dict[str, Any] = {}
+        for key, (values, test) in zip(keys, tests, strict=True):
+            for value in values:
+                index = len(terms)
+                params[f"value_{index}"] = value
+                terms.append(
+                    f"SELECT {index} AS n, $term_{index} AS term WHERE NOT EXISTS "
+                    f"(SELECT 1 FROM {table} WHERE {test.format(index=index)})"
+                )
+                params[f"term_{index}"] = f"{key}:{value}"
+        union = "\nUNION ALL\n".join(terms) or "SELECT 0 AS n, NULL::VARCHAR AS term WHERE false"
+        return f"SELECT term FROM ({union}) ORDER BY n", params
+
+    def absent_error(self, terms: list[str], where: str, of: str = "runs") -> SelectorError:
+        """The error of a selector whose ``terms`` (``absent_sql``) name nothing of ``where``."""
+        kind = "run" if of == "runs" else "trace"
+        verb = "names" if len(terms) == 1 else "name"
+        return SelectorError(f"selector {self}: {', '.join(terms)} {verb} no {kind} in {where}")
+
+    def _table(self, of: str) -> tuple[str, str, str]:
+        """The table, id column and time column of runs or traces (which have no commit or
+        branch: ``SelectorError`` for a selector naming one)."""
+        if of != "traces":
+            return "runs", "run_id", "start_time"
+        if self.commits or self.branches:
+            raise SelectorError(f"selector {self}: traces have no commit or branch")
+        return "trace_sources", "source_id", "ingested_at"
 
     def __str__(self) -> str:
         return self.text or "(every run)"

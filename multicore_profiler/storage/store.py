@@ -458,6 +458,9 @@ class Store(Extensible, StoreWrites):
             table = "runs" if of == "runs" else "trace_sources"
             total = self.sql(f"SELECT count(*) AS n FROM {table}").to_pylist()[0]["n"]
             raise SelectorError(f"selector {selector} selects none of the {total} {of} in {self}")
+        absent = self.sql(*selector.absent_sql(of))["term"].to_pylist()
+        if absent:
+            raise selector.absent_error(absent, str(self), of)
         return ids
 
     def close(self) -> None:
