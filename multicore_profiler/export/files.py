@@ -1,6 +1,7 @@
 """Trace files written aside and renamed into place: no reader sees half a trace, and a
-failure leaves no file behind and an older one at the path as it was; and what a trace
-writer reports it wrote (``ExportedTrace``)."""
+failure leaves no file behind and an older one at the path as it was; what a trace
+writer reports it wrote (``ExportedTrace``); and the check of a name that becomes part of
+a file name (``file_name_part``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multicore_profiler.errors import ExportError, ProfileError
+from multicore_profiler.errors import ArgumentError, ExportError, ProfileError
 from multicore_profiler.storage.location import special_file
 
 
@@ -29,6 +30,28 @@ class ExportedTrace:
     flows: int
     metadata: dict[str, Any] = field(repr=False)
     critical_flows: int = 0
+
+
+_SEPARATORS = ("/", "\\", "\0")
+"""What a file name part may not hold: a directory separator (POSIX's or Windows', wherever
+the files are read later) or NUL, which ends a path."""
+
+
+def file_name_part(name: str, what: str) -> str:
+    """``name`` if it can become part of a file name in a given directory and stay there:
+    not empty, not ``.`` or ``..``, without a separator or NUL; else ``ArgumentError``
+    naming ``what`` it is."""
+    if not isinstance(name, str):
+        raise ArgumentError(f"{what} must be a string, got {name!r}")
+    bad = next((c for c in _SEPARATORS if c in name), None)
+    if bad is not None:
+        raise ArgumentError(
+            f"{what} {name!r} holds {bad!r}: it becomes part of a file name, so it may hold "
+            "no directory separator and no NUL"
+        )
+    if name in ("", ".", ".."):
+        raise ArgumentError(f"{what} {name!r} cannot be part of a file name")
+    return name
 
 
 def gzipped(path: Path) -> bool:
