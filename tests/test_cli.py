@@ -177,7 +177,8 @@ def test_a_reader_closing_the_pipe_ends_the_command_quietly(store_args, fmt, fir
     command = [sys.executable, "-m", "multicore_profiler.cli", "query", *store_args]
     command += ["--format", fmt, f"SELECT * FROM range({rows})"]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as reader:
-        assert reader.stdout is not None and reader.stderr is not None
+        assert reader.stdout is not None
+        assert reader.stderr is not None
         head = reader.stdout.read(len(first))
         reader.stdout.close()
         assert (head, reader.stderr.read(), reader.wait()) == (first, b"", 141)
