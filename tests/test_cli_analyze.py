@@ -391,6 +391,22 @@ def test_plot_writes_the_curves_png(capsys, store_args, tmp_path) -> None:
             1,
             "the change 'Combine*0.5' matches no compute record of the selection",
         ),
+        *(
+            (
+                ["--what-if", change],
+                1,
+                f"the change {change!r} cannot be replayed: the duration of a compute record "
+                f"of stage GMM1 ({cycles} cycles) of run analyze-run rank 0 invocation 0 "
+                "would pass int64 (2^63-1); give a smaller factor or shift",
+            )
+            # The four: each exited 0 with a makespan of -9,223,372,036,849,824 us.
+            for change, cycles in [
+                ("GMM1*1e308", "inf"),
+                ("GMM1+1e30us", "1e+33"),
+                ("GMM1*1e18", "4e+19"),
+                ("GMM1+9223372036854775807", "9.22337e+18"),
+            ]
+        ),
         (["--invocation", "7"], 1, "no records match run analyze-run, invocation 7"),
         (["--run", "no-such-run"], 1, "no records match run no-such-run"),
         (
