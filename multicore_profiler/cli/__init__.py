@@ -5,7 +5,9 @@ Errors print one line, ``mcprof: error: ...``, and exit with status 1; a usage e
 unknown option, a missing argument, a value that is not a number or out of its range)
 exits with status 2 (``compare``'s errors all exit with 2). A reader that closes the pipe
 early (``mcprof query ... | head``) ends the command quietly with status 141, as a shell
-reports for a Unix tool that SIGPIPE ended.
+reports for a Unix tool that SIGPIPE ended. Before a command runs, a file it would write
+(``-o``, ``--plot``) inside a store or that is one of its inputs is refused
+(``output.check_outputs``).
 
 Each command (or group of commands) is a module here that adds its parser
 (``register``) and calls the library; this module assembles them and runs one.
@@ -34,7 +36,7 @@ from multicore_profiler.cli import (
     runs,
 )
 from multicore_profiler.cli.arguments import Parser, parents
-from multicore_profiler.cli.output import one_line, warn
+from multicore_profiler.cli.output import check_outputs, one_line, warn
 from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
 from multicore_profiler.storage.location import os_reason
 
@@ -111,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # ours: one line too, marked "internal error" so that it is reported rather than
         # taken for bad input. MCPROF_DEBUG=1 lets every error through with its traceback.
         try:
+            check_outputs(args)
             status = args.func(args) or 0
             sys.stdout.flush()  # a reader gone is seen here, not as an error at exit
             return status

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from multicore_profiler.errors import ExportError, SessionError
-from multicore_profiler.export.files import ExportedTrace, file_name_part
+from multicore_profiler.errors import ArgumentError, ExportError, SessionError
+from multicore_profiler.export.files import ExportedTrace, check_output, file_name_part
 from multicore_profiler.export.timeline import RecordSelection
 from multicore_profiler.export.trace_formats import export_trace
 from multicore_profiler.extension import extend
@@ -70,7 +70,8 @@ def chrome_trace_handler(
     detailed if the session asked for it (or ``detailed_task_names`` says so);
     ``critical_path`` marks each invocation's critical path (see ``export_chrome_trace``). The
     directory is created if missing. A ``worker_name`` that would put the file elsewhere (a
-    separator, ``..``, NUL) is an ``ArgumentError`` at once. The handler raises
+    separator, ``..``, NUL) and a directory inside a store are an ``ArgumentError`` at
+    once. The handler raises
     ``ExportError`` when it is called before any window ended (not from a session) or the
     trace cannot be written.
     """
@@ -104,6 +105,10 @@ def _window_handler(
 ) -> Callable[[ProfiledSession], ExportedTrace]:
     """A handler that writes each window's trace in ``format`` under ``dir_name``."""
     directory = Path(dir_name)
+    try:
+        check_output(directory)
+    except ValueError as exc:
+        raise ArgumentError(f"cannot write traces to {directory}: {exc}") from None
     worker = file_name_part(
         worker_name or f"{socket.gethostname()}_{os.getpid()}",
         "the worker name",
