@@ -41,7 +41,9 @@ rescheduling of a worker's queue), nothing models contention (a faster record do
 slow or speed its neighbours), latencies and gaps are those observed. A wait depends on
 every trigger record of its event, so a wait whose event is also triggered downstream of
 it (by a later record of its own core, or of a core it releases) is a dependency cycle:
-``prepare`` refuses it with an ``AnalysisError`` naming the invocation.
+``prepare`` refuses it with an ``AnalysisError`` naming the invocation. Every figure stays
+an int64: changes whose durations, replayed ends (cycles) or makespan (ns) would pass
+2^63-1 are refused with an ``ArgumentError`` naming them and the invocation.
 
 Static bound: the same DAG with the observed release edges (each wait after the trigger
 that released it), every gap, latency and wait time 0 and every core starting at the
@@ -378,8 +380,9 @@ class _Chunk:
 
         int64 wraps. Every end and start is one addition to values before it in the DAG's
         order (start = previous end + gap, end = start + duration, a wait's two terms), so
-        where no such addition wrapped (``_sum_wrapped``, exact) every value is exact; the
-        cumulative sums in between may wrap, as their differences do not.
+        where no such addition wrapped (``_sum_wrapped``, exact) every value is exact. The
+        cumulative sums in between may wrap: only their differences are used, and those
+        are exact whatever the sums wrapped.
         """
         heads, seg = self.heads, self.seg
         n_seg, n_scen = len(heads), durations.shape[1]
