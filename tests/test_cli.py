@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -161,6 +163,25 @@ def test_query_formats(capsys, store_args, tmp_path) -> None:
     assert code == 0
     assert "│ AIC     │ wait    │  200.0 │ 1000.0 │" in out
     assert out.count("│ AI") == 4
+
+
+@pytest.mark.parametrize(
+    ("fmt", "first"), [("csv", b"range\n"), ("json", b"[\n"), ("table", "┌".encode())]
+)
+def test_a_reader_closing_the_pipe_ends_the_command_quietly(store_args, fmt, first) -> None:
+    # `mcprof query ... | head`: far more rows than a pipe holds, the reader gone after the
+    # first bytes. The command stops with 141 (128 + SIGPIPE, as a shell reports for a Unix
+    # tool), writing nothing to stderr: no error line, no "Exception ignored" at exit.
+    open_store(store_args[1], create=True).close()
+    rows = 1_000_000 if fmt != "table" else 100_000
+    command = [sys.executable, "-m", "multicore_profiler.cli", "query", *store_args]
+    command += ["--format", fmt, f"SELECT * FROM range({rows})"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as reader:
+        assert reader.stdout is not None
+        assert reader.stderr is not None
+        head = reader.stdout.read(len(first))
+        reader.stdout.close()
+        assert (head, reader.stderr.read(), reader.wait()) == (first, b"", 141)
 
 
 def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:

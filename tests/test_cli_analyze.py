@@ -60,14 +60,14 @@ def buffer(gmm1_ns: int) -> bytearray:
     )
 
 
-def tasks() -> pa.Table:
+def tasks(kernel_name: str = "TinyMoe") -> pa.Table:
     """Task 1 triggers event 10, task 2 waits for it once, task 3 has no dependency."""
     count = 3
     return pa.table(
         {
             "rank": pa.array([0] * count, pa.int32()),
             "config_id": [CONFIG] * count,
-            "kernel_name": ["TinyMoe"] * count,
+            "kernel_name": [kernel_name] * count,
             "task_id": pa.array([1, 2, 3], pa.uint32()),
             "task_type": pa.array([1, 2, 2], pa.uint32()),
             "desc_id": pa.array([GMM1, SWIGLU, SWIGLU], pa.uint32()),
@@ -84,10 +84,10 @@ def tasks() -> pa.Table:
     )
 
 
-@pytest.fixture
-def store_args(tmp_path: Path) -> list[str]:
-    """A store holding the two invocations of the module docstring, in one run."""
-    with open_store(tmp_path / "store", create=True) as store:
+def write_store(root: Path, kernel_name: str = "TinyMoe", gmm1: str = "GMM1") -> list[str]:
+    """A store at ``root`` holding the two invocations of the module docstring, in one
+    run, with these names of the kernel and of GMM1; its ``--store`` arguments."""
+    with open_store(root, create=True) as store:
         run = RunInfo.begin(run_id=RUN, label="tiny")
         store.write_run(run)
         ingest_buffers(
@@ -97,15 +97,21 @@ def store_args(tmp_path: Path) -> list[str]:
             frequency_hz=1e9,
             run_id=RUN,
             kernel=KernelInfo(
-                kernel_name="TinyMoe",
+                kernel_name=kernel_name,
                 config_id=CONFIG,
-                stage_names={GMM1: "GMM1", SWIGLU: "SwiGLU"},
+                stage_names={GMM1: gmm1, SWIGLU: "SwiGLU"},
             ),
             launches=Launches(step=0, first_invocation_id=0),
         )
-        store.write_tasks(RUN, tasks())
+        store.write_tasks(RUN, tasks(kernel_name))
         store.write_run(run.finish())
-    return ["--store", str(tmp_path / "store")]
+    return ["--store", str(root)]
+
+
+@pytest.fixture
+def store_args(tmp_path: Path) -> list[str]:
+    """The store of ``write_store``."""
+    return write_store(tmp_path / "store")
 
 
 def analyze(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -159,6 +165,34 @@ SwiGLU     1.0000      0.9681      0.9361      0.9042      0.8723      0.8403
 
 def test_table_format_prints_every_summary(capsys, store_args) -> None:
     assert analyze(capsys, *store_args, "--what-if", "GMM1*0.5") == (0, TABLE, "")
+
+
+def test_names_are_escaped_for_the_terminal(capsys, tmp_path) -> None:
+    # A stage that clears the screen and a kernel whose name returns to the line's start
+    # and turns the text red: printed raw, they redraw the terminal. Shown as DuckDB's
+    # tables show them (mcprof query); CSV and JSON keep the names as stored.
+    store_args = write_store(tmp_path / "store", "Tiny\rMoe\x1b[31m", "GMM1\x1b[2J\x9b1m")
+    code, out, err = analyze(capsys, *store_args, "--what-if", "GMM1\x1b[2J\x9b1m*0.5")
+    assert (code, err) == (0, "")
+    assert "\x1b" not in out
+    assert "\x9b" not in out
+    assert "\r" not in out
+    lines = out.splitlines()
+    assert lines[0] == ("mcprof analyze: run analyze-run: 2 invocation(s) of Tiny\\rMoe\\e[31m")
+    start = lines.index("critical path over the selection (share of the total makespan):")
+    shares = ["Tiny\\rMoe\\e[31m", "GMM1\\e[2J\\x9b1m", "compute", "52.6%", "0.100"]
+    assert lines[start + 3].split() == shares
+    start = lines.index("what-if (median over the invocations):")
+    assert lines[start + 3].split()[0] == "GMM1\\e[2J\\x9b1m*0.5"
+    assert lines[-2].split()[0] == "GMM1\\e[2J\\x9b1m"
+    code, out, err = analyze(capsys, *store_args, "--format", "markdown")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == (
+        "**mcprof analyze: run analyze-run: 2 invocation(s) of Tiny\\rMoe\\e[31m**"
+    )
+    assert "| GMM1\\e[2J\\x9b1m | 1.0000 |" in out
+    code, out, err = analyze(capsys, *store_args, "--format", "json")
+    assert json.loads(out)["summary"]["critical_shares"][0]["stage"] == "GMM1\x1b[2J\x9b1m"
 
 
 def test_markdown_format(capsys, store_args) -> None:
@@ -390,6 +424,22 @@ def test_plot_writes_the_curves_png(capsys, store_args, tmp_path) -> None:
             ["--what-if", "Combine*0.5"],
             1,
             "the change 'Combine*0.5' matches no compute record of the selection",
+        ),
+        *(
+            (
+                ["--what-if", change],
+                1,
+                f"the change {change!r} cannot be replayed: the duration of a compute record "
+                f"of stage GMM1 ({cycles} cycles) of run analyze-run rank 0 invocation 0 "
+                "would pass int64 (2^63-1); give a smaller factor or shift",
+            )
+            # The issue's four: each exited 0 with a makespan of -9,223,372,036,849,824 us.
+            for change, cycles in [
+                ("GMM1*1e308", "inf"),
+                ("GMM1+1e30us", "1e+33"),
+                ("GMM1*1e18", "4e+19"),
+                ("GMM1+9223372036854775807", "9.22337e+18"),
+            ]
         ),
         (["--invocation", "7"], 1, "run analyze-run has no invocation 7"),
         (["--run", "no-such-run"], 1, "run no-such-run is not in the store at {store}"),

@@ -308,8 +308,9 @@ def test_ns_points_round_half_away_from_zero_as_the_sql_views():
         "SELECT list(round((c::HUGEINT - ?) * (1e9 / ?))::BIGINT) FROM unnest(?) t(c)",
         [anchor, frequency, cycles.tolist()],
     ).fetchone()[0]
-    got = replay_module._ns(cycles, np.int64(anchor), np.float64(frequency))
+    got, outside = replay_module._ns(cycles, np.int64(anchor), np.float64(frequency))
     assert got.tolist() == expected
+    assert not outside.any()
 
 
 def test_unfaithful_replay_predicts_nothing():

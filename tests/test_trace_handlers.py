@@ -12,8 +12,12 @@ from perfetto_checker import read_perfetto_trace
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler import mega_kernel_profile, schedule
-from multicore_profiler.errors import ExportError
-from multicore_profiler.export.handlers import chrome_trace_handler, perfetto_trace_handler
+from multicore_profiler.errors import ArgumentError, ExportError, StoreError
+from multicore_profiler.export.handlers import (
+    chrome_trace_handler,
+    perfetto_trace_handler,
+    trace_file_name,
+)
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOP_K = 48, 16, 32, 4, 2
@@ -97,6 +101,38 @@ def test_a_handler_outside_a_window_refuses(tmp_path: Path) -> None:
     session = SimpleNamespace(windows=[], run_id=None)
     with pytest.raises(ExportError, match="before any capture window ended"):
         chrome_trace_handler(tmp_path)(session)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("worker", "why"),
+    [
+        ("../../x", "holds '/'"),
+        ("a/b", "holds '/'"),
+        ("..\\x", "holds '\\\\'"),
+        ("w\0", "holds '\\x00'"),
+        ("..", "cannot be part of a file name"),
+        (".", "cannot be part of a file name"),
+    ],
+)
+@pytest.mark.parametrize("make", [chrome_trace_handler, perfetto_trace_handler])
+def test_a_worker_name_that_leaves_the_directory_is_refused_at_once(
+    tmp_path: Path, make, worker: str, why: str
+) -> None:
+    # The name becomes part of the file name: '../../x' would write two levels above
+    # dir_name. Refused when the handler is made, before any session runs; nothing created.
+    with pytest.raises(ArgumentError) as refused:
+        make(tmp_path / "traces", worker_name=worker)
+    assert str(refused.value).startswith(f"the worker name {worker!r} {why}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_trace_file_names_check_the_worker_and_the_run() -> None:
+    assert trace_file_name("w0", "r1", 3, True) == "w0.r1.window3.pt.trace.json.gz"
+    assert trace_file_name("w0", "r1", 3, False, "perfetto") == "w0.r1.window3.pftrace"
+    with pytest.raises(ArgumentError, match=r"the worker name '\.\./w' holds '/'"):
+        trace_file_name("../w", "r1", 3, False)
+    with pytest.raises(StoreError, match=r"run id '\.\./r' is not valid"):
+        trace_file_name("w0", "../r", 3, False)
 
 
 def test_the_handler_and_the_session_mark_the_critical_path(tmp_path: Path) -> None:

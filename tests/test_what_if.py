@@ -13,10 +13,13 @@ from test_replay import (
     AIV,
     STAGES,
     Rec,
+    compute,
     cross_released,
     releaser,
     table,
     ties,
+    trigger,
+    wait,
     workloads,
 )
 
@@ -92,6 +95,93 @@ def test_change_matching_no_compute_record_is_refused():
         speedup_curves(graph, stages=["Nope"])
     with pytest.raises(ArgumentError, match=r"fraction in \[0, 1\], got 1\.5"):
         speedup_curves(graph, speedups=[0.5, 1.5])
+
+
+LAST_FLOAT = 2**63 - 1024
+"""The largest float below 2^63: a duration, end or ns figure of at most this many fits."""
+LONGEST = f"A*{LAST_FLOAT}"
+"""Record A lasts one cycle, from 0: this makes it end at LAST_FLOAT."""
+
+
+def refusal(change: str, what: str) -> str:
+    return (
+        f"the change {change!r} cannot be replayed: {what} of run r rank 0 invocation 0 "
+        "would pass int64 (2^63-1); give a smaller factor or shift"
+    )
+
+
+def prediction(recs: list[Rec], change: str, frequency: float) -> int:
+    graph = prepare(table([recs], frequency=frequency))
+    return what_if(graph, [change]).column("predicted_makespan_ns")[0].as_py()
+
+
+def then_b(cycles: int) -> list[Rec]:
+    """A for one cycle, then B for ``cycles`` on the same core."""
+    return [compute((AIC, 0), "A", 0, 0, 1), compute((AIC, 0), "B", 1, 1, 1 + cycles)]
+
+
+@pytest.mark.parametrize(
+    ("change", "cycles"),
+    [
+        ("A*1e308", "1e+308"),
+        ("A+1e30us", "1e+33"),
+        ("A*1e18", "1e+18"),  # A lasts 1 cycle: 1e18 fits, 1e19 does not
+        ("A*1e19", "1e+19"),
+        ("A+9223372036854775807", "9.22337e+18"),  # as a float, 2^63
+        ("A+9223372036854775296", "9.22337e+18"),  # rounds to 2^63 too
+    ],
+)
+def test_a_duration_past_int64_is_refused(change, cycles):
+    # Each predicted a makespan of -9,223,372,036,849,824 us, the durations cast from
+    # floats past int64. 1 GHz: a ns is a cycle.
+    if cycles == "1e+18":
+        assert prediction(then_b(0), change, 1e9) == 10**18
+        return
+    with pytest.raises(ArgumentError) as refused:
+        prediction(then_b(0), change, 1e9)
+    what = f"the duration of a compute record of stage A ({cycles} cycles)"
+    assert str(refused.value) == refusal(change, what)
+
+
+def test_the_largest_duration_below_2_63_is_kept_exactly():
+    # 2^63 - 1024 is the largest float below 2^63; a shift of 2^63 - 513 ns rounds to it.
+    assert prediction(then_b(0), "A+9223372036854774784", 1e9) == LAST_FLOAT
+    assert prediction(then_b(0), "A+9223372036854775295", 1e9) == LAST_FLOAT
+    assert prediction(then_b(0), LONGEST, 1e9) == LAST_FLOAT
+
+
+def test_a_replayed_end_past_2_63_minus_1_cycles_is_refused_exactly():
+    # A ends at 2^63 - 1024; B after it, 1023 cycles, ends at 2^63 - 1 exactly: it fits
+    # (at 100 GHz, 0.01 ns a cycle, as DuckDB rounds it); 1024 cycles end at 2^63.
+    assert prediction(then_b(1023), LONGEST, 1e11) == round((2**63 - 1) * (1e9 / 1e11))
+    with pytest.raises(ArgumentError) as refused:
+        prediction(then_b(1024), LONGEST, 1e11)
+    what = "the replayed end of a record (in cycles)"
+    assert str(refused.value) == refusal(LONGEST, what)
+    # The same past a wait: its release (A's trigger, ending at 2^63 - 1023) plus its
+    # observed latency of 1022 cycles ends at 2^63 - 1; 1023 cycles pass.
+    for latency, fits in [(1022, True), (1023, False)]:
+        recs = [
+            compute((AIC, 0), "A", 0, 0, 1),
+            trigger((AIC, 0), 0, 1, 2, event=0),
+            wait((AIV, 0), 1, 0, 2 + latency, event=0, count=1),
+        ]
+        if fits:
+            assert prediction(recs, LONGEST, 1e11) == round((2**63 - 1) * (1e9 / 1e11))
+            continue
+        with pytest.raises(ArgumentError) as refused:
+            prediction(recs, LONGEST, 1e11)
+        assert str(refused.value) == refusal(LONGEST, what)
+
+
+def test_a_makespan_past_int64_ns_is_refused_exactly():
+    # 1 GHz, anchor 0: B ends at 2^63 - 1024 + 511 cycles, whose float ns round to
+    # 2^63 - 1024 (the views' figure); 512 cycles round to 2^63, past int64 ns.
+    assert prediction(then_b(511), LONGEST, 1e9) == LAST_FLOAT
+    for cycles in (512, 1023):
+        with pytest.raises(ArgumentError) as refused:
+            prediction(then_b(cycles), LONGEST, 1e9)
+        assert str(refused.value) == refusal(LONGEST, "the predicted makespan in ns")
 
 
 def test_speedup_curves_exact():

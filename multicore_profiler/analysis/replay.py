@@ -41,7 +41,9 @@ rescheduling of a worker's queue), nothing models contention (a faster record do
 slow or speed its neighbours), latencies and gaps are those observed. A wait depends on
 every trigger record of its event, so a wait whose event is also triggered downstream of
 it (by a later record of its own core, or of a core it releases) is a dependency cycle:
-``prepare`` refuses it with an ``AnalysisError`` naming the invocation.
+``prepare`` refuses it with an ``AnalysisError`` naming the invocation. Every figure stays
+an int64: changes whose durations, replayed ends (cycles) or makespan (ns) would pass
+2^63-1 are refused with an ``ArgumentError`` naming them and the invocation.
 
 Static bound: the same DAG with the observed release edges (each wait after the trigger
 that released it), every gap, latency and wait time 0 and every core starting at the
@@ -68,7 +70,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from multicore_profiler.errors import AnalysisError
+from multicore_profiler.errors import AnalysisError, ArgumentError
 
 if TYPE_CHECKING:
     from multicore_profiler.analysis.what_if import Change
@@ -126,6 +128,10 @@ _CELLS = 1 << 22
 _NO_RELEASE = -(1 << 62)
 """The latency of a segment head that no trigger releases: never the larger term."""
 
+_INT64_END = 2.0**63
+"""The first float past int64: a float ``x`` converts to int64 exactly where
+``-_INT64_END <= x < _INT64_END`` (the largest float below is 2^63 - 1024)."""
+
 
 @dataclass(frozen=True)
 class ComputeRecords:
@@ -140,11 +146,39 @@ class ComputeRecords:
     frequency_hz: np.ndarray
 
 
-def _ns(cycles: np.ndarray, anchor: np.ndarray, frequency: np.ndarray) -> np.ndarray:
-    """Cycles as integer ns from the anchor, rounded half away from zero (DuckDB's round)."""
-    x = (cycles - anchor).astype(np.float64) * (1e9 / frequency)
+def _sum_wrapped(a: np.ndarray, b: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Where ``total``, computed as ``a + b`` in int64 (which wraps), passed int64: exact."""
+    return np.where(b >= 0, total < a, total > a)
+
+
+def _difference_wrapped(a: np.ndarray, b: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Where ``total``, computed as ``a - b`` in int64 (which wraps), passed int64: exact."""
+    return np.where(b >= 0, total > a, total < a)
+
+
+def _ns(
+    cycles: np.ndarray, anchor: np.ndarray, frequency: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cycles as integer ns from the anchor, rounded half away from zero (DuckDB's round),
+    and where that leaves int64 (the ns there are 0): exact, the float ns compared with
+    2^63, which converts exactly."""
+    since = cycles - anchor
+    x = since.astype(np.float64) * (1e9 / frequency)
+    outside = _difference_wrapped(cycles, anchor, since) | ~((x >= -_INT64_END) & (x < _INT64_END))
+    x[outside] = 0.0
     whole = np.trunc(x)
-    return (whole + np.where(np.abs(x - whole) >= 0.5, np.sign(x), 0.0)).astype(np.int64)
+    ns = (whole + np.where(np.abs(x - whole) >= 0.5, np.sign(x), 0.0)).astype(np.int64)
+    return ns, outside
+
+
+def _span_ns(
+    first: np.ndarray, last: np.ndarray, anchor: np.ndarray, frequency: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``ns(last) - ns(first)``, and where it (or either time) leaves int64."""
+    start, start_outside = _ns(first, anchor, frequency)
+    end, end_outside = _ns(last, anchor, frequency)
+    span = end - start
+    return span, start_outside | end_outside | _difference_wrapped(end, start, span)
 
 
 def _ranges(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
@@ -258,8 +292,14 @@ class _Chunk:
     """Whole invocations of a graph, with their records' arrays, segments and schedules."""
 
     def __init__(
-        self, columns: dict[str, np.ndarray], inv_starts: np.ndarray, stage_names: tuple[str, ...]
+        self,
+        columns: dict[str, np.ndarray],
+        inv_starts: np.ndarray,
+        stage_names: tuple[str, ...],
+        first_invocation: int,
     ) -> None:
+        self.first_invocation = first_invocation
+        """The graph's index of the chunk's first invocation."""
         self.start = start = columns["start_cycle"]
         self.end = end = columns["end_cycle"]
         self.dur = end - start
@@ -330,12 +370,19 @@ class _Chunk:
         durations: np.ndarray,
         own: np.ndarray,
         latency: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Replayed (ends, starts) of every record, one column per scenario.
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Replayed (ends, starts) of every record, one column per scenario, and which
+        invocations (invocations x scenarios) passed int64 cycles.
 
         ``durations`` (records x scenarios) are the records' durations, ``start0`` where
         each core's first record starts, ``gap`` the gap before each other record; a
         graphed wait head ends at ``max(start' + own, R' + latency)``.
+
+        int64 wraps. Every end and start is one addition to values before it in the DAG's
+        order (start = previous end + gap, end = start + duration, a wait's two terms), so
+        where no such addition wrapped (``_sum_wrapped``, exact) every value is exact. The
+        cumulative sums in between may wrap: only their differences are used, and those
+        are exact whatever the sums wrapped.
         """
         heads, seg = self.heads, self.seg
         n_seg, n_scen = len(heads), durations.shape[1]
@@ -368,13 +415,31 @@ class _Chunk:
         starts = np.empty_like(ends)
         starts[1:] = ends[:-1] + gap[1:, None]
         starts[self.first] = start0[self.first, None]
-        return ends, starts
+        # A graphed wait's end is the larger of its two terms, each checked; every other
+        # end is its start plus its duration; every start but a core's first is the
+        # previous end plus the gap.
+        wrapped = _sum_wrapped(starts, durations, ends)
+        graphed = heads[self.graphed_seg]
+        wait_own, wait_latency = own[:, None], latency[self.graphed_seg, None]
+        release = released[topo.head_slot[self.graphed_seg]]
+        wrapped[graphed] = _sum_wrapped(
+            starts[graphed], wait_own, starts[graphed] + wait_own
+        ) | _sum_wrapped(release, wait_latency, release + wait_latency)
+        later = ~self.first[1:]
+        wrapped[1:][later] |= _sum_wrapped(
+            ends[:-1][later], gap[1:][later][:, None], starts[1:][later]
+        )
+        return ends, starts, np.logical_or.reduceat(wrapped, self.inv_starts, axis=0)
 
-    def makespans(self, ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """Each invocation's makespan in ns (invocations x scenarios)."""
-        anchor, frequency = self.anchor[:, None], self.frequency[:, None]
-        last = _ns(np.maximum.reduceat(ends, self.inv_starts, axis=0), anchor, frequency)
-        return last - _ns(np.minimum.reduceat(starts, self.inv_starts, axis=0), anchor, frequency)
+    def makespans(self, ends: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each invocation's makespan in ns (invocations x scenarios), and where it leaves
+        int64 ns."""
+        return _span_ns(
+            np.minimum.reduceat(starts, self.inv_starts, axis=0),
+            np.maximum.reduceat(ends, self.inv_starts, axis=0),
+            self.anchor[:, None],
+            self.frequency[:, None],
+        )
 
     def replay_durations(self, compute: Sequence[np.ndarray]) -> np.ndarray:
         """The records' durations with the compute records' of each scenario."""
@@ -383,8 +448,11 @@ class _Chunk:
             durations[self.compute_index, column] = values
         return durations
 
-    def replay_run(self, compute: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Replayed (ends, starts) for scenarios of compute durations."""
+    def replay_run(
+        self, compute: Sequence[np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Replayed (ends, starts) for scenarios of compute durations, and which
+        invocations passed int64 cycles (``propagate``)."""
         return self.propagate(
             self.replay,
             self.start,
@@ -397,7 +465,7 @@ class _Chunk:
     def static_ends(self) -> np.ndarray:
         """Each record's end in the static bound's schedule."""
         durations = np.where(self.wait_mask, 0, self.dur)[:, None]
-        ends, _ = self.propagate(
+        ends, _, _ = self.propagate(
             self.static,
             self.t0,
             np.zeros_like(self.gap),
@@ -489,9 +557,17 @@ class ReplayGraph:
         self.records = records
         self.chunks = chunks
         self.stages = stages
-        self.observed_makespan_ns = np.concatenate(
-            [chunk.makespans(chunk.end[:, None], chunk.start[:, None])[:, 0] for chunk in chunks]
+        spans, outside = zip(
+            *(chunk.makespans(chunk.end[:, None], chunk.start[:, None]) for chunk in chunks),
+            strict=True,
         )
+        self.observed_makespan_ns = np.concatenate(spans)[:, 0]
+        bad = np.flatnonzero(np.concatenate(outside)[:, 0])
+        if bad.size:
+            raise AnalysisError(
+                f"the observed makespan of {self.describe(int(bad[0]))} leaves int64 ns "
+                "(past 2^63-1 ns from its anchor): it cannot be replayed"
+            )
 
     def __len__(self) -> int:
         return self.keys.num_rows
@@ -577,7 +653,12 @@ def prepare(table: pa.Table) -> ReplayGraph:
     chunks = []
     for c, (r0, r1) in enumerate(itertools.pairwise(bounds)):
         local = {name: values[r0:r1] for name, values in columns.items()}
-        chunk = _Chunk(local, inv_starts[inv_bounds[c] : inv_bounds[c + 1]] - r0, stage_names)
+        chunk = _Chunk(
+            local,
+            inv_starts[inv_bounds[c] : inv_bounds[c + 1]] - r0,
+            stage_names,
+            int(inv_bounds[c]),
+        )
         if chunk.replay.unresolved.size:
             invs = np.unique(chunk.inv_of_seg[chunk.replay.unresolved]) + inv_bounds[c]
             named = "; ".join(_describe_key(keys, int(i)) for i in invs[:5])
@@ -591,11 +672,13 @@ def prepare(table: pa.Table) -> ReplayGraph:
     return ReplayGraph(keys, records, chunks, tuple(sorted(stages)))
 
 
-def _change_masks(
-    graph: ReplayGraph, scenarios: Sequence[Sequence[Change]]
-) -> dict[Change, list[np.ndarray]]:
+_Masks = dict["Change", list[np.ndarray]]
+"""Each change's compute records, a mask per chunk."""
+
+
+def _change_masks(graph: ReplayGraph, scenarios: Sequence[Sequence[Change]]) -> _Masks:
     """Each change's compute records, per chunk; ``AnalysisError`` for one matching none."""
-    masks: dict[Change, list[np.ndarray]] = {}
+    masks: _Masks = {}
     for change in (change for scenario in scenarios for change in scenario):
         if change not in masks:
             masks[change] = [change.matches(chunk.compute) for chunk in graph.chunks]
@@ -606,44 +689,108 @@ def _change_masks(
     return masks
 
 
+def _past_int64(
+    graph: ReplayGraph, scenario: Sequence[Change], invocation: int, what: str
+) -> ArgumentError:
+    """The refusal of a scenario whose replay leaves int64 in ``invocation`` (of the
+    graph): ``what`` passes 2^63-1."""
+    texts = ", ".join(repr(change.text) for change in scenario)
+    changes = f"the change{'s' if len(scenario) > 1 else ''} {texts}"
+    return ArgumentError(
+        f"{changes} cannot be replayed: {what} of {graph.describe(invocation)} would pass "
+        "int64 (2^63-1); give a smaller factor or shift"
+    )
+
+
 def _changed_durations(
-    chunk: _Chunk, scenario: Sequence[Change], masks: dict[Change, list[np.ndarray]], index: int
+    graph: ReplayGraph, chunk: _Chunk, scenario: Sequence[Change], masks: _Masks, index: int
 ) -> np.ndarray:
-    """The chunk's compute durations after the scenario's changes, applied in order."""
+    """The chunk's (the graph's ``index``-th) compute durations after the scenario's
+    changes, applied in order; ``ArgumentError`` for a duration past int64 cycles, naming
+    the change, the stage and the invocation."""
     durations = chunk.dur[chunk.compute_index]
     for change in scenario:
         mask = masks[change][index]
-        shift = change.shift_ns * chunk.compute.frequency_hz[mask] / 1e9
-        durations[mask] = np.maximum(0, np.rint(durations[mask] * change.scale + shift))
+        with np.errstate(over="ignore"):  # a duration past floats is inf, refused below
+            shift = change.shift_ns * chunk.compute.frequency_hz[mask] / 1e9
+            changed = np.maximum(0, np.rint(durations[mask] * change.scale + shift))
+        past = np.flatnonzero(changed >= _INT64_END)
+        if past.size:
+            record = int(np.flatnonzero(mask)[past[0]])
+            code = int(chunk.compute.stage[record])
+            stage = chunk.compute.stage_names[code] if code >= 0 else "(none)"
+            where = np.searchsorted(chunk.inv_starts, chunk.compute_index[record], "right") - 1
+            raise _past_int64(
+                graph,
+                [change],
+                chunk.first_invocation + int(where),
+                f"the duration of a compute record of stage {stage} "
+                f"({changed[past[0]]:.6g} cycles)",
+            )
+        durations[mask] = changed
     return durations
 
 
 def _replay_chunks(
     graph: ReplayGraph, scenarios: Sequence[Sequence[Change]]
-) -> Iterator[Iterator[tuple[np.ndarray, np.ndarray]]]:
-    """Per chunk, the replayed (ends, starts) of batches of scenarios, in scenario order,
-    each computed when asked for (one batch in memory at a time)."""
+) -> Iterator[tuple[_Chunk, Iterator[tuple[np.ndarray, np.ndarray]]]]:
+    """Per chunk, the chunk and the replayed (ends, starts) of batches of scenarios, in
+    scenario order, each computed when asked for (one batch in memory at a time).
+    ``ArgumentError`` for a scenario whose replay passes int64 cycles."""
     masks = _change_masks(graph, scenarios)
     for index, chunk in enumerate(graph.chunks):
-        compute = [_changed_durations(chunk, scenario, masks, index) for scenario in scenarios]
-        step = max(1, _CELLS // len(chunk.start))
-        yield (chunk.replay_run(compute[i : i + step]) for i in range(0, len(compute), step))
+        compute = [_changed_durations(graph, chunk, s, masks, index) for s in scenarios]
+        yield chunk, _checked_batches(graph, chunk, scenarios, compute)
+
+
+def _checked_batches(
+    graph: ReplayGraph,
+    chunk: _Chunk,
+    scenarios: Sequence[Sequence[Change]],
+    compute: list[np.ndarray],
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The chunk's replayed (ends, starts), a batch of scenarios at a time; the first
+    scenario whose replay passed int64 cycles is refused."""
+    step = max(1, _CELLS // len(chunk.start))
+    for first in range(0, len(compute), step):
+        ends, starts, wrapped = chunk.replay_run(compute[first : first + step])
+        if wrapped.any():
+            column, invocation = np.argwhere(wrapped.T)[0]
+            raise _past_int64(
+                graph,
+                scenarios[first + int(column)],
+                chunk.first_invocation + int(invocation),
+                "the replayed end of a record (in cycles)",
+            )
+        yield ends, starts
 
 
 def predict_makespans(graph: ReplayGraph, scenarios: Sequence[Sequence[Change]]) -> np.ndarray:
     """The replayed makespan in ns of every invocation (rows) under every scenario
-    (columns), a scenario being a sequence of changes (``()``: the durations observed)."""
+    (columns), a scenario being a sequence of changes (``()``: the durations observed).
+    ``ArgumentError`` for a scenario whose replay or makespan leaves int64, naming it."""
     spans = []
-    for chunk, batches in zip(graph.chunks, _replay_chunks(graph, scenarios), strict=True):
-        spans.append(np.concatenate([chunk.makespans(*batch) for batch in batches], axis=1))
+    for chunk, batches in _replay_chunks(graph, scenarios):
+        chunk_spans, outside = zip(*(chunk.makespans(*batch) for batch in batches), strict=True)
+        past = np.argwhere(np.concatenate(outside, axis=1).T)
+        if past.size:
+            column, invocation = past[0]
+            raise _past_int64(
+                graph,
+                scenarios[int(column)],
+                chunk.first_invocation + int(invocation),
+                "the predicted makespan in ns",
+            )
+        spans.append(np.concatenate(chunk_spans, axis=1))
     return np.concatenate(spans, axis=0)
 
 
 def replay_records(graph: ReplayGraph, changes: Sequence[Change] = ()) -> pa.Table:
     """Every record with its replayed ``start_cycle`` and ``end_cycle`` under the changes:
-    the key columns, ``core_type, block_id, record_index, phase``, in core order."""
+    the key columns, ``core_type, block_id, record_index, phase``, in core order;
+    ``ArgumentError`` for changes whose replay passes int64 cycles."""
     ends, starts = [], []
-    for batches in _replay_chunks(graph, [tuple(changes)]):
+    for _, batches in _replay_chunks(graph, [tuple(changes)]):
         (chunk_ends, chunk_starts), *_ = batches
         ends.append(chunk_ends[:, 0])
         starts.append(chunk_starts[:, 0])
@@ -697,9 +844,7 @@ def static_bound(graph: ReplayGraph) -> pa.Table:
     for chunk in graph.chunks:
         last = np.maximum.reduceat(chunk.static_ends(), chunk.inv_starts)
         first = chunk.t0[chunk.inv_starts]
-        bounds.append(
-            _ns(last, chunk.anchor, chunk.frequency) - _ns(first, chunk.anchor, chunk.frequency)
-        )
+        bounds.append(_span_ns(first, last, chunk.anchor, chunk.frequency)[0])
     bound = np.concatenate(bounds)
     makespan = graph.observed_makespan_ns
     slack = makespan - bound

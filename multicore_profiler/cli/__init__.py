@@ -3,7 +3,11 @@
 Every command takes ``--store PATH`` (default ``$MCPROF_STORE`` or ``./mcprof-store``).
 Errors print one line, ``mcprof: error: ...``, and exit with status 1; a usage error (an
 unknown option, a missing argument, a value that is not a number or out of its range)
-exits with status 2 (``compare``'s errors all exit with 2).
+exits with status 2 (``compare``'s errors all exit with 2). A reader that closes the pipe
+early (``mcprof query ... | head``) ends the command quietly with status 141, as a shell
+reports for a Unix tool that SIGPIPE ended. Before a command runs, a file it would write
+(``-o``, ``--plot``) inside a store or that is one of its inputs is refused
+(``output.check_outputs``).
 
 Each command (or group of commands) is a module here that adds its parser
 (``register``) and calls the library; this module assembles them and runs one.
@@ -32,9 +36,13 @@ from multicore_profiler.cli import (
     runs,
 )
 from multicore_profiler.cli.arguments import Parser, parents
-from multicore_profiler.cli.output import one_line, warn
+from multicore_profiler.cli.output import check_outputs, one_line, warn
 from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
 from multicore_profiler.storage.location import os_reason
+
+PIPE_CLOSED = 128 + 13
+"""The exit status when standard output's reader went away: 128 + SIGPIPE, what a shell
+reports for ``seq 1000000 | head -1``'s ``seq``; distinct from an error's 1."""
 
 COMMANDS = (runs, compare, analyze, outer_kernels, ingest, maintenance, export, fuse, demo)
 """The command modules, in the order ``mcprof --help`` lists their commands."""
@@ -81,6 +89,18 @@ def _failure(exc: Exception) -> str:
     )
 
 
+def _stdout_to_devnull() -> None:
+    """Point standard output at the null device, so that the interpreter's flush at exit
+    finds no closed pipe and prints nothing (as the Python docs' note on SIGPIPE does)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (a test's capture): nothing flushes at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``mcprof`` command; return its exit status."""
     args = _parser().parse_args(argv)
@@ -93,9 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # ours: one line too, marked "internal error" so that it is reported rather than
         # taken for bad input. MCPROF_DEBUG=1 lets every error through with its traceback.
         try:
-            return args.func(args) or 0
+            check_outputs(args)
+            status = args.func(args) or 0
+            sys.stdout.flush()  # a reader gone is seen here, not as an error at exit
+            return status
         except KeyboardInterrupt:
             return 130
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            return PIPE_CLOSED
         except Exception as exc:
             if os.environ.get("MCPROF_DEBUG"):
                 raise

@@ -1,8 +1,9 @@
 """How the commands print: one-line messages and warnings, and rows as a table, CSV, JSON
-or Parquet."""
+or Parquet; and the check of the files a command writes (``check_outputs``)."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 import tempfile
@@ -12,7 +13,34 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from multicore_profiler.errors import ProfileError
+from multicore_profiler.errors import ArgumentError, ProfileError
+from multicore_profiler.export.files import check_output
+
+OUTPUTS = {"output": "-o", "plot": "--plot"}
+"""The arguments naming a file a command writes, by their option."""
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before the command runs, an output (``OUTPUTS``) inside a store (any store,
+    not only ``--store``) or that is one of the command's input files (its other path
+    arguments: the outer trace, ``--trace``, ``--rules``, ...): ``ArgumentError`` naming
+    the option, the path and why."""
+    given = vars(args)
+    inputs = [
+        value
+        for name, values in given.items()
+        if name not in OUTPUTS
+        for value in (values if isinstance(values, list) else [values])
+        if isinstance(value, Path)
+    ]
+    for name, option in OUTPUTS.items():
+        output = given.get(name)
+        if not isinstance(output, Path):
+            continue
+        try:
+            check_output(output, inputs)
+        except ValueError as exc:
+            raise ArgumentError(f"cannot write {option} {output}: {exc}") from None
 
 
 def one_line(message: str) -> str:

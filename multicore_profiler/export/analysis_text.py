@@ -24,6 +24,7 @@ import pyarrow as pa
 from multicore_profiler.analysis.analyze import KernelAnalysis
 from multicore_profiler.analysis.replay import FIDELITY_LIMIT
 from multicore_profiler.export.markdown import markdown_table
+from multicore_profiler.export.terminal_text import printable
 
 FEW_INVOCATIONS = 8
 """Up to this many invocations the makespan table has a row per invocation; above, one
@@ -189,9 +190,10 @@ _TITLES = {
 
 
 def _heading(report: AnalysisReport) -> str:
+    """The summary's first line, its names escaped for a terminal (``printable``)."""
     invocations = report.analysis.invocations
     kernels = sorted(set(invocations.column("kernel_name").to_pylist()))
-    return (
+    return printable(
         f"mcprof analyze: {report.analysis.described}: {invocations.num_rows} invocation(s) "
         f"of {', '.join(kernels)}"
     )
@@ -199,7 +201,8 @@ def _heading(report: AnalysisReport) -> str:
 
 def _cell(name: str, value: Any) -> str:
     """A value as the summary shows it: ns as us (three decimals: to the ns), shares, imbalances and
-    errors as percentages, ratios with four decimals, booleans as yes/no."""
+    errors as percentages, ratios with four decimals, booleans as yes/no, text escaped for a
+    terminal (``printable``)."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -211,7 +214,7 @@ def _cell(name: str, value: Any) -> str:
             return f"{float(value):.1%}"
         if "ratio" in name:
             return f"{float(value):.4f}"
-    return str(value)
+    return printable(str(value))
 
 
 def _header(name: str) -> str:
@@ -221,8 +224,8 @@ def _header(name: str) -> str:
 
 
 def _displayed(name: str, table: pa.Table) -> tuple[list[str], list[list[str]]]:
-    """A summary table's header and cells as shown; the speed-up curves one row per stage,
-    a column per speed-up."""
+    """A summary table's header and cells as shown, names escaped for a terminal
+    (``printable``); the speed-up curves one row per stage, a column per speed-up."""
     if name == "speedup_curves":
         rows = table.to_pylist()
         speedups = sorted({row["speedup"] for row in rows})
@@ -230,7 +233,8 @@ def _displayed(name: str, table: pa.Table) -> tuple[list[str], list[list[str]]]:
         stages = list(dict.fromkeys(row["stage"] for row in rows))
         header = ["stage", *(f"{s:.0%} faster" for s in speedups)]
         cells = [
-            [stage, *(_cell("ratio", ratios.get((stage, s))) for s in speedups)] for stage in stages
+            [printable(stage), *(_cell("ratio", ratios.get((stage, s))) for s in speedups)]
+            for stage in stages
         ]
         return header, cells
     names = table.column_names

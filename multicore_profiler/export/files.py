@@ -1,19 +1,21 @@
 """Trace files written aside and renamed into place: no reader sees half a trace, and a
-failure leaves no file behind and an older one at the path as it was; and what a trace
-writer reports it wrote (``ExportedTrace``)."""
+failure leaves no file behind and an older one at the path as it was; what a trace
+writer reports it wrote (``ExportedTrace``); the checks of an output, which may not lie
+inside a store or be an input (``check_output``), and of a name that becomes part of a
+file name (``file_name_part``)."""
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multicore_profiler.errors import ExportError, ProfileError
-from multicore_profiler.storage.location import special_file
+from multicore_profiler.errors import ArgumentError, ExportError, ProfileError
+from multicore_profiler.storage.location import MARKER, special_file
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,54 @@ class ExportedTrace:
     critical_flows: int = 0
 
 
+_SEPARATORS = ("/", "\\", "\0")
+"""What a file name part may not hold: a directory separator (POSIX's or Windows', wherever
+the files are read later) or NUL, which ends a path."""
+
+
+def file_name_part(name: str, what: str) -> str:
+    """``name`` if it can become part of a file name in a given directory and stay there:
+    not empty, not ``.`` or ``..``, without a separator or NUL; else ``ArgumentError``
+    naming ``what`` it is."""
+    if not isinstance(name, str):
+        raise ArgumentError(f"{what} must be a string, got {name!r}")
+    bad = next((c for c in _SEPARATORS if c in name), None)
+    if bad is not None:
+        raise ArgumentError(
+            f"{what} {name!r} holds {bad!r}: it becomes part of a file name, so it may hold "
+            "no directory separator and no NUL"
+        )
+    if name in ("", ".", ".."):
+        raise ArgumentError(f"{what} {name!r} cannot be part of a file name")
+    return name
+
+
+def store_holding(path: Path) -> Path | None:
+    """The store directory ``path`` lies in (``path`` itself or the nearest of its
+    directories that holds a store's marker), symlinks and ``..`` resolved; None if none."""
+    resolved = path.resolve()
+    return next((d for d in (resolved, *resolved.parents) if (d / MARKER).is_file()), None)
+
+
+def check_output(path: Path, inputs: Iterable[Path] = ()) -> None:
+    """Refuse (``ValueError``, saying why) an output ``path`` inside a store, whichever
+    store: a file written there would be taken for the store's data or replace it, and a
+    store's files change only through its commits. Refuse one that is also one of the
+    ``inputs`` (the same file by another name too: symlinks, ``..``, hard links)."""
+    store = store_holding(path)
+    if store is not None:
+        raise ValueError(
+            f"it is inside the store at {store}, whose files change only through its "
+            "commits; give a path outside it"
+        )
+    resolved = path.resolve()
+    for given in inputs:
+        if given.resolve() == resolved or (
+            path.exists() and given.exists() and os.path.samefile(path, given)
+        ):
+            raise ValueError(f"it is the command's input {given}; give another path")
+
+
 def gzipped(path: Path) -> bool:
     """Whether a trace at ``path`` is written gzipped: its name ends in ``.gz``, in any case."""
     return path.suffix.lower() == ".gz"
@@ -41,10 +91,12 @@ def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[
     """The hidden path beside ``path`` to write; renamed to ``path`` when the block ends.
 
     The hidden file is created on entry, before the block does any work, so a path that
-    cannot be written (a missing or read-only directory, an existing directory or device)
-    fails first. An ``OSError`` becomes ``error`` ("cannot write <what> to <path>: ...").
+    cannot be written (a missing or read-only directory, an existing directory or device,
+    a path inside a store: ``check_output``) fails first. An ``OSError`` becomes ``error``
+    ("cannot write <what> to <path>: ...").
     """
     try:
+        check_output(path)
         _check_target(path)
         aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         aside.touch()

@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from multicore_profiler.errors import ExportError, SessionError
-from multicore_profiler.export.files import ExportedTrace
+from multicore_profiler.errors import ArgumentError, ExportError, SessionError
+from multicore_profiler.export.files import ExportedTrace, check_output, file_name_part
 from multicore_profiler.export.timeline import RecordSelection
 from multicore_profiler.export.trace_formats import export_trace
 from multicore_profiler.extension import extend
+from multicore_profiler.storage.partitions import check_run_id
 from multicore_profiler.storage.store import Store
 
 
@@ -47,8 +48,10 @@ def trace_file_name(
     worker_name: str, run_id: str, window: int, use_gzip: bool, format: str = "json"
 ) -> str:
     """``<worker>.<run>.window<k>.pt.trace.json`` (``.pftrace`` for Perfetto; ``.gz`` added
-    when gzipped)."""
-    name = f"{worker_name}.{run_id}.window{window}{_SUFFIXES[format]}"
+    when gzipped). ``ArgumentError`` for a worker name that would leave the directory (a
+    separator, ``..``, NUL), ``StoreError`` for a run id that is not one."""
+    worker = file_name_part(worker_name, "the worker name")
+    name = f"{worker}.{check_run_id(run_id)}.window{window}{_SUFFIXES[format]}"
     return name + (".gz" if use_gzip else "")
 
 
@@ -66,8 +69,11 @@ def chrome_trace_handler(
     ``worker_name`` defaults to ``<host>_<pid>``, as torch's handler does; names are
     detailed if the session asked for it (or ``detailed_task_names`` says so);
     ``critical_path`` marks each invocation's critical path (see ``export_chrome_trace``). The
-    directory is created if missing. Raises ``ExportError`` when it is called before any
-    window ended (not from a session) or the trace cannot be written.
+    directory is created if missing. A ``worker_name`` that would put the file elsewhere (a
+    separator, ``..``, NUL) and a directory inside a store are an ``ArgumentError`` at
+    once. The handler raises
+    ``ExportError`` when it is called before any window ended (not from a session) or the
+    trace cannot be written.
     """
     return _window_handler(
         "json", dir_name, worker_name, use_gzip, detailed_task_names, critical_path
@@ -99,7 +105,14 @@ def _window_handler(
 ) -> Callable[[ProfiledSession], ExportedTrace]:
     """A handler that writes each window's trace in ``format`` under ``dir_name``."""
     directory = Path(dir_name)
-    worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
+    try:
+        check_output(directory)
+    except ValueError as exc:
+        raise ArgumentError(f"cannot write traces to {directory}: {exc}") from None
+    worker = file_name_part(
+        worker_name or f"{socket.gethostname()}_{os.getpid()}",
+        "the worker name",
+    )
 
     def handler(session: ProfiledSession) -> ExportedTrace:
         if not session.windows or session.run_id is None:

@@ -39,7 +39,7 @@ from multicore_profiler.export.chrome_trace import (
     flow_end_ts,
     metadata_event,
 )
-from multicore_profiler.export.files import written_aside
+from multicore_profiler.export.files import check_output, written_aside
 from multicore_profiler.export.json_rows import Row, strings, texts
 from multicore_profiler.export.timeline import (
     LayoutChanged,
@@ -130,8 +130,9 @@ def merge_chrome_traces(
     The i-th invocation aligns to the i-th outer device kernel matching
     ``kernel_pattern`` (default: from the kernel's name) after ``kernel_index`` of them,
     within ``outer_pid`` if given. Raises ``ArgumentError`` for an argument out of range
-    (before any work) and ``FuseError`` when the fusion cannot be done safely; no file is
-    left behind then.
+    (before any work) and ``FuseError`` when the fusion cannot be done safely (an
+    ``output`` inside a store or that is one of the input traces: before any work); no file
+    is left behind then.
     """
     COUNT.check(kernel_index, "kernel_index")
     check_given(
@@ -143,6 +144,11 @@ def merge_chrome_traces(
     from_store = isinstance(mega_kernel_trace, Store)
     if not from_store and any(v is not None for v in (run, step, window)):
         raise FuseError("run, step and window select from a store, not from a trace file")
+    inputs = [Path(framework_trace)] + ([] if from_store else [Path(mega_kernel_trace)])
+    try:  # before the outer trace goes into the store
+        check_output(Path(output), inputs)
+    except ValueError as exc:
+        raise FuseError(f"cannot write the fused trace to {output}: {exc}") from None
     with ExitStack() as stack:
         if store is None and isinstance(mega_kernel_trace, Store):
             store = mega_kernel_trace
