@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -26,6 +25,7 @@ from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.catalog import LISTING_ORDER
 from multicore_profiler.storage.claims import CLAIM_NAME
 from multicore_profiler.storage.compact import COMPACT_LOCK
+from multicore_profiler.storage.connection import connection
 from multicore_profiler.storage.location import MARKER
 from multicore_profiler.storage.partitions import (
     ORPHAN_AGE,
@@ -385,7 +385,7 @@ def _counts(store: StoreHandle, scan: _Scan) -> None:
             "step": pa.array([s for _, s in sorted(scan.broken)], pa.int64()),
         }
     )
-    with duckdb.connect() as con:
+    with connection() as con:
         con.register("visible", visible)
         con.register("broken", broken)
         con.register("invocation_rows", pa.concat_tables(invocations))

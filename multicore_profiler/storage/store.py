@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from functools import partial
 from importlib import resources
@@ -33,6 +33,7 @@ from multicore_profiler.errors import IntegrityError, QueryError, SelectorError,
 from multicore_profiler.extension import Extensible
 from multicore_profiler.storage.catalog import FileCatalog
 from multicore_profiler.storage.compact import CompactionReport, compact
+from multicore_profiler.storage.connection import connection, extension_refusal
 from multicore_profiler.storage.location import MARKER, StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     CorruptFileError,
@@ -109,7 +110,8 @@ class Store(Extensible, StoreWrites):
         self._location = location
         self._lock = StoreLock(location.directory) if location.is_local else None
         self._views = threading.Lock()
-        self._db = duckdb.connect()
+        self._resources = ExitStack()
+        self._db = self._resources.enter_context(connection())
         self._db.execute("SET enable_progress_bar = false; SET TimeZone = 'UTC'")
         self._catalog = FileCatalog(location)
         self._datasets: dict[str, tuple[tuple[str, ...], ds.Dataset]] = {}
@@ -436,7 +438,9 @@ class Store(Extensible, StoreWrites):
                             self._point(cursor, runs, native=True)
                 result = cursor.sql(query, params=params)
                 return pa.table({}) if result is None else result.to_arrow_table()
-        except (duckdb.Error, pa.ArrowException) as exc:
+        except duckdb.Error as exc:
+            raise QueryError(f"query failed: {extension_refusal(exc) or exc}") from exc
+        except pa.ArrowException as exc:
             raise QueryError(f"query failed: {exc}") from exc
 
     def select_runs(self, selector: RunSelector | str) -> list[str]:
@@ -461,8 +465,8 @@ class Store(Extensible, StoreWrites):
         return ids
 
     def close(self) -> None:
-        """Release the DuckDB connection."""
-        self._db.close()
+        """Release the DuckDB connection and remove its spill directory."""
+        self._resources.close()
 
     def __enter__(self) -> Store:
         return self
