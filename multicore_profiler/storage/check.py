@@ -43,11 +43,12 @@ from multicore_profiler.storage.vacuum import LEFTOVER_SUFFIX, SNAPSHOT_TABLES, 
 if TYPE_CHECKING:
     from multicore_profiler.storage.handle import StoreHandle
 
-CHECKS = ("checksum", "parquet", "schema", "counts", "orphan", "leftover", "layout")
+CHECKS = ("checksum", "parquet", "schema", "counts", "orphan", "leftover", "layout", "special")
 """What a problem can be: a page failing its CRC; a file that is not readable Parquet;
 a schema that does not fit the table; an invocation whose counts disagree with its rows;
 a file of a write never committed; a dead writer's ``.parquet.tmp`` file or claim; a
-file outside the store's layout."""
+file outside the store's layout; a symbolic link (or FIFO, socket, device), which the
+store never follows or reads."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _COUNTS = """
 WITH records AS (
@@ -156,6 +157,7 @@ def check_store(
         scan.infos[info.path] = info
         relative = relative_path(location, info.path)
         _classify(store, scan, info, relative, now)
+    _special(store, scan, runs)
     for run_id in sorted(scan.good):
         if run_id:
             _orphans(store, scan, run_id, now)
@@ -186,6 +188,24 @@ def _listing(store: StoreHandle, runs: list[str] | None) -> list[pafs.FileInfo]:
             raise StoreError(f"no run {run_id!r} in the store at {location}")
         found.extend(of_run)
     return sorted(found, key=lambda i: i.path)
+
+
+def _special(store: StoreHandle, scan: _Scan, runs: list[str] | None) -> None:
+    """Report every symbolic link, FIFO, socket or device of the selection."""
+    location = store.location
+    prefixes = [""]
+    if runs is not None:
+        tables = [s.name for s in TABLES.values() if s.partition_by[0] == "run_id"]
+        prefixes = [f"{table}/run_id={run_id}" for run_id in runs for table in tables]
+    for prefix in prefixes:
+        for path, what in location.special_files(prefix):
+            scan.checked += 1
+            scan.problem(
+                relative_path(location, path),
+                "special",
+                f"{what}: the store follows no link and reads only regular files, so no "
+                "query, compaction or removal reads it or what it points to",
+            )
 
 
 def _classify(
