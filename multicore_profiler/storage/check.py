@@ -36,9 +36,16 @@ from multicore_profiler.storage.partitions import (
     relative_path,
     utc,
 )
-from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, TABLES, TableSpec
+from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, TABLES, TASKS, TableSpec
 from multicore_profiler.storage.swap import JOURNAL_DIR, LOCK_FILE
-from multicore_profiler.storage.vacuum import LEFTOVER_SUFFIX, SNAPSHOT_TABLES, RunFiles, dead_files
+from multicore_profiler.storage.vacuum import (
+    GRAPHS,
+    LEFTOVER_SUFFIX,
+    SNAPSHOT_TABLES,
+    WRITES,
+    RunFiles,
+    dead_files,
+)
 
 if TYPE_CHECKING:
     from multicore_profiler.storage.handle import StoreHandle
@@ -308,9 +315,21 @@ def _data_file(
         return
     run_id = str(values.get("run_id", ""))
     scan.good.setdefault(run_id, {}).setdefault(spec.name, []).append(info.path)
+    path = pa.scalar(info.path)
+    if spec is TASKS:  # the graphs it holds, for the orphan check
+        found = table.group_by(["rank", "config_id"]).aggregate([])
+        rows = pa.table(
+            {
+                "path": pa.repeat(path, found.num_rows),
+                "rank": found["rank"],
+                "config_id": found["config_id"],
+                "run_id": pa.repeat(pa.scalar(run_id), found.num_rows),
+            }
+        )
+        scan.rows.setdefault(spec.name, []).append(rows)
+        return
     if spec not in (INVOCATIONS, CORES, RECORDS):
         return
-    path = pa.scalar(info.path)
     if spec is INVOCATIONS:
         slots = pc.add(table["aic_slots"].cast(pa.int64()), table["aiv_slots"].cast(pa.int64()))
         rows = pa.table(
@@ -339,9 +358,10 @@ def _data_file(
 
 
 def _orphans(store: StoreHandle, scan: _Scan, run_id: str, now: datetime) -> None:
-    """Report the run's good files of writes never committed, once ``ORPHAN_AGE`` old:
-    the vacuum's leftovers of a death (it is given no grace, so files hidden for good by
-    a tombstone are not reported: they are no problem, only waiting for the vacuum)."""
+    """Report the run's good files of writes never committed, and of task graphs no
+    invocation names, once ``ORPHAN_AGE`` old: the vacuum's leftovers of a death (it is
+    given no grace, so files hidden for good by a tombstone are not reported: they are no
+    problem, only waiting for the vacuum)."""
     paths = scan.good[run_id]
     writes = []
     for spec in (RECORDS, CORES, INVOCATIONS):
@@ -360,18 +380,30 @@ def _orphans(store: StoreHandle, scan: _Scan, run_id: str, now: datetime) -> Non
                     }
                 )
             )
-    if not writes:
+    of_run = [
+        rows.select(GRAPHS.names).cast(GRAPHS)
+        for rows in scan.rows.get(TASKS.name, [])
+        if rows.num_rows and rows["run_id"][0].as_py() == run_id
+    ]
+    graphs = pa.concat_tables([GRAPHS.empty_table(), *of_run])
+    if not writes and not graphs.num_rows:
         return
     infos = {
         spec.name: [scan.infos[p] for p in paths.get(spec.name, [])] for spec in SNAPSHOT_TABLES
     }
-    snapshot = RunFiles(infos, pa.concat_tables(writes))
-    for path in sorted(dead_files(store, run_id, snapshot, now=now, grace=now - _EPOCH)):
+    snapshot = RunFiles(infos, pa.concat_tables([WRITES.empty_table(), *writes]), (), graphs)
+    dead = dead_files(store, run_id, snapshot, now=now, grace=now - _EPOCH)
+    graph_files = set(graphs["path"].to_pylist())
+    for path in sorted(dead):
         scan.problem(
             relative_path(store.location, path),
             "orphan",
-            f"rows of a write never committed, over {ORPHAN_AGE.days} day old (its writer "
-            "died before the invocations that commit it): no view shows them; "
+            f"task graphs that no invocation names, over {ORPHAN_AGE.days} day old (their "
+            "writer died before the steps that name them): no view joins them; "
+            "'mcprof compact' deletes the file"
+            if path in graph_files
+            else f"rows of a write never committed, over {ORPHAN_AGE.days} day old (its "
+            "writer died before the invocations that commit it): no view shows them; "
             "'mcprof compact' deletes the file",
         )
 
