@@ -69,6 +69,10 @@ def test_a_link_looping_up_the_store_is_reported_and_never_followed(tmp_path: Pa
     checked = mcprof("check", "--store", str(root), "--run", "r")
     assert checked.returncode == 1
     assert checked.stdout.startswith("records/run_id=r/loop: special: "), checked.stdout
+    alias = tmp_path / "alias"  # the store's own directory may be a link
+    alias.symlink_to(root)
+    with open_store(alias) as store:
+        assert [p.path for p in check_store(store).problems] == ["records/run_id=r/loop"]
 
     compacted = mcprof("compact", "--store", str(root))
     assert (compacted.returncode, compacted.stderr) == (0, ""), compacted.stderr

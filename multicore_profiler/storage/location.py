@@ -180,25 +180,21 @@ class StoreLocation:
     def _entries(self, relative: str) -> Iterator[tuple[str, os.stat_result]]:
         """Every entry under ``relative`` of a local store (and ``relative`` itself, if it
         is no directory) with its ``lstat``; a directory is entered only if it is one, not a
-        link to one, and so is every directory between the store and ``relative``. An
-        entry removed between its directory's listing and its ``lstat`` is left out."""
+        link to one, and so is every directory between the store and ``relative`` (the
+        store's own directory may be a link). An entry removed between its directory's
+        listing and its ``lstat`` is left out."""
         path = self.path
-        for part in [p for p in relative.split("/") if p]:
+        parts = [p for p in relative.split("/") if p]
+        for depth, part in enumerate(parts, start=1):
+            path = f"{path}/{part}"
             try:
                 found = os.lstat(path)
             except FileNotFoundError:
                 return
             if not stat.S_ISDIR(found.st_mode):
+                if depth == len(parts):
+                    yield path, found
                 return
-            path = f"{path}/{part}"
-        try:
-            found = os.lstat(path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISDIR(found.st_mode):
-            if relative:
-                yield path, found
-            return
         pending = [path]
         while pending:
             directory = pending.pop()

@@ -352,7 +352,7 @@ def run_partitions(root: Path, spec: TableSpec, run_id: str) -> Iterator[tuple[P
     stable order; nothing reached through a symbolic link (a compaction never merges or
     unlinks what a link points to)."""
     base = root / spec.name / f"run_id={check_run_id(run_id)}"
-    if base.is_symlink() or not base.is_dir():
+    if base.parent.is_symlink() or base.is_symlink() or not base.is_dir():
         return
     nested = len(spec.partition_by) > 1
     directories = sorted(_real_entries(base, stat.S_ISDIR)) if nested else [base]
