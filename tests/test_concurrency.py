@@ -22,7 +22,6 @@ from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage import swap
 from multicore_profiler.storage.catalog import LISTING_ORDER
-from multicore_profiler.storage.compact import CompactionReport
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import INVOCATIONS
 from multicore_profiler.storage.store import open_store
@@ -194,12 +193,24 @@ class WaitReporter:
         fcntl.flock(fd, mode)
 
 
-def test_an_ingest_beside_a_compaction_that_swaps_what_it_listed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+MAINTENANCE = {
+    # What each did: the files a compaction merged (the ingest's among them), the runs a
+    # gc removed (the ingest's step with its run).
+    "compact": lambda store: store.compact(["job"]).files_before,
+    "gc": lambda store: len(store.gc(keep_last=0, apply=True).runs),
+}
+AFTER = {"compact": (3, [0, 0, 1, 1, 2]), "gc": (1, [])}
+"""What the maintenance did, and the steps of the invocations left, in id order."""
+
+
+@pytest.mark.parametrize("command", list(MAINTENANCE))
+def test_an_ingest_beside_maintenance_that_removes_what_it_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
-    """A compaction runs between the moment an ingest lists the run's invocations files
-    (to find the next free ids) and the moment it opens them. It waits for the ingest's
-    read; it unlinked the files under it before (a FileNotFoundError)."""
+    """A compaction (or a gc) runs between the moment an ingest lists the run's
+    invocations files (to find the next free ids) and the moment it opens them. It
+    waits for the ingest's read; it unlinked the files under it before (a
+    FileNotFoundError)."""
     root = tmp_path / "store"
     kernel = SimulatedMoeKernel(**KERNEL)
     with open_store(root) as store:
@@ -212,30 +223,30 @@ def test_an_ingest_beside_a_compaction_that_swaps_what_it_listed(
             )  # fmt: skip
     assert len(list((root / "invocations/run_id=job").glob("*.parquet"))) == 2
 
-    progress = threading.Event()  # the compaction finished, or waits for the ingest
+    progress = threading.Event()  # the maintenance finished, or waits for the ingest
     ingested = threading.Event()
     monkeypatch.setattr(swap, "fcntl", WaitReporter(progress, ingested))
-    compactor = open_store(root)
-    reports: list[CompactionReport] = []
+    maintainer = open_store(root)
+    done: list[int] = []
 
-    def compact() -> None:
+    def maintain() -> None:
         try:
-            reports.append(compactor.compact(["job"]))
+            done.append(MAINTENANCE[command](maintainer))
         finally:
             progress.set()
 
-    thread = threading.Thread(target=compact)
+    thread = threading.Thread(target=maintain)
     ingest = open_store(root)
     listing = ingest._catalog.files
 
-    def files_then_compaction(runs=None, tables=LISTING_ORDER):  # type: ignore[no-untyped-def]
+    def files_then_maintenance(runs=None, tables=LISTING_ORDER):  # type: ignore[no-untyped-def]
         listed = listing(runs, tables)
         if tables == (INVOCATIONS,) and thread.ident is None:
             thread.start()
             assert progress.wait(120)
         return listed
 
-    monkeypatch.setattr(ingest._catalog, "files", files_then_compaction)
+    monkeypatch.setattr(ingest._catalog, "files", files_then_maintenance)
     batch = kernel.launches(np.random.default_rng(2), 1, start_cycle=10**6, period=10**6)
     try:
         written = ingest_buffers(
@@ -246,14 +257,12 @@ def test_an_ingest_beside_a_compaction_that_swaps_what_it_listed(
         ingested.set()
         thread.join(120)
     assert written.invocation_ids == range(4, 5)
-    [report] = reports  # it waited for the ingest: it merged its file too
-    assert (report.partitions, report.files_before, report.files_after) == (1, 3, 1)
+    did, steps = AFTER[command]
+    assert done == [did]  # it waited for the ingest, then did its work
     with open_store(root) as store:
         rows = store.sql("SELECT invocation_id, step FROM invocations ORDER BY invocation_id")
-    assert rows.to_pylist() == [
-        {"invocation_id": i, "step": step} for i, step in enumerate([0, 0, 1, 1, 2])
-    ]
-    compactor.close()
+    assert rows.to_pylist() == [{"invocation_id": i, "step": step} for i, step in enumerate(steps)]
+    maintainer.close()
     ingest.close()
 
 
