@@ -146,3 +146,19 @@ def test_gc_removes_a_run_whose_folder_is_a_link_whole_and_leaves_its_target(
         assert store.sql("SELECT DISTINCT run_id FROM invocations").to_pylist() == [
             {"run_id": "new"}
         ]
+
+
+def test_gc_deletes_nothing_through_a_linked_table_directory(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with open_store(root) as store:
+        fill(store, "old")
+    # A discards directory that is a link to another store's: not this store's files.
+    other = tmp_path / "other" / "discards"
+    (other / "run_id=old").mkdir(parents=True)
+    (other / "run_id=old" / "part-theirs.parquet").write_bytes(b"theirs")
+    (root / "discards").symlink_to(other)
+    with open_store(root) as store:
+        assert store.gc(keep_last=0, apply=True).summary().startswith("removed 1 run(s)")
+        assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
+    assert (other / "run_id=old" / "part-theirs.parquet").read_bytes() == b"theirs"
+    assert (root / "discards").is_symlink()

@@ -73,7 +73,7 @@ def _what(path: str, mode: int) -> str:
             return f"a symbolic link to {os.readlink(path)}"
         except OSError:
             return "a symbolic link"
-    return special_file(mode) or "a regular file"
+    return special_file(mode) or "a special file"
 
 
 def special_file(mode: int) -> str | None:

@@ -128,6 +128,6 @@ def collect(store: StoreHandle, plan: GcPlan) -> GcPlan:
                         location.delete_dir(relative)
                     elif directory.is_symlink():  # the link goes, never what it points to
                         directory.unlink()
-                    elif directory.exists():
+                    elif directory.exists() and not directory.parent.is_symlink():
                         shutil.rmtree(directory)
     return GcPlan(plan.runs, plan.kept, applied=True)
