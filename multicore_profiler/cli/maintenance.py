@@ -61,9 +61,9 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         help="verify every file of the store: checksums, schemas, counts, leftovers",
         description="Read every file of the store (or of some runs) with its page checksums "
         "verified; compare its schema with its table's and each invocation's record count with "
-        "its records; list orphan and leftover files. Print one line per problem, "
-        "<file>: <check>: <reason>, and a summary on standard error. Exit status: 1 when a "
-        "check failed, else 0. Nothing is changed.",
+        "its records; list orphan and leftover files and symbolic links. Print one line per "
+        "problem, <file>: <check>: <reason>, and a summary on standard error. Exit status: 1 "
+        "when a check failed, else 0. Nothing is changed.",
     )
     check.add_argument(
         "--run", action="append", default=[], help="check only this run (repeatable)"
