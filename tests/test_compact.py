@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import subprocess
 import sys
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ from multicore_profiler.errors import StoreError
 from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage.check import check_store
 from multicore_profiler.storage.partitions import write_partition
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import RECORDS
@@ -179,3 +183,46 @@ def test_compacting_a_run_that_is_being_written(tmp_path: Path) -> None:
     assert store.sql("SELECT count(*) AS n FROM raw_records")["n"].to_pylist() == [
         40 * KERNEL.records_per_launch
     ]
+
+
+def test_the_vacuum_deletes_a_dead_writers_task_graphs_a_day_old(store: Store) -> None:
+    """A writer writes a config's task graph just before the first step that names it;
+    one that died in between leaves a ``tasks`` file no invocation names."""
+    run = RunInfo.begin(run_id="r")
+    store.write_run(run.finish())
+    named = Path(store.write_tasks("r", KERNEL.tasks_table("c1")))
+    buffers = KERNEL.launches(np.random.default_rng(0), 2, start_cycle=10**6, period=10**6)
+    ingest_buffers(
+        store, buffers, KERNEL.layout, frequency_hz=KERNEL.frequency_hz, run_id="r",
+        kernel=replace(INFO, config_id="c1"), launches=Launches(step=0),
+    )  # fmt: skip
+    dead = Path(store.write_tasks("r", KERNEL.tasks_table("c2")))  # its writer died here
+    young = Path(store.write_tasks("r", KERNEL.tasks_table("c3", rank=1)))  # one writing now
+    two_days_ago = (datetime.now(timezone.utc) - timedelta(days=2)).timestamp()
+    for path in (named, dead):
+        os.utime(path, (two_days_ago, two_days_ago))
+    graphs = "SELECT config_id, rank, count(*) AS tasks FROM tasks GROUP BY ALL ORDER BY ALL"
+    tasks = len(KERNEL.tasks)
+    assert store.sql(graphs).to_pylist() == [
+        {"config_id": c, "rank": rank, "tasks": tasks}
+        for c, rank in (("c1", 0), ("c2", 0), ("c3", 1))
+    ]
+
+    assert [str(p) for p in check_store(store).problems] == [
+        f"tasks/run_id=r/{dead.name}: orphan: task graphs that no invocation names, over 1 day "
+        "old (their writer died before the steps that name them): no view joins them; "
+        "'mcprof compact' deletes the file"
+    ]
+    report = store.compact()
+    # The graph being written is merged with no other: its own file keeps its age.
+    assert (report.files_deleted, report.uncommitted_files, report.partitions) == (1, 1, 0)
+    assert (named.exists(), dead.exists(), young.exists()) == (True, False, True)
+    assert store.sql(graphs).to_pylist() == [
+        {"config_id": c, "rank": rank, "tasks": tasks} for c, rank in (("c1", 0), ("c3", 1))
+    ]
+    assert check_store(store).ok
+
+    later = store.compact(now=datetime.now(timezone.utc) + timedelta(days=2))
+    assert (later.files_deleted, later.uncommitted_files) == (1, 0)
+    assert (named.exists(), young.exists()) == (True, False)
+    assert store.sql(graphs).to_pylist() == [{"config_id": "c1", "rank": 0, "tasks": tasks}]

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage import swap
+from multicore_profiler.storage.catalog import LISTING_ORDER
+from multicore_profiler.storage.runs import RunInfo
+from multicore_profiler.storage.schema import INVOCATIONS
 from multicore_profiler.storage.store import open_store
 
 KERNEL = {
@@ -157,3 +168,125 @@ def test_writer_killed_mid_step_leaves_earlier_steps_whole(tmp_path: Path, point
     again = writer(root, 1, 6)
     assert again.wait(timeout=120) == 0
     assert counts(root)["records"] == expected["records"] + 6 * LAUNCHES_PER_STEP * PER_LAUNCH
+
+
+class WaitReporter:
+    """``fcntl`` for the store lock: when an exclusive lock (a compaction's) would wait
+    for a reader, it sets ``progress`` and waits for ``then`` before it waits for the
+    lock, so that what the compaction does next comes after ``then``, whatever the
+    threads' timing."""
+
+    LOCK_SH, LOCK_EX, LOCK_UN = fcntl.LOCK_SH, fcntl.LOCK_EX, fcntl.LOCK_UN
+
+    def __init__(self, progress: threading.Event, then: threading.Event) -> None:
+        self.progress = progress
+        self.then = then
+
+    def flock(self, fd: int, mode: int) -> None:
+        if mode == fcntl.LOCK_EX:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                self.progress.set()
+                assert self.then.wait(120)
+        fcntl.flock(fd, mode)
+
+
+MAINTENANCE = {
+    # What each did: the files a compaction merged (the ingest's among them), the runs a
+    # gc removed (the ingest's step with its run).
+    "compact": lambda store: store.compact(["job"]).files_before,
+    "gc": lambda store: len(store.gc(keep_last=0, apply=True).runs),
+}
+AFTER = {"compact": (3, [0, 0, 1, 1, 2]), "gc": (1, [])}
+"""What the maintenance did, and the steps of the invocations left, in id order."""
+
+
+@pytest.mark.parametrize("command", list(MAINTENANCE))
+def test_an_ingest_beside_maintenance_that_removes_what_it_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """A compaction (or a gc) runs between the moment an ingest lists the run's
+    invocations files (to find the next free ids) and the moment it opens them. It
+    waits for the ingest's read; it unlinked the files under it before (a
+    FileNotFoundError)."""
+    root = tmp_path / "store"
+    kernel = SimulatedMoeKernel(**KERNEL)
+    with open_store(root) as store:
+        store.write_run(RunInfo.begin(run_id="job").finish())
+        for step in range(2):
+            batch = kernel.launches(np.random.default_rng(step), 2, start_cycle=10**6, period=10**6)
+            ingest_buffers(
+                store, batch, kernel.layout, frequency_hz=kernel.frequency_hz, run_id="job",
+                launches=Launches(step=step),
+            )  # fmt: skip
+    assert len(list((root / "invocations/run_id=job").glob("*.parquet"))) == 2
+
+    progress = threading.Event()  # the maintenance finished, or waits for the ingest
+    ingested = threading.Event()
+    monkeypatch.setattr(swap, "fcntl", WaitReporter(progress, ingested))
+    maintainer = open_store(root)
+    done: list[int] = []
+
+    def maintain() -> None:
+        try:
+            done.append(MAINTENANCE[command](maintainer))
+        finally:
+            progress.set()
+
+    thread = threading.Thread(target=maintain)
+    ingest = open_store(root)
+    listing = ingest._catalog.files
+
+    def files_then_maintenance(runs=None, tables=LISTING_ORDER):  # type: ignore[no-untyped-def]
+        listed = listing(runs, tables)
+        if tables == (INVOCATIONS,) and thread.ident is None:
+            thread.start()
+            assert progress.wait(120)
+        return listed
+
+    monkeypatch.setattr(ingest._catalog, "files", files_then_maintenance)
+    batch = kernel.launches(np.random.default_rng(2), 1, start_cycle=10**6, period=10**6)
+    try:
+        written = ingest_buffers(
+            ingest, batch, kernel.layout, frequency_hz=kernel.frequency_hz, run_id="job",
+            launches=Launches(step=2),
+        )  # fmt: skip
+    finally:
+        ingested.set()
+        thread.join(120)
+    assert written.invocation_ids == range(4, 5)
+    did, steps = AFTER[command]
+    assert done == [did]  # it waited for the ingest, then did its work
+    with open_store(root) as store:
+        rows = store.sql("SELECT invocation_id, step FROM invocations ORDER BY invocation_id")
+    assert rows.to_pylist() == [{"invocation_id": i, "step": step} for i, step in enumerate(steps)]
+    maintainer.close()
+    ingest.close()
+
+
+def test_a_file_removed_while_its_directory_is_listed_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compaction unlinks a file between the listing of its directory and its stat: the
+    listing (of a claim, of a vacuum) leaves it out rather than failing."""
+    root = tmp_path / "store"
+    location = open_store(root).location
+    directory = root / "invocations" / "run_id=job"
+    directory.mkdir(parents=True)
+    for name in ("part-a.parquet", "part-b.parquet"):
+        (directory / name).write_bytes(b"x")
+    scandir = os.scandir
+
+    @contextmanager
+    def listed_then_unlinked(path):  # type: ignore[no-untyped-def]
+        with scandir(path) as entries:
+            found = list(entries)
+        if Path(path) == directory:
+            (directory / "part-a.parquet").unlink()
+        yield iter(found)
+
+    monkeypatch.setattr(os, "scandir", listed_then_unlinked)
+    found = location.files("invocations")
+    assert [(Path(i.path).name, i.size) for i in found] == [("part-b.parquet", 1)]

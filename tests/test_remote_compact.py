@@ -222,6 +222,23 @@ def test_a_dead_writers_leftovers_go_after_a_day(
     assert target.sql("SELECT count(*) AS n FROM raw_records").to_pylist() == records
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_dead_writers_task_graph_goes_after_a_day(
+    where: str, store: Store, request: pytest.FixtureRequest
+) -> None:
+    target = store if where == "local" else request.getfixturevalue("remote")
+    fill(target, steps=range(1))
+    # A writer wrote the graph of config "dead", then died before the step naming it.
+    target.write_tasks("run0", KERNEL.tasks_table("dead"))
+    graphs = "SELECT config_id, count(*) AS n FROM tasks GROUP BY ALL"
+    assert target.sql(graphs).to_pylist() == [{"config_id": "dead", "n": len(KERNEL.tasks)}]
+    target.compact(now=later(23))
+    assert files_of(target, "tasks") == 1
+    target.compact(now=later(ORPHAN_AGE.total_seconds() / 3600 + 1))
+    assert files_of(target, "tasks") == 0
+    assert target.sql(graphs).to_pylist() == []
+
+
 def test_the_cli_compacts_a_remote_store(remote: Store, capsys: pytest.CaptureFixture[str]) -> None:
     fill(remote)
     cli.main(["compact", "--store", remote.uri])

@@ -61,8 +61,8 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         help="verify every file of the store: checksums, schemas, counts, leftovers",
         description="Read every file of the store (or of some runs) with its page checksums "
         "verified; compare its schema with its table's and each invocation's record count with "
-        "its records; list orphan and leftover files, and runs left running by a capture "
-        "session whose job and writer are gone. Print one line per problem, "
+        "its records; list orphan and leftover files, symbolic links, and runs left running "
+        "by a capture session whose job and writer are gone. Print one line per problem, "
         "<file>: <check>: <reason>, and a summary on standard error. Exit status: 1 when a "
         "check failed, else 0. Nothing is changed.",
     )

@@ -20,6 +20,7 @@ it costs what it would in a store of those runs alone.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -119,11 +120,16 @@ class FileCatalog:
         return [f for d in children for f in self._walk(d, depth - 1)]
 
     def _list(self, directory: str) -> _Listed | None:
+        """A directory's partition directories and ``*.parquet`` files, none through a
+        symbolic link (``mcprof check`` reports links; a query follows none)."""
         try:
-            mtime = os.stat(directory).st_mtime_ns
+            found = os.lstat(directory)
         except FileNotFoundError:
+            found = None
+        if found is None or not stat.S_ISDIR(found.st_mode):
             self._listed.pop(directory, None)
             return None
+        mtime = found.st_mtime_ns
         cached = self._listed.get(directory)
         if cached and cached.mtime_ns == mtime and cached.listed_ns - mtime > RACY_NS:
             return cached
@@ -131,9 +137,9 @@ class FileCatalog:
         directories, files = [], []
         with os.scandir(directory) as entries:
             for entry in entries:
-                if entry.is_dir() and "=" in entry.name:
+                if entry.is_dir(follow_symlinks=False) and "=" in entry.name:
                     directories.append(entry.path)
-                elif entry.name.endswith(PARQUET_SUFFIX) and entry.is_file():
+                elif entry.name.endswith(PARQUET_SUFFIX) and entry.is_file(follow_symlinks=False):
                     files.append(entry.path)
         listed = self._listed[directory] = _Listed(mtime, now, directories, files)
         return listed

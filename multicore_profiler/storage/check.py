@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -26,6 +25,7 @@ from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.catalog import LISTING_ORDER
 from multicore_profiler.storage.claims import CLAIM_NAME
 from multicore_profiler.storage.compact import COMPACT_LOCK
+from multicore_profiler.storage.connection import connection
 from multicore_profiler.storage.location import MARKER
 from multicore_profiler.storage.partitions import (
     ORPHAN_AGE,
@@ -37,19 +37,45 @@ from multicore_profiler.storage.partitions import (
     utc,
 )
 from multicore_profiler.storage.runs import LEASE_NAME, lease_abandoned
-from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, RUNS, TABLES, TableSpec
+from multicore_profiler.storage.schema import (
+    CORES,
+    INVOCATIONS,
+    RECORDS,
+    RUNS,
+    TABLES,
+    TASKS,
+    TableSpec,
+)
 from multicore_profiler.storage.swap import JOURNAL_DIR, LOCK_FILE
-from multicore_profiler.storage.vacuum import LEFTOVER_SUFFIX, SNAPSHOT_TABLES, RunFiles, dead_files
+from multicore_profiler.storage.vacuum import (
+    GRAPHS,
+    LEFTOVER_SUFFIX,
+    SNAPSHOT_TABLES,
+    WRITES,
+    RunFiles,
+    dead_files,
+)
 
 if TYPE_CHECKING:
     from multicore_profiler.storage.handle import StoreHandle
 
-CHECKS = ("checksum", "parquet", "schema", "counts", "orphan", "leftover", "abandoned", "layout")
+CHECKS = (
+    "checksum",
+    "parquet",
+    "schema",
+    "counts",
+    "orphan",
+    "leftover",
+    "abandoned",
+    "layout",
+    "special",
+)
 """What a problem can be: a page failing its CRC; a file that is not readable Parquet;
 a schema that does not fit the table; an invocation whose counts disagree with its rows;
 a file of a write never committed; a dead writer's ``.parquet.tmp`` file or claim; a run
 left ``running`` by a capture session whose job and writer are gone; a file outside the
-store's layout."""
+store's layout; a symbolic link (or FIFO, socket, device), which the store never follows
+or reads."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _COUNTS = """
 WITH records AS (
@@ -158,6 +184,7 @@ def check_store(
         scan.infos[info.path] = info
         relative = relative_path(location, info.path)
         _classify(store, scan, info, relative, now)
+    _special(store, scan, runs)
     for run_id in sorted(scan.good):
         if run_id:
             _orphans(store, scan, run_id, now)
@@ -188,6 +215,24 @@ def _listing(store: StoreHandle, runs: list[str] | None) -> list[pafs.FileInfo]:
             raise StoreError(f"no run {run_id!r} in the store at {location}")
         found.extend(of_run)
     return sorted(found, key=lambda i: i.path)
+
+
+def _special(store: StoreHandle, scan: _Scan, runs: list[str] | None) -> None:
+    """Report every symbolic link, FIFO, socket or device of the selection."""
+    location = store.location
+    prefixes = [""]
+    if runs is not None:
+        tables = [s.name for s in TABLES.values() if s.partition_by[0] == "run_id"]
+        prefixes = [f"{table}/run_id={run_id}" for run_id in runs for table in tables]
+    for prefix in prefixes:
+        for path, what in location.special_files(prefix):
+            scan.checked += 1
+            scan.problem(
+                relative_path(location, path),
+                "special",
+                f"{what}: the store follows no link and reads only regular files, so no "
+                "query, compaction or removal reads it or what it points to",
+            )
 
 
 def _classify(
@@ -325,9 +370,21 @@ def _data_file(
         return
     run_id = str(values.get("run_id", ""))
     scan.good.setdefault(run_id, {}).setdefault(spec.name, []).append(info.path)
+    path = pa.scalar(info.path)
+    if spec is TASKS:  # the graphs it holds, for the orphan check
+        found = table.group_by(["rank", "config_id"]).aggregate([])
+        rows = pa.table(
+            {
+                "path": pa.repeat(path, found.num_rows),
+                "rank": found["rank"],
+                "config_id": found["config_id"],
+                "run_id": pa.repeat(pa.scalar(run_id), found.num_rows),
+            }
+        )
+        scan.rows.setdefault(spec.name, []).append(rows)
+        return
     if spec not in (INVOCATIONS, CORES, RECORDS):
         return
-    path = pa.scalar(info.path)
     if spec is INVOCATIONS:
         slots = pc.add(table["aic_slots"].cast(pa.int64()), table["aiv_slots"].cast(pa.int64()))
         rows = pa.table(
@@ -356,9 +413,10 @@ def _data_file(
 
 
 def _orphans(store: StoreHandle, scan: _Scan, run_id: str, now: datetime) -> None:
-    """Report the run's good files of writes never committed, once ``ORPHAN_AGE`` old:
-    the vacuum's leftovers of a death (it is given no grace, so files hidden for good by
-    a tombstone are not reported: they are no problem, only waiting for the vacuum)."""
+    """Report the run's good files of writes never committed, and of task graphs no
+    invocation names, once ``ORPHAN_AGE`` old: the vacuum's leftovers of a death (it is
+    given no grace, so files hidden for good by a tombstone are not reported: they are no
+    problem, only waiting for the vacuum)."""
     paths = scan.good[run_id]
     writes = []
     for spec in (RECORDS, CORES, INVOCATIONS):
@@ -377,18 +435,30 @@ def _orphans(store: StoreHandle, scan: _Scan, run_id: str, now: datetime) -> Non
                     }
                 )
             )
-    if not writes:
+    of_run = [
+        rows.select(GRAPHS.names).cast(GRAPHS)
+        for rows in scan.rows.get(TASKS.name, [])
+        if rows.num_rows and rows["run_id"][0].as_py() == run_id
+    ]
+    graphs = pa.concat_tables([GRAPHS.empty_table(), *of_run])
+    if not writes and not graphs.num_rows:
         return
     infos = {
         spec.name: [scan.infos[p] for p in paths.get(spec.name, [])] for spec in SNAPSHOT_TABLES
     }
-    snapshot = RunFiles(infos, pa.concat_tables(writes))
-    for path in sorted(dead_files(store, run_id, snapshot, now=now, grace=now - _EPOCH)):
+    snapshot = RunFiles(infos, pa.concat_tables([WRITES.empty_table(), *writes]), (), graphs)
+    dead = dead_files(store, run_id, snapshot, now=now, grace=now - _EPOCH)
+    graph_files = set(graphs["path"].to_pylist())
+    for path in sorted(dead):
         scan.problem(
             relative_path(store.location, path),
             "orphan",
-            f"rows of a write never committed, over {ORPHAN_AGE.days} day old (its writer "
-            "died before the invocations that commit it): no view shows them; "
+            f"task graphs that no invocation names, over {ORPHAN_AGE.days} day old (their "
+            "writer died before the steps that name them): no view joins them; "
+            "'mcprof compact' deletes the file"
+            if path in graph_files
+            else f"rows of a write never committed, over {ORPHAN_AGE.days} day old (its "
+            "writer died before the invocations that commit it): no view shows them; "
             "'mcprof compact' deletes the file",
         )
 
@@ -422,7 +492,7 @@ def _counts(store: StoreHandle, scan: _Scan) -> None:
             "step": pa.array([s for _, s in sorted(scan.broken)], pa.int64()),
         }
     )
-    with duckdb.connect() as con:
+    with connection() as con:
         con.register("visible", visible)
         con.register("broken", broken)
         con.register("invocation_rows", pa.concat_tables(invocations))

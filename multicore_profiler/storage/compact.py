@@ -63,11 +63,12 @@ class CompactionReport:
     files_after: int
     rows: int
     uncommitted_files: int
-    """Files left alone because their invocations are not written (yet, or ever); a
-    local store's count (a remote compaction leaves such files to the vacuum alone)."""
+    """Files left alone because their invocations are not written (yet, or ever), task
+    graphs that no invocation names among them; a local store's count (a remote
+    compaction leaves such files to the vacuum alone)."""
     files_deleted: int = 0
     """Files the vacuum deleted: hidden for good, or a dead writer's leftovers (files of
-    writes never committed, and ``*.parquet.tmp`` files)."""
+    writes never committed, task graphs no invocation names, ``*.parquet.tmp`` files)."""
 
 
 _KEY = ["rank", "invocation_id", "write_id"]
@@ -82,6 +83,16 @@ def _keys(table: pa.Table) -> list[tuple[int, int, int]]:
 def _invocation_keys(location: StoreLocation, path: Path) -> list[tuple[int, int, int]]:
     """The invocations a cores or records file holds rows of (its pages verified)."""
     return _keys(read_verified(location, path).select(_KEY))
+
+
+def _graphs(table: pa.Table) -> list[tuple[int, str]]:
+    """The (rank, config_id) pairs of a table's rows."""
+    return list(zip(table["rank"].to_pylist(), table["config_id"].to_pylist(), strict=True))
+
+
+def _file_graphs(location: StoreLocation, path: Path) -> set[tuple[int, str]]:
+    """The task graphs a ``tasks`` file holds (its pages verified)."""
+    return set(_graphs(read_verified(location, path).select(["rank", "config_id"])))
 
 
 def _merged(location: StoreLocation, files: list[Path], spec: TableSpec) -> Iterator[pa.Table]:
@@ -158,6 +169,8 @@ def _compact_local(
         for run_id in run_ids:
             query = f"SELECT {', '.join(_KEY)} FROM raw_invocations WHERE run_id = $1"
             written = set(_keys(store.sql(query, [run_id])))
+            query = "SELECT DISTINCT rank, config_id FROM raw_invocations WHERE run_id = $1"
+            named = set(_graphs(store.sql(query, [run_id])))
             for spec in (RUNS, INVOCATIONS, TASKS, DISCARDS, CORES, RECORDS):
                 for directory, files in run_partitions(root, spec, run_id):
                     if spec in _KEYED:
@@ -165,6 +178,10 @@ def _compact_local(
                         ready = sorted((k, f) for k, f in keyed if set(k) <= written)
                         uncommitted += len(files) - len(ready)
                         files = [f for _, f in ready]
+                    elif spec is TASKS:  # a graph no invocation names yet stays on its own
+                        ready = [f for f in files if _file_graphs(store.location, f) <= named]
+                        uncommitted += len(files) - len(ready)
+                        files = ready
                     if len(files) > 1:
                         work.append((spec, directory, files))
 

@@ -66,6 +66,16 @@ _SPECIAL_FILES = (
 )
 
 
+def _what(path: str, mode: int) -> str:
+    """What a path that is no regular file and no directory is, in words."""
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a symbolic link to {os.readlink(path)}"
+        except OSError:
+            return "a symbolic link"
+    return special_file(mode) or "a special file"
+
+
 def special_file(mode: int) -> str | None:
     """What a path of this ``st_mode`` is, in words (``a FIFO (named pipe)``), when it is
     not a regular file; None for a regular file. Reading a FIFO waits for a writer for
@@ -138,10 +148,69 @@ class StoreLocation:
             return source.read()
 
     def files(self, relative: str = "") -> list[pafs.FileInfo]:
-        """Every file under ``relative``, at any depth (none when it does not exist)."""
+        """Every file under ``relative``, at any depth (none when it does not exist). In a
+        local store: the regular files only, none reached through a symbolic link (see
+        ``special_files``), and none removed while the listing ran."""
         base = self.join(relative) if relative else self.path
+        if self.is_local:
+            return [
+                pafs.FileInfo(
+                    path, pafs.FileType.File, mtime_ns=found.st_mtime_ns, size=found.st_size
+                )
+                for path, found in self._entries(relative)
+                if stat.S_ISREG(found.st_mode)
+            ]
         selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
         return [i for i in self.filesystem.get_file_info(selector) if i.type == pafs.FileType.File]
+
+    def special_files(self, relative: str = "") -> list[tuple[str, str]]:
+        """The paths under ``relative`` of a local store that are neither regular files nor
+        directories (symbolic links, FIFOs, sockets, devices), each with what it is in
+        words. The store follows and reads none of them: a link looping back up the tree
+        would make a listing endless, one out of it would let a compaction or a removal
+        reach files that are not the store's. A remote store has none."""
+        if not self.is_local:
+            return []
+        return [
+            (path, _what(path, found.st_mode))
+            for path, found in self._entries(relative)
+            if not stat.S_ISREG(found.st_mode) and not stat.S_ISDIR(found.st_mode)
+        ]
+
+    def _entries(self, relative: str) -> Iterator[tuple[str, os.stat_result]]:
+        """Every entry under ``relative`` of a local store (and ``relative`` itself, if it
+        is no directory) with its ``lstat``; a directory is entered only if it is one, not a
+        link to one, and so is every directory between the store and ``relative`` (the
+        store's own directory may be a link). An entry removed between its directory's
+        listing and its ``lstat`` is left out."""
+        path = self.path
+        parts = [p for p in relative.split("/") if p]
+        for depth, part in enumerate(parts, start=1):
+            path = f"{path}/{part}"
+            try:
+                found = os.lstat(path)
+            except FileNotFoundError:
+                return
+            if not stat.S_ISDIR(found.st_mode):
+                if depth == len(parts):
+                    yield path, found
+                return
+        pending = [path]
+        while pending:
+            directory = pending.pop()
+            try:
+                with os.scandir(directory) as listing:
+                    entries = list(listing)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                try:
+                    found = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISDIR(found.st_mode):
+                    pending.append(entry.path)
+                yield entry.path, found
 
     def upload(self, local: Path, relative: str) -> str:
         """Copy a finished local file to ``relative``; return its path. The file appears

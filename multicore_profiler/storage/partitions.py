@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from functools import cache
 from pathlib import Path
@@ -348,13 +349,28 @@ def write_partition(
 
 def run_partitions(root: Path, spec: TableSpec, run_id: str) -> Iterator[tuple[Path, list[Path]]]:
     """Each partition directory of a run in a local store with its live files, in a
-    stable order."""
+    stable order; nothing reached through a symbolic link (a compaction never merges or
+    unlinks what a link points to)."""
     base = root / spec.name / f"run_id={check_run_id(run_id)}"
-    if not base.is_dir():
+    if base.parent.is_symlink() or base.is_symlink() or not base.is_dir():
         return
     nested = len(spec.partition_by) > 1
-    directories = sorted(p for p in base.iterdir() if p.is_dir()) if nested else [base]
+    directories = sorted(_real_entries(base, stat.S_ISDIR)) if nested else [base]
     for directory in directories:
-        files = sorted(directory.glob(f"*{PARQUET_SUFFIX}"))
+        files = sorted(_real_entries(directory, stat.S_ISREG, PARQUET_SUFFIX))
         if files:
             yield directory, files
+
+
+def _real_entries(directory: Path, kind: Callable[[int], bool], suffix: str = "") -> Iterator[Path]:
+    """The entries of ``directory`` of one kind (by their ``lstat``: a link is neither
+    a file nor a directory) whose names end with ``suffix``."""
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.endswith(suffix):
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except FileNotFoundError:
+                    continue
+                if kind(mode):
+                    yield Path(entry.path)

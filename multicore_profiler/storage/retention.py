@@ -123,8 +123,11 @@ def collect(store: StoreHandle, plan: GcPlan) -> GcPlan:
             with store.lock.exclusive() if location.is_local else ExitStack():
                 for spec in REMOVAL_ORDER:
                     relative = f"{spec.name}/run_id={row['run_id']}"
-                    if not location.is_local:
+                    directory = store.root / relative if location.is_local else None
+                    if directory is None:
                         location.delete_dir(relative)
-                    elif (store.root / relative).exists():
-                        shutil.rmtree(store.root / relative)
+                    elif directory.is_symlink():  # the link goes, never what it points to
+                        directory.unlink()
+                    elif directory.exists() and not directory.parent.is_symlink():
+                        shutil.rmtree(directory)
     return GcPlan(plan.runs, plan.kept, applied=True)

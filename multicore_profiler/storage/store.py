@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from functools import partial
 from importlib import resources
@@ -33,6 +33,7 @@ from multicore_profiler.errors import IntegrityError, QueryError, SelectorError,
 from multicore_profiler.extension import Extensible
 from multicore_profiler.storage.catalog import FileCatalog
 from multicore_profiler.storage.compact import CompactionReport, compact
+from multicore_profiler.storage.connection import connection, extension_refusal
 from multicore_profiler.storage.location import MARKER, StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     CorruptFileError,
@@ -109,7 +110,8 @@ class Store(Extensible, StoreWrites):
         self._location = location
         self._lock = StoreLock(location.directory) if location.is_local else None
         self._views = threading.Lock()
-        self._db = duckdb.connect()
+        self._resources = ExitStack()
+        self._db = self._resources.enter_context(connection())
         self._db.execute("SET enable_progress_bar = false; SET TimeZone = 'UTC'")
         self._catalog = FileCatalog(location)
         self._datasets: dict[str, tuple[tuple[str, ...], ds.Dataset]] = {}
@@ -288,14 +290,19 @@ class Store(Extensible, StoreWrites):
         """The invocation ids committed to (run, rank) by any write, shown or hidden since,
         sorted and distinct (``int64``). Only the run's invocations files are listed, and
         each is read once (files never change once named)."""
-        paths = self._catalog.files([run_id], tables=(INVOCATIONS,)).get(INVOCATIONS.name, ())
         parts = []
-        for path in paths:
-            ids = self._ids.get(path)
-            if ids is None:
-                table = self.verified_file(INVOCATIONS, path)
-                ids = self._ids[path] = table.select(["rank", "invocation_id"])
-            parts.append(ids)
+        with self._unswapped():  # a compaction swaps none of them until they are read
+            listed = self._catalog.files([run_id], tables=(INVOCATIONS,))
+            for path in listed.get(INVOCATIONS.name, ()):
+                ids = self._ids.get(path)
+                if ids is None:
+                    try:
+                        table = self.verified_file(INVOCATIONS, path)
+                    except FileNotFoundError:
+                        # Remote: its run removed since, or a rewrite of it listed too.
+                        continue
+                    ids = self._ids[path] = table.select(["rank", "invocation_id"])
+                parts.append(ids)
         if not parts:
             return np.empty(0, np.int64)
         table = pa.concat_tables(parts)
@@ -381,29 +388,37 @@ class Store(Extensible, StoreWrites):
         files: Mapping[str, Sequence[str]] | None = None,
     ) -> Iterator[tuple[duckdb.DuckDBPyConnection, frozenset[str]]]:
         """``reading``'s cursor, and the tables it reads as datasets."""
+        with self._unswapped():
+            cursor = self._db.cursor()
+            try:
+                with self._views:
+                    try:
+                        datasets = self._point(cursor, runs, given=files)
+                    except (pa.ArrowException, OSError) as exc:
+                        raise self._culprit(runs) or QueryError(
+                            f"cannot read the store's files: {exc}"
+                        ) from exc
+                    self._modules.prepare(cursor, query, modules)
+                yield cursor, datasets
+            except (duckdb.Error, pa.ArrowException) as exc:
+                # Whoever reads through the cursor: a file that cannot be read is
+                # named, whatever DuckDB or pyarrow said about it.
+                culprit = self._culprit(runs) if _reading_failed(exc) else None
+                if culprit is None:
+                    raise
+                raise culprit from exc
+            finally:
+                cursor.close()
+
+    @contextmanager
+    def _unswapped(self) -> Iterator[None]:
+        """Hold a local store's lock shared, once no swap is left half done (finishing any
+        first): a compaction renames and unlinks no file until the block ends, so the files
+        listed inside it stay there to be read. A remote store has no lock."""
         while True:
             with self._lock.shared() if self._lock else nullcontext():
                 if self._lock is None or not pending(self.root):
-                    cursor = self._db.cursor()
-                    try:
-                        with self._views:
-                            try:
-                                datasets = self._point(cursor, runs, given=files)
-                            except (pa.ArrowException, OSError) as exc:
-                                raise self._culprit(runs) or QueryError(
-                                    f"cannot read the store's files: {exc}"
-                                ) from exc
-                            self._modules.prepare(cursor, query, modules)
-                        yield cursor, datasets
-                    except (duckdb.Error, pa.ArrowException) as exc:
-                        # Whoever reads through the cursor: a file that cannot be read is
-                        # named, whatever DuckDB or pyarrow said about it.
-                        culprit = self._culprit(runs) if _reading_failed(exc) else None
-                        if culprit is None:
-                            raise
-                        raise culprit from exc
-                    finally:
-                        cursor.close()
+                    yield
                     return
             recover(self.root, self.lock)
 
@@ -436,7 +451,9 @@ class Store(Extensible, StoreWrites):
                             self._point(cursor, runs, native=True)
                 result = cursor.sql(query, params=params)
                 return pa.table({}) if result is None else result.to_arrow_table()
-        except (duckdb.Error, pa.ArrowException) as exc:
+        except duckdb.Error as exc:
+            raise QueryError(f"query failed: {extension_refusal(exc) or exc}") from exc
+        except pa.ArrowException as exc:
             raise QueryError(f"query failed: {exc}") from exc
 
     def select_runs(self, selector: RunSelector | str) -> list[str]:
@@ -464,8 +481,8 @@ class Store(Extensible, StoreWrites):
         return ids
 
     def close(self) -> None:
-        """Release the DuckDB connection."""
-        self._db.close()
+        """Release the DuckDB connection and remove its spill directory."""
+        self._resources.close()
 
     def __enter__(self) -> Store:
         return self

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from multicore_profiler.storage.connection import connection
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import read_file, write_partition
 from multicore_profiler.storage.schema import DISCARDS, INVOCATIONS, TABLES, TableSpec
@@ -132,7 +132,7 @@ class Rewrite:
         )
         renamed = dict(zip(keys, self.writes["replaced_by"].to_pylist(), strict=True))
         origin = ", k.origin AS origin_write_id" if spec is INVOCATIONS else ""
-        with duckdb.connect() as con:
+        with connection() as con:
             con.register("keys", self.writes)
             for path, whole in files:
                 table = read_file(location, path, spec)

@@ -7,8 +7,10 @@ first two are hidden for good from the moment their tombstone is written, but a 
 that listed them just before may still be reading them: they go once that tombstone is
 ``grace`` old. Leftovers of a death look exactly like a write still under way, so they
 go only once the file is ``ORPHAN_AGE`` old, far longer than any write takes: files of
-writes never committed, ``*.parquet.tmp`` files a writer killed mid-file left aside, and
-claims of invocation ids (see ``claims``) whose writer never deleted them.
+writes never committed, ``tasks`` files of task graphs that no invocation kept names (a
+writer writes a graph just before the first step that names it), ``*.parquet.tmp`` files
+a writer killed mid-file left aside, and claims of invocation ids (see ``claims``) whose
+writer never deleted them.
 
 In a local store the deletions are made under the store's exclusive lock, so no query
 is reading meanwhile; in a remote one the grace period is what protects readers.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,7 @@ from multicore_profiler.storage.schema import (
     INVOCATIONS,
     RECORDS,
     TABLES,
+    TASKS,
     TableSpec,
 )
 
@@ -55,8 +58,22 @@ GRACE = timedelta(hours=1)
 WRITTEN_TABLES = (RECORDS, CORES, INVOCATIONS)
 """The tables whose rows belong to a write, in the order a vacuum deletes their files:
 invocations last, so that a vacuum cut short still knows the other files' writes."""
-SNAPSHOT_TABLES = tuple(s for s in LISTING_ORDER if s in (DISCARDS, *WRITTEN_TABLES))
+VACUUMED_TABLES = (TASKS, *WRITTEN_TABLES)
+"""The tables whose files a vacuum deletes, in its order: task graphs, then the writes."""
+SNAPSHOT_TABLES = tuple(s for s in LISTING_ORDER if s in (DISCARDS, *VACUUMED_TABLES))
 """The tables a compaction lists, committing tables first (as every query does)."""
+WRITES = pa.schema(
+    [
+        ("path", pa.string()),
+        ("rank", pa.int32()),
+        ("write_id", pa.int64()),
+        ("directory", pa.string()),
+        ("table_name", pa.string()),
+    ]
+)
+"""``RunFiles.writes``: the writes each file of a written table holds rows of."""
+GRAPHS = pa.schema([("path", pa.string()), ("rank", pa.int32()), ("config_id", pa.string())])
+"""``RunFiles.graphs``: the task graphs each ``tasks`` file holds."""
 LEFTOVER_SUFFIX = PARQUET_SUFFIX + TMP_SUFFIX
 """A file written aside and never renamed into place: its writer died mid-file."""
 
@@ -75,6 +92,8 @@ class RunFiles:
     file holds rows of."""
     leftovers: tuple[pafs.FileInfo, ...] = ()
     """The run's ``*.parquet.tmp`` files, in any of its tables."""
+    graphs: pa.Table = field(default_factory=GRAPHS.empty_table)
+    """``path``, ``rank``, ``config_id``: the task graphs each ``tasks`` file holds."""
 
     def paths(self, spec: TableSpec) -> list[str]:
         """The table's file paths, sorted."""
@@ -87,16 +106,18 @@ class RunFiles:
 
     @property
     def count(self) -> int:
-        """How many files of written tables there are, leftovers included."""
-        return sum(len(self.infos[spec.name]) for spec in WRITTEN_TABLES) + len(self.leftovers)
+        """How many files of the tables a vacuum deletes from there are, leftovers
+        included."""
+        return sum(len(self.infos[spec.name]) for spec in VACUUMED_TABLES) + len(self.leftovers)
 
     def without(self, paths: set[str]) -> RunFiles:
         """These files but ``paths``."""
-        kept = pc.invert(pc.is_in(self.writes["path"], pa.array(sorted(paths), pa.string())))
+        gone = pa.array(sorted(paths), pa.string())
         return RunFiles(
             {name: [i for i in infos if i.path not in paths] for name, infos in self.infos.items()},
-            self.writes.filter(kept),
+            self.writes.filter(pc.invert(pc.is_in(self.writes["path"], gone))),
             tuple(i for i in self.leftovers if i.path not in paths),
+            self.graphs.filter(pc.invert(pc.is_in(self.graphs["path"], gone))),
         )
 
 
@@ -138,17 +159,24 @@ def run_files(location: StoreLocation, run_id: str) -> RunFiles:
                 "table_name", pa.repeat(pa.scalar(spec.name), found.num_rows)
             )
         )
-    schema = pa.schema(
-        [
-            ("path", pa.string()),
-            ("rank", pa.int32()),
-            ("write_id", pa.int64()),
-            ("directory", pa.string()),
-            ("table_name", pa.string()),
-        ]
-    )
-    writes = pa.concat_tables(t.cast(schema) for t in tables) if tables else schema.empty_table()
-    return RunFiles(infos, writes, leftovers)
+    writes = pa.concat_tables(t.cast(WRITES) for t in tables) if tables else WRITES.empty_table()
+    return RunFiles(infos, writes, leftovers, _graphs(location, infos[TASKS.name]))
+
+
+def _graphs(location: StoreLocation, infos: list[pafs.FileInfo]) -> pa.Table:
+    """The task graphs (``rank``, ``config_id``) each of the ``tasks`` files holds."""
+    paths = sorted(info.path for info in infos)
+    if not paths:
+        return GRAPHS.empty_table()
+    dataset = ds.dataset(paths, format=verified_parquet(), filesystem=location.filesystem)
+    try:
+        keys = dataset.to_table(columns=["__filename", "rank", "config_id"])
+    except (pa.ArrowException, OSError):
+        for path in paths:  # name the file that cannot be read
+            read_verified(location, path)
+        raise
+    found = keys.group_by(["__filename", "rank", "config_id"]).aggregate([])
+    return found.rename_columns(GRAPHS.names).cast(GRAPHS)
 
 
 _DEAD = """
@@ -186,12 +214,30 @@ HAVING bool_and(
 (committed) and its origin's tombstones last changed before ``hidden_before``, or it
 never was and the file is older than ``written_before``."""
 
+_DEAD_GRAPHS = """
+WITH named AS (
+    SELECT DISTINCT i.rank, i.config_id
+    FROM raw_invocations i
+    JOIN file_writes f ON f.table_name = 'invocations' AND f.rank = i.rank
+        AND f.write_id = i.write_id
+    WHERE f.path NOT IN (SELECT path FROM dead_paths)
+)
+SELECT g.path FROM file_graphs g
+JOIN file_times m USING (path)
+LEFT JOIN named n ON n.rank = g.rank AND n.config_id = g.config_id
+WHERE m.mtime < $written_before
+GROUP BY g.path HAVING bool_and(n.rank IS NULL)
+"""
+"""``tasks`` files older than ``written_before`` none of whose graphs an invocation names,
+of the files the vacuum keeps (``dead_paths``: those it deletes)."""
+
 
 def dead_files(
     store: StoreHandle, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
 ) -> set[str]:
-    """The run's files a vacuum at ``now`` deletes."""
-    listed = [i for spec in WRITTEN_TABLES for i in files.infos[spec.name]]
+    """The run's files a vacuum at ``now`` deletes: of written tables (``_DEAD``), then of
+    task graphs (``_DEAD_GRAPHS``)."""
+    listed = [i for spec in VACUUMED_TABLES for i in files.infos[spec.name]]
     times = pa.table(
         {
             "path": pa.array([i.path for i in listed], pa.string()),
@@ -205,7 +251,13 @@ def dead_files(
         found = cursor.sql(
             _DEAD, params={"hidden_before": now - grace, "written_before": now - ORPHAN_AGE}
         ).fetchall()
-    return {path for (path,) in found}
+        dead = {path for (path,) in found}
+        if files.graphs.num_rows:
+            cursor.register("file_graphs", files.graphs)
+            cursor.register("dead_paths", pa.table({"path": pa.array(sorted(dead), pa.string())}))
+            graphs = cursor.sql(_DEAD_GRAPHS, params={"written_before": now - ORPHAN_AGE})
+            dead.update(path for (path,) in graphs.fetchall())
+    return dead
 
 
 def stale_leftovers(infos: Iterable[pafs.FileInfo], now: datetime) -> set[str]:
@@ -218,8 +270,9 @@ def stale_leftovers(infos: Iterable[pafs.FileInfo], now: datetime) -> set[str]:
 def vacuum(
     store: StoreHandle, run_id: str, files: RunFiles, *, now: datetime, grace: timedelta
 ) -> RunFiles:
-    """Delete the run's dead files (see ``dead_files``), its day-old ``*.parquet.tmp``
-    files and its day-old claims; return the files left."""
+    """Delete the run's dead files (see ``dead_files``: task graphs first, invocations
+    last), its day-old ``*.parquet.tmp`` files and its day-old claims; return the files
+    left."""
     dead = dead_files(store, run_id, files, now=now, grace=grace)
     dead |= stale_leftovers(files.leftovers, now)
     location = store.location
@@ -227,7 +280,7 @@ def vacuum(
         store_write(f"vacuum run {run_id} of the store at {location}"),
         store.lock.exclusive() if location.is_local else nullcontext(),
     ):
-        for spec in WRITTEN_TABLES:
+        for spec in VACUUMED_TABLES:
             for path in files.paths(spec):
                 if path in dead:
                     location.delete_file(path)
