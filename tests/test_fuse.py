@@ -41,9 +41,10 @@ CYCLE_NS = 20
 """The runs below are written at 50 MHz."""
 
 
-def launch(offset: int, scale: int = 1) -> bytearray:
+def launch(offset: int, scale: int = 1, wait_end: int = 300) -> bytearray:
     """One invocation: AIC/0 waits then runs GMM1 then triggers; AIV/1 waits. Its first
-    record starts at cycle 110 + offset; its last ends at 110 + offset + 300 x scale."""
+    record starts at cycle 110 + offset; its last ends at 110 + offset + 300 x scale. AIV/1's
+    wait ends at 110 + offset + ``wait_end`` x scale (after the trigger ends, at 295)."""
     base = 110 + offset
     return pack(
         1,
@@ -61,7 +62,7 @@ def launch(offset: int, scale: int = 1) -> bytearray:
                     (base + 290 * scale, base + 295 * scale, TRIGGER, 7, 2, 5),
                 ],
             ),
-            Slot(AIV, 1, 120 + offset, [(base + 20, base + 300 * scale, WAIT, 8, 0, 5)]),
+            Slot(AIV, 1, 120 + offset, [(base + 20, base + wait_end * scale, WAIT, 8, 0, 5)]),
         ],
     )
 
@@ -98,8 +99,10 @@ def graph(rank: int, kernel: str) -> pa.Table:
     )
 
 
-def mega_kernel(store: Store, *, kernel: str = KERNEL, launches: int = 3, rank: int = 0) -> str:
-    """A run of ``launches`` invocations (ids from 10) with their task graph."""
+def mega_kernel(
+    store: Store, *, kernel: str = KERNEL, launches: int = 3, rank: int = 0, wait_end: int = 300
+) -> str:
+    """A run of ``launches`` invocations (ids from 10) with their task graph (``launch``)."""
     run = RunInfo.begin(run_id="mk", label="fuse")
     store.write_run(run)
     info = KernelInfo(
@@ -107,7 +110,7 @@ def mega_kernel(store: Store, *, kernel: str = KERNEL, launches: int = 3, rank: 
     )
     ingest_buffers(
         store,
-        [launch(100_000 * i) for i in range(launches)],
+        [launch(100_000 * i, wait_end=wait_end) for i in range(launches)],
         LAYOUT,
         frequency_hz=50e6,
         run_id="mk",
@@ -492,6 +495,30 @@ def test_rebase_keeps_string_timestamps_strings(store: Store, tmp_path: Path) ->
         if "ts" in before:
             assert isinstance(after["ts"], str)
             assert Decimal(after["ts"]) + shift == Decimal(before["ts"])
+
+
+def test_an_arrow_that_would_end_before_it_begins_is_left_out_of_the_fused_trace(
+    store: Store, tmp_path: Path
+) -> None:
+    """AIV/1's wait ends at cycle 280, before the trigger that releases it starts (400 ns
+    later, at 290): its f would come before its s, which both viewers drop. The fused trace
+    leaves each such arrow out, as the standalone export does, and its report warns; the
+    added events open in Perfetto (the checker passes them)."""
+    write_npu_trace(tmp_path / "t.json")
+    mega_kernel(store, wait_end=280)
+    merged = merge_chrome_traces(tmp_path / "t.json", store, tmp_path / "f.json", run="mk")
+    warning = (
+        "3 flow(s) end before they begin (a wait that ended before its trigger started): "
+        "the fused trace cannot draw them"
+    )
+    assert merged.report["warnings"] == [warning]
+    assert merged.report["counts"]["dependencyArrows"] == 0
+    outer = load(tmp_path / "t.json")
+    _, added = split(load(tmp_path / "f.json"), outer)
+    assert [e for e in added if e["ph"] in "sf"] == []
+    plain = json.loads((tmp_path / "f.json").read_text())
+    named = [e for e in plain if e["ph"] == "M" and e["name"] == "process_name" and e["pid"] == 800]
+    check_trace({"traceEvents": named + plain[len(outer) : -1]})
 
 
 def test_a_standalone_trace_fuses_like_the_store_selection(store: Store, tmp_path: Path) -> None:

@@ -206,10 +206,7 @@ def _with_undrawn(metadata: dict[str, Any], undrawn: int) -> dict[str, Any]:
     trace leaves out (``_FlowSpool.add``), if any."""
     if not undrawn:
         return metadata
-    warning = (
-        f"{undrawn} flow(s) end before they begin (a wait that ended before its trigger "
-        "started): the JSON trace cannot draw them"
-    )
+    warning = undrawn_flows_warning(undrawn, "JSON trace")
     return metadata | {"warnings": [*metadata["warnings"], warning]}
 
 
@@ -275,6 +272,16 @@ def flow_end_ts(source_ts: np.ndarray, target_ts: np.ndarray, target_end: np.nda
     """Where an arrow ends (``f``, bound to the enclosing slice): inside the wait, at the
     trigger's start or the wait's, whichever is later."""
     return np.minimum(np.maximum(target_ts, source_ts), target_end)
+
+
+def undrawn_flows_warning(undrawn: int, trace: str) -> str:
+    """The warning for ``undrawn`` arrows that ``trace`` leaves out, since each would end
+    before it begins (``flow_end_ts`` before its ``s``): a wait that ended before its
+    trigger started."""
+    return (
+        f"{undrawn} flow(s) end before they begin (a wait that ended before its trigger "
+        f"started): the {trace} cannot draw them"
+    )
 
 
 class _FlowSpool:

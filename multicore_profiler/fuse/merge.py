@@ -38,6 +38,7 @@ from multicore_profiler.export.chrome_trace import (
     event_args,
     flow_end_ts,
     metadata_event,
+    undrawn_flows_warning,
 )
 from multicore_profiler.export.files import check_output, written_aside
 from multicore_profiler.export.json_rows import Row, strings, texts
@@ -201,6 +202,10 @@ def merge_chrome_traces(
         except duckdb.Error as exc:
             raise QueryError(f"alignment query failed: {exc}") from exc
         report = alignment.report
+        if isinstance(side, TimelineSide):
+            undrawn = side.undrawn_of(report["invocations"])
+            if undrawn:
+                report["warnings"].append(undrawn_flows_warning(undrawn, "fused trace"))
         report["outerTrace"] = {
             "path": str(Path(framework_trace)),
             "sourceId": source.source_id,
@@ -316,8 +321,11 @@ class TimelineSide:
 
     slices: pa.Table
     flows: dict[str, np.ndarray]
-    """Every arrow, in the export's order: its wait's invocation (``inv_index``), source
-    tid and ts, target tid, ts and end."""
+    """Every arrow the trace can draw, in the export's order: its wait's invocation
+    (``inv_index``), source tid and ts, target tid, ts and end."""
+    undrawn: np.ndarray
+    """Per invocation, how many of its arrows are left out: each would end before it begins
+    (a wait that ended before its trigger started), as the standalone export leaves it out."""
     cores: pa.Table
     names: np.ndarray
     spans: Spans
@@ -333,15 +341,34 @@ class TimelineSide:
             except LayoutChanged:
                 slices, flows = _collected(timeline)
             assert timeline.metadata is not None
+            source_ts = flows["source_ts"]
+            drawn = flow_end_ts(source_ts, flows["target_ts"], flows["target_end"]) >= source_ts
+            undrawn = np.bincount(
+                flows["inv_index"][~drawn], minlength=timeline.invocations.num_rows
+            )
             return cls(
                 slices,
-                flows,
+                {column: values[drawn] for column, values in flows.items()},
+                undrawn,
                 timeline.cores,
                 strings(timeline.names),
                 timeline.spans,
                 timeline.invocations,
                 timeline.metadata,
             )
+
+    def undrawn_of(self, entries: list[dict[str, Any]]) -> int:
+        """How many arrows of the aligned invocations (the report's ``entries``) are left
+        out (``undrawn``)."""
+        aligned = {(e["rank"], e["invocationId"]) for e in entries}
+        keys = zip(
+            self.invocations["rank"].to_pylist(),
+            self.invocations["invocation_id"].to_pylist(),
+            strict=True,
+        )
+        return int(
+            sum(n for key, n in zip(keys, self.undrawn.tolist(), strict=True) if key in aligned)
+        )
 
     def invocation_table(self) -> pa.Table:
         """The invocations as ``INVOCATION_FIELDS`` columns, as a standalone trace has them."""
