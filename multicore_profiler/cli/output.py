@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from multicore_profiler.errors import ArgumentError, ProfileError
 from multicore_profiler.export.files import check_output
+from multicore_profiler.storage.connection import connection
 
 OUTPUTS = {"output": "-o", "plot": "--plot"}
 """The arguments naming a file a command writes, by their option."""
@@ -56,34 +57,35 @@ def warn(warnings: Iterable[object]) -> None:
 
 def emit(table: pa.Table, fmt: str, output: Path | None) -> None:
     """Print or write query rows: a box table, CSV, a JSON array, or Parquet (to a file)."""
-    con = duckdb.connect()
-    con.execute("SET TimeZone = 'UTC'")
-    con.register("result", table)
-    if fmt == "table":
-        if output is not None:
-            raise ProfileError(
-                "--format table prints to the terminal; pick csv, json or parquet for -o"
-            )
-        width = shutil.get_terminal_size((160, 40)).columns
-        con.sql("SELECT * FROM result").show(max_width=width, max_rows=max(table.num_rows, 1))
-        return
+    if fmt == "table" and output is not None:
+        raise ProfileError(
+            "--format table prints to the terminal; pick csv, json or parquet for -o"
+        )
     if fmt == "parquet" and output is None:
         raise ProfileError("--format parquet writes a binary file: give one with -o FILE")
-    options = {
-        "csv": "FORMAT csv, HEADER",
-        "json": "FORMAT json, ARRAY true",
-        "parquet": "FORMAT parquet",
-    }
-    with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
-        target = output if output is not None else Path(scratch) / f"result.{fmt}"
-        try:
-            con.execute(
-                f"COPY (SELECT * FROM result) TO $target ({options[fmt]})", {"target": str(target)}
-            )
-        except duckdb.Error as exc:
-            raise ProfileError(f"cannot write {target}: {exc}") from exc
-        if output is None:
-            sys.stdout.flush()
-            with open(target, "rb") as rows:
-                shutil.copyfileobj(rows, sys.stdout.buffer)
-            sys.stdout.buffer.flush()
+    with connection() as con:
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("result", table)
+        if fmt == "table":
+            width = shutil.get_terminal_size((160, 40)).columns
+            con.sql("SELECT * FROM result").show(max_width=width, max_rows=max(table.num_rows, 1))
+            return
+        options = {
+            "csv": "FORMAT csv, HEADER",
+            "json": "FORMAT json, ARRAY true",
+            "parquet": "FORMAT parquet",
+        }
+        with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
+            target = output if output is not None else Path(scratch) / f"result.{fmt}"
+            try:
+                con.execute(
+                    f"COPY (SELECT * FROM result) TO $target ({options[fmt]})",
+                    {"target": str(target)},
+                )
+            except duckdb.Error as exc:
+                raise ProfileError(f"cannot write {target}: {exc}") from exc
+            if output is None:
+                sys.stdout.flush()
+                with open(target, "rb") as rows:
+                    shutil.copyfileobj(rows, sys.stdout.buffer)
+                sys.stdout.buffer.flush()

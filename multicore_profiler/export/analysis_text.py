@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
 import orjson
 import pyarrow as pa
 
@@ -25,6 +24,7 @@ from multicore_profiler.analysis.analyze import KernelAnalysis
 from multicore_profiler.analysis.replay import FIDELITY_LIMIT
 from multicore_profiler.export.markdown import markdown_table
 from multicore_profiler.export.terminal_text import printable
+from multicore_profiler.storage.connection import connection
 
 FEW_INVOCATIONS = 8
 """Up to this many invocations the makespan table has a row per invocation; above, one
@@ -92,10 +92,10 @@ class AnalysisReport:
 
 def _query(sql: str, params: dict[str, Any] | None = None, **tables: pa.Table) -> pa.Table:
     """``sql`` over the Arrow ``tables``, registered by name."""
-    con = duckdb.connect()
-    for name, table in tables.items():
-        con.register(name, table)
-    return con.sql(sql, params=params).to_arrow_table()
+    with connection() as con:
+        for name, table in tables.items():
+            con.register(name, table)
+        return con.sql(sql, params=params).to_arrow_table()
 
 
 def speedup_medians(curves: pa.Table) -> pa.Table:

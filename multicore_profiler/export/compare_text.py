@@ -5,12 +5,12 @@ in points."""
 
 from __future__ import annotations
 
-import duckdb
 import orjson
 import pyarrow as pa
 
 from multicore_profiler.analysis.compare import VERDICTS, Comparison
 from multicore_profiler.export.markdown import markdown_table
+from multicore_profiler.storage.connection import connection
 from multicore_profiler.storage.sql_text import sql_identifier
 
 
@@ -108,11 +108,11 @@ def comparison_table(comparison: Comparison) -> pa.Table:
     percentage text, the p-value (two digits), the verdict and the time added per
     invocation in microseconds; for shares, medians in percent (one decimal) and the
     change, its interval and what is added per invocation in points."""
-    con = duckdb.connect()
-    con.register("rows", comparison.rows)
-    return con.sql(
-        f"""SELECT {", ".join(sql_identifier(c) for c in comparison.by)},
-                   base_count AS base_n, head_count AS head_n,
-                   {_TABLE_VALUES[comparison.unit]}
-            FROM rows""",
-    ).to_arrow_table()
+    with connection() as con:
+        con.register("rows", comparison.rows)
+        return con.sql(
+            f"""SELECT {", ".join(sql_identifier(c) for c in comparison.by)},
+                       base_count AS base_n, head_count AS head_n,
+                       {_TABLE_VALUES[comparison.unit]}
+                FROM rows""",
+        ).to_arrow_table()
