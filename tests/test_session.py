@@ -307,8 +307,9 @@ def test_a_compaction_meanwhile_does_not_bring_a_discarded_window_back(
             prof.flush()
             report = store.compact()
             # The open window's three steps are staged, not committed: a compaction leaves
-            # their records and cores files alone.
-            assert (report.files_before, report.uncommitted_files) == (0, 6)
+            # their records and cores files alone, and the task graph no committed
+            # invocation names yet.
+            assert (report.files_before, report.uncommitted_files) == (0, 7)
             raise RuntimeError("job died")
 
     with pytest.raises(RuntimeError, match="job died"):
