@@ -141,13 +141,7 @@ def run_files(location: StoreLocation, run_id: str) -> RunFiles:
         paths = sorted(info.path for info in infos[spec.name])
         if not paths:
             continue
-        dataset = ds.dataset(paths, format=verified_parquet(), filesystem=location.filesystem)
-        try:
-            keys = dataset.to_table(columns=["rank", "write_id", "__filename"])
-        except (pa.ArrowException, OSError):
-            for path in paths:  # name the file that cannot be read
-                read_verified(location, path)
-            raise
+        keys = _keys(location, paths, ["rank", "write_id", "__filename"])
         found = (
             keys.group_by(["__filename", "rank", "write_id"])
             .aggregate([])
@@ -163,18 +157,24 @@ def run_files(location: StoreLocation, run_id: str) -> RunFiles:
     return RunFiles(infos, writes, leftovers, _graphs(location, infos[TASKS.name]))
 
 
+def _keys(location: StoreLocation, paths: list[str], columns: list[str]) -> pa.Table:
+    """``columns`` of the files at ``paths`` (``__filename``: the file of each row), their
+    checksums verified; a file that cannot be read is named."""
+    dataset = ds.dataset(paths, format=verified_parquet(), filesystem=location.filesystem)
+    try:
+        return dataset.to_table(columns=columns)
+    except (pa.ArrowException, OSError):
+        for path in paths:  # name the file that cannot be read
+            read_verified(location, path)
+        raise
+
+
 def _graphs(location: StoreLocation, infos: list[pafs.FileInfo]) -> pa.Table:
     """The task graphs (``rank``, ``config_id``) each of the ``tasks`` files holds."""
     paths = sorted(info.path for info in infos)
     if not paths:
         return GRAPHS.empty_table()
-    dataset = ds.dataset(paths, format=verified_parquet(), filesystem=location.filesystem)
-    try:
-        keys = dataset.to_table(columns=["__filename", "rank", "config_id"])
-    except (pa.ArrowException, OSError):
-        for path in paths:  # name the file that cannot be read
-            read_verified(location, path)
-        raise
+    keys = _keys(location, paths, ["__filename", "rank", "config_id"])
     found = keys.group_by(["__filename", "rank", "config_id"]).aggregate([])
     return found.rename_columns(GRAPHS.names).cast(GRAPHS)
 
