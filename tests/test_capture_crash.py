@@ -69,8 +69,8 @@ def write_table(self, table, *args, **kwargs):
 pq.ParquetWriter.write_table = write_table
 """
 
-JOB = """
-import os, sys, time
+JOB_PREAMBLE = """
+import os, signal, sys, time
 from pathlib import Path
 import torch
 from multicore_profiler import mega_kernel_profile, open_store, schedule
@@ -81,6 +81,13 @@ seed = torch.Generator().manual_seed(0)
 router, w1, w2 = make_moe_weights({experts}, {hidden}, {inter}, generator=seed)
 x = torch.randn({tokens}, {hidden}, generator=torch.Generator().manual_seed(1))
 batch = (x, *route(x, router, {top_k}))
+"""
+"""What every job script below starts with: the reference kernel's weights and batch, in
+``root`` (its first argument); ``job_script`` fills in the sizes."""
+
+JOB = (
+    JOB_PREAMBLE
+    + """
 with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
     with mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=2)) as prof:
         for _ in range(3):  # window 0: steps 0 and 1; window 1 opens at step 2
@@ -96,6 +103,7 @@ with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=
         (root / "writer.pid").write_text(str(prof.writer_pid))
         time.sleep(600)
 """
+)
 
 
 @pytest.fixture
@@ -262,7 +270,7 @@ def test_a_full_queue_holds_the_job_until_the_writer_commits(
 
 
 def test_job_killed_mid_window_leaves_only_the_windows_it_ended(tmp_path: Path) -> None:
-    script = JOB.format(experts=EXPERTS, hidden=HIDDEN, inter=INTER, tokens=TOKENS, top_k=TOP_K)
+    script = job_script(JOB)
     job = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
     try:
         wait_for(tmp_path / "writer.pid", "the job's flush of step 3")
@@ -294,18 +302,9 @@ def test_job_killed_mid_window_leaves_only_the_windows_it_ended(tmp_path: Path) 
         ]
 
 
-KILLED_AFTER_A_WINDOW = """
-import os, signal, sys
-from pathlib import Path
-import torch
-from multicore_profiler import mega_kernel_profile, open_store, schedule
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
-
-root = Path(sys.argv[1])
-seed = torch.Generator().manual_seed(0)
-router, w1, w2 = make_moe_weights({experts}, {hidden}, {inter}, generator=seed)
-x = torch.randn({tokens}, {hidden}, generator=torch.Generator().manual_seed(1))
-batch = (x, *route(x, router, {top_k}))
+KILLED_AFTER_A_WINDOW = (
+    JOB_PREAMBLE
+    + """
 with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
     with mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3)) as prof:
         (root / "writer.pid").write_text(str(prof.writer_pid))
@@ -314,25 +313,19 @@ with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=
             prof.step()
         os.kill(os.getpid(), signal.SIGKILL)  # the writer is still on step 0
 """
+)
 
-WAITS_TO_BE_KILLED = """
-import sys, time
-from pathlib import Path
-import torch
-from multicore_profiler import mega_kernel_profile, open_store
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
-
-root = Path(sys.argv[1])
-seed = torch.Generator().manual_seed(0)
-router, w1, w2 = make_moe_weights({experts}, {hidden}, {inter}, generator=seed)
-x = torch.randn({tokens}, {hidden}, generator=torch.Generator().manual_seed(1))
+WAITS_TO_BE_KILLED = (
+    JOB_PREAMBLE
+    + """
 with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
     with mega_kernel_profile(store=store) as prof:
-        kernel(x, *route(x, router, {top_k}))
+        kernel(*batch)
         prof.flush()
         (root / "writer.pid").write_text(str(prof.writer_pid))
         time.sleep(600)
 """
+)
 
 
 def job_script(template: str) -> str:
