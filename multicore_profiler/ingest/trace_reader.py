@@ -626,6 +626,18 @@ def _fields_refused(path: Path, exc: BaseException) -> TraceFormatError:
     return TraceFormatError(f"{path}: its top-level fields are not JSON: {exc}")
 
 
+def _guessed(
+    events: bytes,
+) -> tuple[tuple[list[Any], bytes, bool] | None, BaseException | None, int]:
+    """``events`` (text guessed to end after a whole event) decoded as an array
+    (``_decoded``), else the failure; and the length of the array's text."""
+    guess = b"[" + events + b"]"
+    try:
+        return _decoded(guess), None, len(guess)
+    except _DECODE_ERRORS as exc:
+        return None, exc, len(guess)
+
+
 def _decoded(guess: bytes) -> tuple[list[Any], bytes, bool]:
     """The event structs of ``guess`` (a JSON array of objects), the buffer their values
     are views of, and whether that is ``guess`` itself rather than a copy with escapes
@@ -838,13 +850,8 @@ class _Reader:
             found = _last(_BOUNDARY, pending)
             if found is not None:
                 cut = found.start() + 1
-                guess = b"[" + pending[:cut] + b"]"
-                size = len(guess)
-                try:
-                    decoded = _decoded(guess)
-                except _DECODE_ERRORS as exc:
-                    failure = exc
-                else:
+                decoded, failure, size = _guessed(pending[:cut])
+                if decoded is not None:
                     yield self._block(pending[:cut], decoded)
                     self._skip(found.end())
                     self.comma = True
@@ -854,13 +861,8 @@ class _Reader:
                 last, between, exact = _events_structure(pending)
                 if exact is None and (last >= 0 or between):
                     events_end = len(pending[: None if between else last].rstrip(_WHITE))
-                    guess = b"[" + pending[:events_end] + b"]"
-                    size = len(guess)
-                    try:
-                        decoded = _decoded(guess)
-                    except _DECODE_ERRORS as exc:
-                        failure = exc
-                    else:
+                    decoded, failure, size = _guessed(pending[:events_end])
+                    if decoded is not None:
                         yield self._block(pending[:events_end], decoded)
                         self._skip(events_end if between else last + 1)
                         self.comma, self.after_event = not between, between
