@@ -23,6 +23,7 @@ import torch
 from multicore_profiler import Store, mega_kernel_profile, open_store, schedule
 from multicore_profiler.errors import CaptureError
 from multicore_profiler.ingest.committer import ORPHANED
+from multicore_profiler.ingest.session import MegaKernelProfile
 from multicore_profiler.ingest.writer import QUEUE_DEPTH, stop_idle_writers
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage.check import check_store
@@ -171,17 +172,7 @@ def test_writer_killed_mid_file_fails_the_session_and_leaves_nothing_of_its_wind
     kernel, batch = kernel_and_batch
     stalled = writer_site(monkeypatch, tmp_path, "stall", at=3)
     prof = mega_kernel_profile(store=store)
-    killed = r"^the profile writer process \(pid \d+\) was killed by signal SIGKILL$"
-    with pytest.raises(CaptureError, match=killed), prof:  # noqa: PT012 (raised a step later)
-        for _ in range(3):
-            kernel(*batch)
-            prof.step()
-        wait_for(stalled, "the writer's stall in step 2's records file")
-        pid = prof.writer_pid
-        os.kill(pid, signal.SIGKILL)
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        kernel(*batch)
-        prof.step()
+    pid = kill_the_stalled_writer(prof, kernel, batch, stalled)
     assert visible(store) == NOTHING
     assert store.sql("SELECT status, capture_steps, capture_writer FROM runs").to_pylist() == [
         {"status": "failed", "capture_steps": 4, "capture_writer": "process"}
@@ -328,6 +319,28 @@ with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=
 )
 
 
+def kill_the_stalled_writer(
+    prof: MegaKernelProfile,
+    kernel: ReferenceMoeKernel,
+    batch: tuple[torch.Tensor, ...],
+    stalled: Path,
+) -> int:
+    """Three steps, the writer SIGKILLed where it stalls (in step 2's records file), then a
+    fourth step, which raises the writer's death; return the writer's pid."""
+    killed = r"^the profile writer process \(pid \d+\) was killed by signal SIGKILL$"
+    with pytest.raises(CaptureError, match=killed), prof:  # noqa: PT012 (raised a step later)
+        for _ in range(3):
+            kernel(*batch)
+            prof.step()
+        wait_for(stalled, "the writer's stall in step 2's records file")
+        pid = prof.writer_pid
+        os.kill(pid, signal.SIGKILL)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        kernel(*batch)
+        prof.step()
+    return pid
+
+
 def job_script(template: str) -> str:
     return template.format(experts=EXPERTS, hidden=HIDDEN, inter=INTER, tokens=TOKENS, top_k=TOP_K)
 
@@ -375,17 +388,7 @@ def test_a_writer_killed_after_a_windows_last_step_leaves_none_of_that_window(
     kernel, batch = kernel_and_batch
     stalled = writer_site(monkeypatch, tmp_path, "stall", at=3)
     prof = mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3))
-    killed = r"^the profile writer process \(pid \d+\) was killed by signal SIGKILL$"
-    with pytest.raises(CaptureError, match=killed), prof:  # noqa: PT012 (raised a step later)
-        for _ in range(3):  # the third prof.step() ends window 0
-            kernel(*batch)
-            prof.step()
-        wait_for(stalled, "the writer's stall in step 2's records file")
-        pid = prof.writer_pid
-        os.kill(pid, signal.SIGKILL)
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        kernel(*batch)
-        prof.step()
+    pid = kill_the_stalled_writer(prof, kernel, batch, stalled)  # after window 0 ended
     assert visible(store) == NOTHING
     assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
     assert store.sql("SELECT status FROM runs")["status"].to_pylist() == ["failed"]
