@@ -14,6 +14,17 @@ from trace_checker import check_chrome_files
 from multicore_profiler.kernels.synthetic import GMM1, SWIGLU, SimulatedMoeKernel
 from multicore_profiler.storage.store import Store, open_store
 
+LONGEST_FIRST = ("test_remote_compact.py", "test_remote_store.py", "test_spark.py")
+"""The files that take longest (an S3 server, Spark): collected first, so that the test
+processes (``make test``'s ``--dist loadfile``) start them at once instead of ending on
+them while the others idle."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the ``LONGEST_FIRST`` files ahead of the others, each file's tests in order."""
+    first = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
