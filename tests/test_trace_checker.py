@@ -424,8 +424,9 @@ def test_check_chrome_files_checks_the_exporters_traces(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The conftest hook's check: every file the Chrome JSON writer wrote (by its opening),
-    plain or gzipped, however deep; other JSON is left alone. (Not under tmp_path, which
-    the hook itself checks after each test.)"""
+    plain or gzipped, however deep; other JSON is left alone, and so is a file whose gzip
+    stream is broken or cut (a fuzzed input trace). (Not under tmp_path, which the hook
+    itself checks after each test.)"""
     root = tmp_path_factory.mktemp("exports")
     good = [*header(1, 2), x(0, 5, 1), x(6, 2, 2), flow("s", 1, 1), flow("f", 6, 2, bp="e")]
     late = [*header(1, 2), x(0, 5, 1), x(1, 2, 2), flow("s", 4, 1), flow("f", 3, 2, bp="e")]
@@ -439,6 +440,10 @@ def test_check_chrome_files_checks_the_exporters_traces(
     (root / "t.json").write_bytes(export_text(good))
     (root / "outer.json").write_text(json.dumps({"traceEvents": late}))  # not an export
     (root / "notes.json").write_text("[1, 2")  # not even JSON
+    broken = bytearray(gzip.compress(export_text(good) * 50, mtime=0))
+    broken[12:16] = b"\xff\xff\xff\xff"  # a fuzzed input: its deflate stream is broken
+    (root / "fuzzed.json").write_bytes(bytes(broken))
+    (root / "cut.json.gz").write_bytes(gzip.compress(export_text(good))[:5])
     assert check_chrome_files(root) == [root / "a" / "b" / "t.json.gz", root / "t.json"]
     (root / "a" / "late.json").write_bytes(export_text(late))
     message = (

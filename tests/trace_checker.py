@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import zlib
 from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
@@ -105,17 +106,26 @@ def check_chrome_files(root: str | os.PathLike[str]) -> list[Path]:
     for path in sorted(Path(root).rglob("*.json*")):
         if not path.name.endswith((".json", ".json.gz")) or not path.is_file():
             continue
-        with path.open("rb") as raw:
-            gzipped = raw.read(2) == b"\x1f\x8b"
-        with (gzip.open if gzipped else open)(path, "rb") as fh:
-            if fh.read(len(EXPORT_HEAD)) != EXPORT_HEAD:
-                continue
+        if not _written_by_exporter(path):
+            continue
         try:
             check_trace(load_trace(path))
         except AssertionError as exc:
             raise AssertionError(f"{path}: {exc}") from exc
         paths.append(path)
     return paths
+
+
+def _written_by_exporter(path: Path) -> bool:
+    """Whether `path` opens with ``EXPORT_HEAD``, plain or gzipped. A file whose opening
+    cannot be read (a broken gzip stream: a fuzzed input trace, say) is not an export."""
+    with path.open("rb") as raw:
+        gzipped = raw.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open if gzipped else open)(path, "rb") as fh:
+            return fh.read(len(EXPORT_HEAD)) == EXPORT_HEAD
+    except (OSError, EOFError, zlib.error):
+        return False
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
