@@ -28,12 +28,29 @@ CAPACITY_ALIGN = 16
 DESC_WAIT_DEPENDENCY = 0x10000
 DESC_TERMINATE_TASK = 0x10006
 DESC_TRIGGER_EVENT = 0x10007
+CONTROL_DESC_IDS = (DESC_WAIT_DEPENDENCY, DESC_TERMINATE_TASK, DESC_TRIGGER_EVENT)
+"""The ids the runtime itself writes; the ids between them (0x10001..0x10005) are stage ids."""
 DESC_COMPUTE_FALLBACK = 0x20000
 """A compute record whose task has no stage id carries ``DESC_COMPUTE_FALLBACK + task_type``."""
 MAX_TASK_TYPE = 0xFFFF
 """Task types fit in 16 bits, so fallback ids lie in 0x20000..0x2FFFF."""
-RESERVED_DESC_IDS = range(DESC_WAIT_DEPENDENCY, DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE + 1)
-"""Control and fallback ids; a kernel's stage ids are any other non-zero 32-bit value."""
+FALLBACK_DESC_IDS = range(DESC_COMPUTE_FALLBACK, DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE + 1)
+DESC_GRAPH_STAGE = 0x30000
+"""The newer generation's stage ids: the k-th operator of the compute graph, in
+topological order, is stage ``DESC_GRAPH_STAGE + k``."""
+TERMINATE_TASK_TYPE = 0
+"""The task type of hyper-parallel's TerminateTask tasks (its ``TaskType.TASK_TERMINATE``)."""
+
+
+def is_stage_desc_id(desc_id: int) -> bool:
+    """Whether a kernel may use ``desc_id`` for a stage: any non-zero 32-bit id but the
+    control ids and the fallback ids 0x20000..0x2FFFF (what hyper-parallel reserves)."""
+    return (
+        1 <= desc_id <= 0xFFFFFFFF
+        and desc_id not in CONTROL_DESC_IDS
+        and desc_id not in FALLBACK_DESC_IDS
+    )
+
 
 NO_OWNER = 0xFFFFFFFF
 

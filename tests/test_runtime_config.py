@@ -159,7 +159,7 @@ def test_task_type_names_name_the_compute_fallback() -> None:
     [
         (lambda: ProfileStage(0, "Zero", task_type=1), "desc_id 0x0 is not a stage id"),
         (lambda: ProfileStage(0x10000, "Wait", task_type=1), "desc_id 0x10000 is not a stage id"),
-        (lambda: ProfileStage(0x20005, "Fallback", task_type=1), "outside 0x10000..0x2ffff"),
+        (lambda: ProfileStage(0x20005, "Fallback", task_type=1), "fallback ids 0x20000..0x2ffff"),
         (lambda: ProfileStage(3, "Everything"), "selects nothing"),
         (lambda: ProfileStage(3, "", task_type=1), "needs a name"),
         (
