@@ -187,7 +187,7 @@ GOLDEN_EVENTS = [
     x("TaskType_SwiGLU", 6.2, 1.8, 2001,
       record(AIV, 1, 120, 8, 0x20000 + SWIGLU_TYPE, 0, task_type=SWIGLU_TYPE, owner_id=5,
              start_cycle=410, end_cycle=500)),
-    x("DescId_196613", 8.0, 0.4, 2001,
+    x("TaskType_65541", 8.0, 0.4, 2001,
       record(AIV, 1, 120, 9, UNNAMED, 0, start_cycle=500, end_cycle=520)),
     FLOW | {"ph": "s", "tid": 1000},
     FLOW | {"ph": "f", "bp": "e", "tid": 2001},
@@ -199,7 +199,7 @@ DETAILED_NAMES = [
     "Expert5_GMM1_TriggerEvent_task3",
     "Expert5_WaitDependency_task1",
     "Expert5_TaskType_SwiGLU_task1",
-    "DescId_196613_task1",
+    "TaskType_65541_task1",
 ]
 
 
@@ -296,12 +296,12 @@ def test_fallback_names_without_spec_or_graph(store: Store, tmp_path: Path) -> N
         store, [buffer], layout, frequency_hz=50e6, run_id=RUN, launches=Launches(rank=3)
     )
     for detailed, names in (
-        (False, ["WaitDependency", "DescId_196609", "TriggerEvent", "TaskType_3"]),
+        (False, ["WaitDependency", "TaskType_65537", "TriggerEvent", "TaskType_3"]),
         (
             True,
             [
                 "Owner5_WaitDependency_task1",
-                "Owner5_DescId_196609_task1",
+                "Owner5_TaskType_65537_task1",
                 "Owner5_TriggerEvent_task1",
                 "TaskType_3_task1",
             ],
@@ -380,7 +380,7 @@ def test_query_export(golden: Store, tmp_path: Path) -> None:
     query = "SELECT * FROM records_ns WHERE core = 'AIV' ORDER BY start_cycle"
     trace = exported(golden, tmp_path / "t.json", query=query)
     complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert [e["name"] for e in complete] == ["WaitDependency", "TaskType_SwiGLU", "DescId_196613"]
+    assert [e["name"] for e in complete] == ["WaitDependency", "TaskType_SwiGLU", "TaskType_65541"]
     assert trace["megaKernelCycleTrace"]["selection"] == f"query {query!r}"
     plain = exported(golden, tmp_path / "t.json", query="SELECT * FROM records")
     assert plain["traceEvents"] == GOLDEN_EVENTS

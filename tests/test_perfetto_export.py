@@ -211,7 +211,7 @@ def test_golden_store_matches_json_and_names_its_invocation(golden: Store, tmp_p
         ("AIV/1", "GoldenMoe", 600, 7800, 0),
         ("AIV/1", "WaitDependency", 600, 5600, 1),
         ("AIV/1", "TaskType_SwiGLU", 6200, 1800, 1),
-        ("AIV/1", "DescId_196613", 8000, 400, 1),
+        ("AIV/1", "TaskType_65541", 8000, 400, 1),
     ]
     invocation = trace.slices[0]
     assert invocation.categories == (INVOCATION_CATEGORY,)
@@ -315,10 +315,10 @@ def test_records_on_sub_tracks(store: Store, tmp_path: Path) -> None:
     tracks = [(trace.tracks[s.track_uuid].name, s.name, s.depth) for s in trace.slices]
     assert tracks == [
         ("AIC/2", "MegaKernel", 0),
-        ("AIC/2", "DescId_196609", 1),
-        ("AIC/2", "DescId_196609", 1),
+        ("AIC/2", "TaskType_65537", 1),
+        ("AIC/2", "TaskType_65537", 1),
         ("AIC/2 overlap 1", "MegaKernel", 0),
-        ("AIC/2 overlap 1", "DescId_196609", 1),
+        ("AIC/2 overlap 1", "TaskType_65537", 1),
     ]
     assert len(trace.flows) == result.critical_flows == 2
 
@@ -342,9 +342,9 @@ def test_nested_and_zero_length_records(store: Store, tmp_path: Path) -> None:
     shape = [(s.name, s.ts, s.dur, s.depth) for s in trace.slices]
     assert shape == [
         ("MegaKernel", 0, 4000, 0),
-        ("DescId_196609", 0, 2000, 1),
+        ("TaskType_65537", 0, 2000, 1),
         ("WaitDependency", 0, 0, 2),
-        ("DescId_196609", 2000, 2000, 1),
+        ("TaskType_65537", 2000, 2000, 1),
         ("WaitDependency", 2000, 0, 2),
         ("TriggerEvent", 2000, 0, 2),
     ]

@@ -82,10 +82,10 @@ def test_golden_timeline_tables(golden: Store) -> None:
             {"pid": 3, "tid": 2001, "core_type": 2, "block_id": 1, "entry_cycle": 120} | core,
         ]
         assert timeline.names == [
-            "DescId_196613",
             "GMM1",
             "GMM1_TriggerEvent",
             "GMM1_WaitDependency",
+            "TaskType_65541",
             "TaskType_SwiGLU",
             "WaitDependency",
         ]
@@ -104,12 +104,12 @@ def test_golden_timeline_tables(golden: Store) -> None:
         assert passed(timeline) == [
             (
                 [
-                    slice_row(1000, 0, 200, 1200, 3, 7, WAIT, 2, 5, 110, 160),
-                    slice_row(1000, 0, 1200, 6000, 1, 7, GMM1, 2, 5, 160, 400),
-                    slice_row(1000, 0, 6000, 6100, 2, 7, TRIGGER, 2, 5, 400, 405),
+                    slice_row(1000, 0, 200, 1200, 2, 7, WAIT, 2, 5, 110, 160),
+                    slice_row(1000, 0, 1200, 6000, 0, 7, GMM1, 2, 5, 160, 400),
+                    slice_row(1000, 0, 6000, 6100, 1, 7, TRIGGER, 2, 5, 400, 405),
                     slice_row(2001, 1, 600, 6200, 5, 8, WAIT, 0, 5, 130, 410),
                     slice_row(2001, 1, 6200, 8000, 4, 8, SWIGLU, 0, 5, 410, 500),
-                    slice_row(2001, 1, 8000, 8400, 0, 9, UNNAMED, 0, NO_OWNER, 500, 520),
+                    slice_row(2001, 1, 8000, 8400, 3, 9, UNNAMED, 0, NO_OWNER, 500, 520),
                 ],
                 [
                     {"inv_index": 0, "source_pid": 3, "source_tid": 1000, "source_ts": 6000,

@@ -65,6 +65,17 @@ SELECT
         WHEN stage_desc_id BETWEEN 131072 AND 196607
             THEN 'TaskType_' || coalesce(
                 try_element_at(stage_names, stage_desc_id),
+                CASE stage_desc_id - 131072
+                    WHEN 0 THEN 'Terminate'
+                    WHEN 10 THEN 'BeginTaskGraph'
+                    WHEN 101 THEN 'AddCustom'
+                    WHEN 102 THEN 'SwiGLU'
+                    WHEN 103 THEN 'MatMul'
+                    WHEN 104 THEN 'GroupedMatMul'
+                    WHEN 105 THEN 'ShmemPutMemSignal'
+                    WHEN 106 THEN 'SwiGLUGrad'
+                    WHEN 107 THEN 'ShmemGetMem'
+                END,
                 CAST(stage_desc_id - 131072 AS STRING))
         ELSE coalesce(
             try_element_at(stage_names, stage_desc_id),
@@ -73,7 +84,9 @@ SELECT
                 WHEN 65542 THEN 'TerminateTask'
                 WHEN 65543 THEN 'TriggerEvent'
             END,
-            'DescId_' || CAST(stage_desc_id AS STRING))
+            CASE WHEN stage_desc_id > 196607
+                THEN 'TaskType_' || CAST(stage_desc_id - 131072 AS STRING)
+                ELSE 'DescId_' || CAST(stage_desc_id AS STRING) END)
     END AS stage,
     start_cycle, end_cycle,
     CAST(start_cycle - anchor_cycle AS DOUBLE) * 1e9 / frequency_hz AS ts_ns,
