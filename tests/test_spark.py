@@ -10,11 +10,16 @@ from datetime import datetime, timezone
 
 import pytest
 import torch
+from golden import AIC, NO_OWNER, Slot, pack
 
 from multicore_profiler import Store, mega_kernel_profile
+from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import StoreError
+from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.step_rows import KernelInfo
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.spark import register_spark_views, spark_path
 from multicore_profiler.storage.supersede import plan_rewrite
 from multicore_profiler.storage.vacuum import run_files
@@ -135,3 +140,32 @@ def test_spark_views_without_pyspark_name_the_extra_to_install(
     assert str(raised.value) == (
         "Spark views need pyspark: pip install 'multicore_profiler[spark]'"
     )
+
+
+def test_spark_names_every_desc_id_as_duckdb(spark: object, store: Store) -> None:
+    """Spark's records_ns names stages by the rules of DuckDB's stage_name: a bound name,
+    hyper-parallel's task type names, TaskType_<id - 0x20000> from 0x20000 up, DescId_."""
+    descs = [0x10001, 0x10003, 0x20000, 0x20003, 0x2006B, 0x2FFFF, 0x30005]
+    records = [(100 + i, 101 + i, desc, i, 0, NO_OWNER) for i, desc in enumerate(descs)]
+    store.write_run(RunInfo.begin(run_id="names"))
+    ingest_buffers(
+        store,
+        [pack(1, 1, 16, 16, [Slot(AIC, 0, 100, records)])],
+        BufferLayout(aic_slots=1, aiv_slots=1, aic_capacity=16, aiv_capacity=16),
+        frequency_hz=50e6,
+        run_id="names",
+        kernel=KernelInfo(stage_names={0x10001: "GMM1", 0x20003: "Copy"}),
+    )
+    expected = [
+        "GMM1",
+        "DescId_65539",
+        "TaskType_Terminate",
+        "TaskType_Copy",
+        "TaskType_ShmemGetMem",
+        "TaskType_65535",
+        "TaskType_65541",
+    ]
+    query = "SELECT stage FROM records_ns ORDER BY record_index"
+    assert store.sql(query)["stage"].to_pylist() == expected
+    register_spark_views(spark, store.uri)
+    assert [row["stage"] for row in spark.sql(query).collect()] == expected  # type: ignore[attr-defined]
