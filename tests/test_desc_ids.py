@@ -345,6 +345,10 @@ def test_the_terminate_stage_takes_only_what_no_stage_selects() -> None:
             "'GateUp'; give one a diagnostic_name",
         ),
         (
+            lambda: ProfileStage(0x30000, "Gmm", task_ids=[0, 1]),  # type: ignore[arg-type]
+            "stage 'Gmm': task_ids must be a range of step 1, got [0, 1]",
+        ),
+        (
             lambda: ProfileSpec.from_graph([("gmm", 1)]),  # type: ignore[list-item]
             "kernel MegaKernel: graph operator 0 must be a GraphOperator, got tuple",
         ),

@@ -77,6 +77,12 @@ class ProfileStage:
             )
         if not self.name:
             raise SpecError(f"stage {self.desc_id:#x} needs a name")
+        if self.task_ids is not None and (
+            not isinstance(self.task_ids, range) or self.task_ids.step != 1
+        ):
+            raise SpecError(
+                f"stage {self.name!r}: task_ids must be a range of step 1, got {self.task_ids!r}"
+            )
         if all(
             s is None
             for s in (
@@ -290,8 +296,9 @@ class ProfileSpec:
         return owner_stage
 
     def desc_ids(self, tasks: np.ndarray) -> np.ndarray:
-        """Each task's stage id, 0 where no stage selects it (the device then records the
-        fallback 0x20000 + task type). A task two stages select is an error."""
+        """Each task's stage id (0x10006 for the TerminateTask stage), 0 where no stage
+        selects it (the device then records the fallback 0x20000 + task type). A task two
+        stages select is an error."""
         ids = [stage.desc_id for stage in self.stages] + [DESC_TERMINATE_TASK, 0]
         return np.array(ids, dtype=np.uint32)[self._stage_of(tasks)]
 
