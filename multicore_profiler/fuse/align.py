@@ -29,7 +29,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from multicore_profiler.errors import FuseError
+from multicore_profiler.errors import ArgumentError, FuseError
 from multicore_profiler.export.timeline import CORE_NAMES, LANE_TID_STEP, US_TEXT_MACRO
 from multicore_profiler.limits import COUNT
 from multicore_profiler.storage.sql_text import sql_strings
@@ -131,12 +131,21 @@ WHERE f.ph IN ('s', 'f') AND f.cat = 'MegaKernelInternal'
 """
 
 _INVOCATIONS = """
-CREATE TEMP TABLE inv AS
+CREATE TEMP TABLE inv_all AS
 SELECT
     i.*, s.first_ns, s.last_ns, s.events,
-    (row_number() OVER (ORDER BY i.invocation_id) - 1)::BIGINT AS position
+    (row_number() OVER (ORDER BY i.invocation_id) - 1)::BIGINT AS run_position
 FROM mk_invocations i JOIN spans s USING (rank, invocation_id)
 WHERE i.rank = $rank
+"""
+
+_GROUPED = """
+CREATE TEMP TABLE inv AS
+SELECT
+    i.* EXCLUDE (run_position), g.grp,
+    (row_number() OVER (PARTITION BY g.grp ORDER BY i.invocation_id) - 1)::BIGINT AS position,
+    i.run_position
+FROM inv_all i JOIN kernel_groups g ON g.kernel_name IS NULL OR g.kernel_name = i.kernel_name
 """
 
 _OUTER = """
@@ -156,23 +165,43 @@ SELECT * FROM (
         AND ($pid IS NULL OR pid = $pid)
 )
 -- Only what can be a candidate: device kernels (the duration fallback needs them all)
--- and events of the kernel's name.
-WHERE evidence IS NOT NULL OR regexp_matches(name, $pattern)
+-- and events of a kernel's name.
+WHERE evidence IS NOT NULL OR {any_match}
 """
+
+_OWNERS = """
+CREATE TEMP TABLE owners AS
+SELECT event_index, grp, count(*) OVER (PARTITION BY event_index) AS claimants
+FROM (
+    SELECT *, max(length) OVER (PARTITION BY event_index) AS longest FROM ({matches})
+)
+WHERE length = longest
+"""
+"""Which group each outer event of a kernel's name belongs to: the one whose pattern matches
+the longest part of its name (``HyperMegaMoeGrad`` over ``HyperMegaMoe``); ``claimants``
+counts the groups tied for it."""
 
 _BY_NAME = """
 CREATE TEMP TABLE cand AS
-SELECT *, (row_number() OVER (ORDER BY ts_ns, event_index) - 1 - $skip)::BIGINT AS position
-FROM outer_x
-WHERE regexp_matches(name, $pattern) AND (evidence IS NOT NULL) = $device
+SELECT
+    o.*, w.grp,
+    (row_number() OVER (PARTITION BY w.grp ORDER BY o.ts_ns, o.event_index) - 1 - $skip)::BIGINT
+        AS position
+FROM outer_x o JOIN owners w USING (event_index)
+WHERE (o.evidence IS NOT NULL) = list_contains($device_groups, w.grp)
 """
 
 _BY_DURATION = """
 CREATE TEMP TABLE cand AS
-WITH device AS (
-    SELECT *, (row_number() OVER (PARTITION BY track ORDER BY ts_ns, event_index) - 1)::BIGINT
-        AS k
+WITH ordered AS (
+    SELECT *, row_number() OVER (ORDER BY ts_ns, event_index) - 1 AS overall
     FROM outer_x WHERE evidence IS NOT NULL
+),
+device AS (
+    -- The first $skip device kernels (kernel_index), in time order, are no candidates.
+    SELECT * EXCLUDE (overall),
+        (row_number() OVER (PARTITION BY track ORDER BY ts_ns, event_index) - 1)::BIGINT AS k
+    FROM ordered WHERE overall >= $skip
 ),
 fits AS (
     SELECT
@@ -190,7 +219,7 @@ best AS (
     ORDER BY f.cost, d.ts_ns, f.track
     LIMIT 1
 )
-SELECT d.* EXCLUDE (k), d.k - b.first_k AS position, b.cost
+SELECT d.* EXCLUDE (k), 0 AS grp, d.k - b.first_k AS position, b.cost
 FROM device d JOIN best b ON d.track = b.track
 WHERE d.k >= b.first_k
 """
@@ -205,7 +234,7 @@ SELECT
     c.dur_ns AS outer_dur_ns, c.evidence, c.event_index AS outer_event_index,
     us_text(c.ts_ns - $shift) AS outer_ts_text, us_text(c.dur_ns) AS outer_dur_text,
     coalesce(c.pid::VARCHAR, to_json(c.pid_name)::VARCHAR) AS pid_text
-FROM inv i JOIN cand c USING (position)
+FROM inv i JOIN cand c USING (grp, position)
 """
 
 _TRACKS = """
@@ -362,13 +391,55 @@ def _text_chunks(lines: pa.ChunkedArray) -> Iterator[bytes]:
         yield bytes(memoryview(chunk.buffers()[2])[first:last])
 
 
+def check_kernel_pattern(pattern: str) -> None:
+    """Refuse a ``kernel_pattern`` that cannot select outer kernels: one that matches an empty
+    name (``''``, ``.*``, ``(?i)``) matches every outer event (``ArgumentError``), one that is
+    no regular expression DuckDB (RE2) runs cannot match any (``FuseError``)."""
+    with duckdb.connect() as con:
+        try:
+            matches_empty = con.execute(
+                "SELECT regexp_matches('', $pattern)", {"pattern": pattern}
+            ).fetchall()[0][0]
+        except duckdb.Error as exc:
+            raise FuseError(
+                f"kernel pattern {pattern!r} is not a regular expression DuckDB (RE2 syntax) "
+                f"accepts: {exc}"
+            ) from exc
+    if matches_empty:
+        raise ArgumentError(
+            f"kernel_pattern {pattern!r} matches an empty name, so it matches every outer event: "
+            "give a pattern of the outer kernel's name, or none to infer one from the kernel's"
+        )
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Invocations aligned together, in order, to the outer events of one pattern: those of
+    one kernel (an inferred pattern each) or all of them (an explicit ``kernel_pattern``)."""
+
+    kernel_name: str | None
+    pattern: str
+    invocations: int = 0
+    device: int = 0
+    host: int = 0
+
+    def entry(self, alignment: str) -> dict[str, Any]:
+        return {
+            "kernelName": self.kernel_name,
+            "pattern": self.pattern,
+            "invocations": self.invocations,
+            "deviceCandidates": self.device,
+            "hostCandidates": self.host,
+            "alignment": alignment,
+        }
+
+
 def align(
     con: duckdb.DuckDBPyConnection,
     side: MegaKernelSide,
     *,
     source_id: str,
     rank: int,
-    kernel_name: str,
     kernel_pattern: str | None,
     kernel_index: int,
     outer_pid: int | None,
@@ -377,73 +448,147 @@ def align(
 ) -> Alignment:
     """Align the invocations of ``rank`` in ``mk_invocations`` (registered on ``con``),
     whose slices ``side`` gives, to the kernels of trace ``source_id``; raise ``FuseError``
-    where that cannot be done safely."""
+    where that cannot be done safely.
+
+    Without ``kernel_pattern`` each kernel's invocations go, in order, to the outer kernels
+    of its own name (a forward and a backward kernel each to theirs); with one, every
+    invocation goes, in order, to the outer kernels it matches."""
     COUNT.check(kernel_index, "kernel_index")
+    inferred = kernel_pattern is None
+    if kernel_pattern is not None:
+        check_kernel_pattern(kernel_pattern)
     con.execute(US_TEXT_MACRO)
     side.install(con)
     con.execute(_INVOCATIONS, {"rank": rank})
-    invocations = _count(con, "SELECT count(*) FROM inv")
+    invocations = _count(con, "SELECT count(*) FROM inv_all")
     if invocations == 0:
         raise FuseError(f"the MegaKernel trace has no invocation with records on rank {rank}")
-    inferred = kernel_pattern is None
-    pattern = kernel_pattern_for(kernel_name) if inferred else kernel_pattern
-    try:
-        con.execute("SELECT regexp_matches('', $pattern)", {"pattern": pattern}).fetchall()
-    except duckdb.Error as exc:
-        raise FuseError(
-            f"kernel pattern {pattern!r} is not a regular expression DuckDB (RE2 syntax) "
-            f"accepts: {exc}"
-        ) from exc
-    con.execute(
-        _OUTER.format(categories=sql_strings(DEVICE_CATEGORIES), task_types=DEVICE_TASK_TYPES),
-        {"source": source_id, "pid": outer_pid, "pattern": pattern},
+    if kernel_pattern is None:
+        names = con.execute(
+            "SELECT kernel_name FROM inv_all GROUP BY ALL ORDER BY min(invocation_id)"
+        ).fetchall()
+        groups = [_Group(name, kernel_pattern_for(name)) for (name,) in names]
+    else:
+        groups = [_Group(None, kernel_pattern)]
+    con.register(
+        "mcprof_groups",
+        pa.table(
+            {
+                "grp": pa.array(range(len(groups)), pa.int64()),
+                "kernel_name": pa.array([g.kernel_name for g in groups], pa.string()),
+            }
+        ),
     )
-    matches = "SELECT count(*) FROM outer_x WHERE regexp_matches(name, $pattern)"
-    device = _count(con, matches + " AND evidence IS NOT NULL", {"pattern": pattern})
-    host = _count(con, matches + " AND evidence IS NULL", {"pattern": pattern})
+    try:
+        con.execute("CREATE TEMP TABLE kernel_groups AS SELECT * FROM mcprof_groups")
+    finally:
+        con.unregister("mcprof_groups")
+    con.execute(_GROUPED)
+    patterns = {f"p{number}": group.pattern for number, group in enumerate(groups)}
+    con.execute(
+        _OUTER.format(
+            categories=sql_strings(DEVICE_CATEGORIES),
+            task_types=DEVICE_TASK_TYPES,
+            any_match=" OR ".join(f"regexp_matches(name, ${key})" for key in patterns),
+        ),
+        {"source": source_id, "pid": outer_pid, **patterns},
+    )
+    matches = " UNION ALL ".join(
+        f"SELECT event_index, {number} AS grp, length(regexp_extract(name, ${key})) AS length "
+        f"FROM outer_x WHERE regexp_matches(name, ${key})"
+        for number, key in enumerate(patterns)
+    )
+    con.execute(_OWNERS.format(matches=matches), patterns)
+    _refuse_shared_outer_events(con, groups)
+    counted = {
+        grp: (needed, device, host)
+        for grp, needed, device, host in con.execute(
+            """
+            SELECT g.grp, (SELECT count(*) FROM inv i WHERE i.grp = g.grp),
+                count(o.event_index) FILTER (WHERE o.evidence IS NOT NULL),
+                count(o.event_index) FILTER (WHERE o.evidence IS NULL)
+            FROM kernel_groups g
+            LEFT JOIN owners w ON w.grp = g.grp
+            LEFT JOIN outer_x o ON o.event_index = w.event_index
+            GROUP BY g.grp
+            """
+        ).fetchall()
+    }
+    groups = [_Group(g.kernel_name, g.pattern, *counted[number]) for number, g in enumerate(groups)]
     where = f" (pid {outer_pid})" if outer_pid is not None else ""
     warnings: list[str] = []
-    fallback = False
-    host_aligned = False
-    if device:
-        con.execute(_BY_NAME, {"skip": kernel_index, "pattern": pattern, "device": True})
-    elif host:
-        if not allow_host_alignment:
-            raise FuseError(
-                f"kernel pattern {pattern!r} matches {host} host event(s){where} but no device "
-                "kernel: aligning device records to host-side events (CPU ops, launches) "
-                "would misplace them; pass allow_host_alignment=True (--allow-host-alignment) "
-                "to do it anyway"
-            )
-        con.execute(_BY_NAME, {"skip": kernel_index, "pattern": pattern, "device": False})
-        host_aligned = True
-        warnings.append(
-            f"aligned to {host} host-side event(s) matching {pattern!r}: no device kernel "
-            "matches, so the records sit on host events' times, not the device's"
+    unmatched = [g for g in groups if not g.device and not g.host]
+    fallback = bool(inferred and len(unmatched) == len(groups))
+    alignments: list[str] = []
+    if fallback:
+        con.execute("UPDATE inv SET grp = 0, position = run_position")
+        con.execute(_BY_DURATION, {"skip": kernel_index})
+        inferred_from = " or ".join(
+            f"{g.pattern!r} (inferred from {g.kernel_name!r})" for g in groups
         )
-    elif inferred:
-        con.execute(_BY_DURATION)
+        skipped = f" after the first {kernel_index} (kernel_index)" if kernel_index else ""
         if _count(con, "SELECT count(*) FROM cand") == 0:
             raise FuseError(
-                f"no outer event{where} matches the kernel pattern {pattern!r} inferred from "
-                f"{kernel_name!r}, and no run of {invocations} device kernel(s) is there to "
-                "fall back to; give kernel_pattern (--kernel-pattern)"
+                f"no outer event{where} matches the kernel pattern {inferred_from}, and no run "
+                f"of {invocations} device kernel(s){skipped} is there to fall back to; give "
+                "kernel_pattern (--kernel-pattern)"
             )
-        fallback = True
-        kernel_index = 0
+        alignments = ["duration"] * len(groups)
         warnings.append(
-            f"no outer event matches {pattern!r} (inferred from {kernel_name!r}): aligned to "
-            f"the run of {invocations} device kernel(s) whose durations best match the "
-            "invocations' spans instead"
+            f"no outer event matches {inferred_from}: aligned to the run of {invocations} "
+            f"device kernel(s){skipped} whose durations best match the invocations' spans "
+            "instead"
         )
     else:
-        raise FuseError(f"no outer event{where} matches the kernel pattern {pattern!r}")
-    available = _count(con, "SELECT count(*) FROM cand WHERE position >= 0")
-    if available < invocations:
+        for group in groups:
+            if group.device:
+                alignments.append("device")
+            elif group.host:
+                if not allow_host_alignment:
+                    raise FuseError(
+                        f"kernel pattern {group.pattern!r} matches {group.host} host event(s)"
+                        f"{where} but no device kernel: aligning device records to host-side "
+                        "events (CPU ops, launches) would misplace them; pass "
+                        "allow_host_alignment=True (--allow-host-alignment) to do it anyway"
+                    )
+                alignments.append("host")
+                warnings.append(
+                    f"aligned to {group.host} host-side event(s) matching {group.pattern!r}: no "
+                    "device kernel matches, so the records sit on host events' times, not the "
+                    "device's"
+                )
+            elif inferred:
+                matched = [g for g in groups if g.device or g.host]
+                raise FuseError(
+                    f"no outer event{where} matches the kernel pattern {group.pattern!r} inferred "
+                    f"from {group.kernel_name!r}, though {matched[0].kernel_name!r}'s pattern "
+                    f"{matched[0].pattern!r} matches {matched[0].device + matched[0].host}: its "
+                    f"{group.invocations} invocation(s) have nothing to align to; give "
+                    "kernel_pattern (--kernel-pattern)"
+                )
+            else:
+                raise FuseError(
+                    f"no outer event{where} matches the kernel pattern {group.pattern!r}"
+                )
+        device_groups = [n for n, a in enumerate(alignments) if a == "device"]
+        con.execute(_BY_NAME, {"skip": kernel_index, "device_groups": device_groups})
+    host_aligned = "host" in alignments
+    shortfall = con.execute(
+        """
+        SELECT g.grp, count(i.invocation_id) AS needed,
+            (SELECT count(*) FROM cand c WHERE c.grp = g.grp AND c.position >= 0) AS available
+        FROM (SELECT DISTINCT grp FROM inv) g JOIN inv i USING (grp)
+        GROUP BY g.grp HAVING available < needed ORDER BY g.grp LIMIT 1
+        """
+    ).fetchall()
+    if shortfall:
+        grp, needed, available = shortfall[0]
+        group = groups[grp]
         total = available + (0 if fallback else kernel_index)
+        of = f" of {group.kernel_name!r}" if len(groups) > 1 else ""
         raise FuseError(
-            f"too few candidates: {invocations} invocation(s) of rank {rank} to align, but "
-            f"{total} outer kernel(s) match {pattern!r}{where}"
+            f"too few candidates: {needed} invocation(s){of} of rank {rank} to align, but "
+            f"{total} outer kernel(s) match {group.pattern!r}{where}"
             + (f" and {kernel_index} are skipped (kernel_index)" if kernel_index else "")
             + "; fuse fewer invocations (a capture window or step of the run) or check the "
             "pattern"
@@ -498,8 +643,9 @@ def align(
     events = sum(e["internalEventCount"] for e in entries)
     report = {
         "schemaVersion": 1,
-        "kernelPattern": pattern,
+        "kernelPattern": groups[0].pattern if len(groups) == 1 else None,
         "kernelPatternInferred": inferred,
+        "kernels": [g.entry(a) for g, a in zip(groups, alignments, strict=True)],
         "kernelIndex": kernel_index,
         "outerPid": outer_pid,
         "durationFallbackUsed": fallback,
@@ -508,8 +654,8 @@ def align(
         "rank": rank,
         "counts": {
             "invocations": len(entries),
-            "deviceCandidates": device,
-            "hostCandidates": host,
+            "deviceCandidates": sum(g.device for g in groups),
+            "hostCandidates": sum(g.host for g in groups),
             "internalEvents": events,
             "dependencyArrows": flows // 2,
             "addedThreads": tracks.num_rows,
@@ -523,6 +669,25 @@ def align(
         "warnings": warnings,
     }
     return Alignment(added, events, report)
+
+
+def _refuse_shared_outer_events(con: duckdb.DuckDBPyConnection, groups: list[_Group]) -> None:
+    """Refuse an outer event that the patterns of two kernels match alike (``owners``): which
+    kernel's invocation it ran is unknown."""
+    shared = con.execute(
+        "SELECT o.event_index, o.name, list_sort(list(w.grp)) FROM owners w "
+        "JOIN outer_x o USING (event_index) WHERE w.claimants > 1 "
+        "GROUP BY ALL ORDER BY o.event_index LIMIT 1"
+    ).fetchall()
+    if shared:
+        index, name, claimants = shared[0]
+        kernels = " and ".join(
+            f"{groups[g].kernel_name!r} ({groups[g].pattern!r})" for g in claimants
+        )
+        raise FuseError(
+            f"outer event {index} ({name!r}) matches the patterns of kernels {kernels} alike: "
+            "which kernel ran in it is unknown; give kernel_pattern (--kernel-pattern)"
+        )
 
 
 def _refuse_unnamed_processes(con: duckdb.DuckDBPyConnection) -> None:

@@ -56,6 +56,7 @@ from multicore_profiler.fuse.align import (
     MegaKernelSide,
     TraceSide,
     align,
+    check_kernel_pattern,
     install_slices,
 )
 from multicore_profiler.ingest.outer_trace import events_table, find_source, ingest_trace
@@ -136,6 +137,8 @@ def merge_chrome_traces(
     is left behind then.
     """
     COUNT.check(kernel_index, "kernel_index")
+    if kernel_pattern is not None:
+        check_kernel_pattern(kernel_pattern)
     check_given(
         (rank, RANK, "rank"),
         (outer_pid, PID, "outer_pid"),
@@ -172,11 +175,6 @@ def merge_chrome_traces(
         described = find_source(store, source.source_id)
         # A rank given now wins over the one stored when the trace was first loaded.
         rank = _rank(source.rank if rank is None else rank, invocations, framework_trace)
-        kernels = sorted({i["kernel_name"] for i in invocations.to_pylist() if i["rank"] == rank})
-        if kernel_pattern is None and len(kernels) > 1:
-            raise FuseError(
-                f"rank {rank} ran several kernels ({', '.join(kernels)}); give kernel_pattern"
-            )
         # json, not orjson: the metadata may hold escaped lone surrogates and integers past 64 bits.
         metadata = json.loads(described["metadata"]) if described["metadata"] else {}
         shift = 0
@@ -192,7 +190,6 @@ def merge_chrome_traces(
                     side,
                     source_id=source.source_id,
                     rank=rank,
-                    kernel_name=kernels[0] if kernels else "",
                     kernel_pattern=kernel_pattern,
                     kernel_index=kernel_index,
                     outer_pid=outer_pid,
