@@ -100,9 +100,13 @@ class MegaKernelSide(Protocol):
 _INTERNAL = """
 CREATE TEMP TABLE internal AS
 SELECT
-    TRY_CAST(ids[1] AS INTEGER) AS rank, TRY_CAST(ids[2] AS BIGINT) AS invocation_id,
-    TRY_CAST(ids[3] AS INTEGER) AS core_type, TRY_CAST(ids[4] AS BIGINT) AS block_id, track,
-    name, ts_ns, dur_ns, args, event_index
+    -- A single capture's slices may lack a rank, and lack an invocation id: the capture's.
+    CASE WHEN ids[1] IS NULL THEN $rank::INTEGER ELSE TRY_CAST(ids[1] AS INTEGER) END AS rank,
+    CASE WHEN ids[2] IS NULL THEN $invocation::BIGINT ELSE TRY_CAST(ids[2] AS BIGINT) END
+        AS invocation_id,
+    -- The core type as a number (mcprof) or its name (hyper-parallel's "AIC" / "AIV").
+    coalesce(TRY_CAST(ids[3] AS INTEGER), CASE ids[3] {core_codes} END) AS core_type,
+    TRY_CAST(ids[4] AS BIGINT) AS block_id, track, name, ts_ns, dur_ns, args, event_index
 FROM (
     -- One parse of each args object for the four ids.
     SELECT
@@ -336,9 +340,17 @@ class TraceSide:
 
     name: str
     """The trace, as messages name it."""
+    rank: int | None = None
+    """A single capture's rank, for its slices without ``args.rank``."""
+    invocation_id: int | None = None
+    """A single capture's invocation id: its slices carry none."""
 
     def install(self, con: duckdb.DuckDBPyConnection) -> None:
-        con.execute(_INTERNAL)
+        codes = " ".join(f"WHEN '{name}' THEN {code}" for code, name in CORE_NAMES.items())
+        con.execute(
+            _INTERNAL.format(core_codes=codes),
+            {"rank": self.rank, "invocation": self.invocation_id},
+        )
         unreadable = con.execute(
             "SELECT event_index FROM internal WHERE rank IS NULL OR invocation_id IS NULL "
             "OR core_type IS NULL OR block_id IS NULL OR track IS NULL OR ts_ns IS NULL "
@@ -347,8 +359,8 @@ class TraceSide:
         if unreadable:
             raise FuseError(
                 f"{self.name}: event {unreadable[0][0]}, a MegaKernelInternal slice, lacks "
-                "an integer tid, ts, dur or args.rank, invocation_id, core_type or block_id in "
-                "range; export the trace again (mcprof export)"
+                "an integer tid, ts, dur or args.rank, invocation_id, core_type (or its name, "
+                "AIC or AIV) or block_id in range; export the trace again (mcprof export)"
             )
         con.execute(_SPANS)
         con.execute(_FLOWS)
