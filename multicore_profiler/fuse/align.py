@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -403,11 +404,14 @@ def _text_chunks(lines: pa.ChunkedArray) -> Iterator[bytes]:
         yield bytes(memoryview(chunk.buffers()[2])[first:last])
 
 
-def check_kernel_pattern(pattern: str) -> None:
+def check_kernel_pattern(pattern: str, con: duckdb.DuckDBPyConnection | None = None) -> None:
     """Refuse a ``kernel_pattern`` that cannot select outer kernels: one that matches an empty
     name (``''``, ``.*``, ``(?i)``) matches every outer event (``ArgumentError``), one that is
-    no regular expression DuckDB (RE2) runs cannot match any (``FuseError``)."""
-    with duckdb.connect() as con:
+    no regular expression DuckDB (RE2) runs cannot match any (``FuseError``). ``con`` runs the
+    check (default: a connection of its own)."""
+    with ExitStack() as stack:
+        if con is None:
+            con = stack.enter_context(duckdb.connect())
         try:
             matches_empty = con.execute(
                 "SELECT regexp_matches('', $pattern)", {"pattern": pattern}
@@ -468,7 +472,7 @@ def align(
     COUNT.check(kernel_index, "kernel_index")
     inferred = kernel_pattern is None
     if kernel_pattern is not None:
-        check_kernel_pattern(kernel_pattern)
+        check_kernel_pattern(kernel_pattern, con)
     con.execute(US_TEXT_MACRO)
     side.install(con)
     con.execute(_INVOCATIONS, {"rank": rank})

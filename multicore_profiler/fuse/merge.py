@@ -139,8 +139,6 @@ def merge_chrome_traces(
     is left behind then.
     """
     COUNT.check(kernel_index, "kernel_index")
-    if kernel_pattern is not None:
-        check_kernel_pattern(kernel_pattern)
     check_given(
         (rank, RANK, "rank"),
         (outer_pid, PID, "outer_pid"),
@@ -156,11 +154,15 @@ def merge_chrome_traces(
     except ValueError as exc:
         raise FuseError(f"cannot write the fused trace to {output}: {exc}") from None
     with ExitStack() as stack:
+        # What is checked before any work runs here: the pattern, a trace file's slices.
+        scratch = stack.enter_context(duckdb.connect())
+        if kernel_pattern is not None:
+            check_kernel_pattern(kernel_pattern, scratch)
         if store is None and isinstance(mega_kernel_trace, Store):
             store = mega_kernel_trace
         if store is None:
-            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="mcprof-fuse-"))
-            store = stack.enter_context(open_store(Path(scratch) / "store"))
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="mcprof-fuse-"))
+            store = stack.enter_context(open_store(Path(folder) / "store"))
         # The MegaKernel side is read first: a refusal there leaves the store as it was.
         side: MegaKernelSide
         events: pa.Table | None = None
@@ -172,7 +174,7 @@ def merge_chrome_traces(
             invocations, mk_summary = side.invocation_table(), side.metadata
         else:
             mk_path = Path(mega_kernel_trace)
-            trace_file = _mega_kernel_trace(mk_path)
+            trace_file = _mega_kernel_trace(mk_path, scratch)
             events, invocations, mk_summary = (
                 trace_file.events,
                 trace_file.invocations,
@@ -269,7 +271,7 @@ SINGLE_CAPTURE_ID = 0
 it lists no invocation and its slices carry no ``args.invocation_id``."""
 
 
-def _mega_kernel_trace(path: Path) -> _TraceFile:
+def _mega_kernel_trace(path: Path, con: duckdb.DuckDBPyConnection) -> _TraceFile:
     """A standalone MegaKernel trace of schema v1: an ``mcprof export`` (or a hyper-parallel
     capture window), which lists its invocations in ``megaKernelCycleTrace.invocations``, or a
     hyper-parallel single capture, which lists none and is one invocation."""
@@ -284,7 +286,7 @@ def _mega_kernel_trace(path: Path) -> _TraceFile:
     if not tables:
         raise FuseError(f"{path} holds no event")
     events = pa.concat_tables(tables)
-    slices = _slice_facts(events)
+    slices = _slice_facts(events, con)
     inferred = []
     if slices["named"]:
         inferred.append(
@@ -312,13 +314,13 @@ def _mega_kernel_trace(path: Path) -> _TraceFile:
     return _TraceFile(events, invocations, summary, TraceSide(str(path)), False, inferred)
 
 
-def _slice_facts(events: pa.Table) -> dict[str, Any]:
-    """What a trace's MegaKernelInternal slices say of their ids: their distinct pids, the
-    first one with an ``args.invocation_id``, each ``args.rank`` (distinct), and how many name
-    their core type (``AIC`` / ``AIV``) rather than number it."""
+def _slice_facts(events: pa.Table, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """What a trace's MegaKernelInternal slices say of their ids (read on ``con``): their
+    distinct pids, the first one with an ``args.invocation_id``, each ``args.rank``
+    (distinct), and how many name their core type (``AIC`` / ``AIV``) rather than number it."""
     names = sql_strings(CORE_NAMES.values())
-    with duckdb.connect() as con:
-        con.register("mk", events)
+    con.register("mk", events)
+    try:
         row = con.execute(
             f"""
             SELECT
@@ -334,6 +336,8 @@ def _slice_facts(events: pa.Table) -> dict[str, Any]:
             )
             """
         ).fetchall()[0]
+    finally:
+        con.unregister("mk")
     pids, without_pid, with_id, ranks, named = row
     return {
         "pids": pids or [],
