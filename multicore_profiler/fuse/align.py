@@ -2,9 +2,14 @@
 
 Candidates are the outer trace's complete events whose name matches the kernel
 pattern, on a device (category kernel / npu / ascend / aicore, or a torch_npu
-``Task Type`` naming AI Core, AIC, AIV or MIX). The i-th invocation of the rank,
-in launch order, goes to the i-th candidate after ``kernel_index``; its records
-keep their relative times and are shifted so the earliest starts with the kernel.
+``Task Type`` naming AI Core, AIC, AIV or MIX). Each kernel of the rank (a forward and a
+backward one) has a pattern inferred from its name, and an outer event that several match
+belongs to the one whose pattern matches the longest part of its name; an explicit pattern
+stands for every kernel. The i-th invocation of a kernel (of all, for an explicit pattern),
+in launch order, goes to the i-th candidate after ``kernel_index``; its records keep their
+relative times and are shifted so the earliest starts with the kernel. Where no outer event
+matches any inferred pattern, every invocation goes, in order, to the run of device kernels
+(after the first ``kernel_index``) whose durations best match their spans.
 Invocations of one kernel that overlap once aligned (a wrong kernel or frequency makes
 them longer than the gaps between their kernels) go to lanes: threads of their own, so
 that every thread's slices still nest or follow one another. Each choice that needs a

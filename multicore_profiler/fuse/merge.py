@@ -2,7 +2,8 @@
 
 ``merge_chrome_traces`` loads the outer trace into a store (``ingest_trace``; a file
 already there is not loaded again), takes the MegaKernel's side from a store selection's
-``Timeline`` (or reads a standalone trace of schema v1), aligns them in SQL (``align``)
+``Timeline`` (or reads a standalone trace of schema v1: mcprof's, or hyper-parallel's, whose
+single capture is one invocation), aligns them in SQL (``align``)
 and writes the fused trace by streaming the outer file's text through: every outer
 event is copied as it was written, the added threads and events go before the events
 array's end, and the ``megaKernelTraceMerge`` report goes in at the top (and under
@@ -125,16 +126,19 @@ def merge_chrome_traces(
     torch_npu, ``.json`` or ``.json.gz``); write the result to ``output`` (gzipped if it
     ends in ``.gz``) and return what was written.
 
-    ``mega_kernel_trace`` is a standalone trace from ``export_chrome_trace`` or a
-    ``Store``, whose ``run`` (default: latest) narrowed by ``step`` / ``window`` is read
-    from it as a ``Timeline``. The outer trace is loaded into ``store`` (default: the
-    store given as ``mega_kernel_trace``, else a temporary one). ``rank`` defaults to the outer
-    trace's ``distributedInfo.rank``, or the only rank the MegaKernel trace has.
+    ``mega_kernel_trace`` is a standalone trace (from ``export_chrome_trace``, or
+    hyper-parallel's, a single capture or a capture window) or a ``Store``, whose ``run``
+    (default: latest) narrowed by ``step`` / ``window`` is read from it as a ``Timeline``.
+    The outer trace is loaded into ``store`` (default: the store given as
+    ``mega_kernel_trace``, else a temporary one). ``rank`` defaults to the outer trace's
+    ``distributedInfo.rank``, or the only rank the MegaKernel trace has.
 
-    The i-th invocation aligns to the i-th outer device kernel matching
-    ``kernel_pattern`` (default: from the kernel's name) after ``kernel_index`` of them,
-    within ``outer_pid`` if given. Raises ``ArgumentError`` for an argument out of range
-    (before any work) and ``FuseError`` when the fusion cannot be done safely (an
+    The i-th invocation of each kernel (forward and backward ones each to their own) aligns
+    to the i-th outer device kernel matching its pattern, inferred from its name, after
+    ``kernel_index`` of them, within ``outer_pid`` if given; an explicit ``kernel_pattern``
+    aligns the i-th invocation of all to the i-th outer kernel it matches. Raises
+    ``ArgumentError`` for an argument out of range or a ``kernel_pattern`` that matches every
+    name (before any work) and ``FuseError`` when the fusion cannot be done safely (an
     ``output`` inside a store or that is one of the input traces: before any work); no file
     is left behind then.
     """
