@@ -484,136 +484,14 @@ def align(
     invocations = _count(con, "SELECT count(*) FROM inv_all")
     if invocations == 0:
         raise FuseError(f"the MegaKernel trace has no invocation with records on rank {rank}")
-    if kernel_pattern is None:
-        names = con.execute(
-            "SELECT kernel_name FROM inv_all GROUP BY ALL ORDER BY min(invocation_id)"
-        ).fetchall()
-        groups = [_Group(name, kernel_pattern_for(name)) for (name,) in names]
-    else:
-        groups = [_Group(None, kernel_pattern)]
-    con.register(
-        "mcprof_groups",
-        pa.table(
-            {
-                "grp": pa.array(range(len(groups)), pa.int64()),
-                "kernel_name": pa.array([g.kernel_name for g in groups], pa.string()),
-            }
-        ),
-    )
-    try:
-        con.execute("CREATE TEMP TABLE kernel_groups AS SELECT * FROM mcprof_groups")
-    finally:
-        con.unregister("mcprof_groups")
-    con.execute(_GROUPED)
-    patterns = {f"p{number}": group.pattern for number, group in enumerate(groups)}
-    con.execute(
-        _OUTER.format(
-            categories=sql_strings(DEVICE_CATEGORIES),
-            task_types=DEVICE_TASK_TYPES,
-            any_match=" OR ".join(f"regexp_matches(name, ${key})" for key in patterns),
-        ),
-        {"source": source_id, "pid": outer_pid, **patterns},
-    )
-    matches = " UNION ALL ".join(
-        f"SELECT event_index, {number} AS grp, length(regexp_extract(name, ${key})) AS length "
-        f"FROM outer_x WHERE regexp_matches(name, ${key})"
-        for number, key in enumerate(patterns)
-    )
-    con.execute(_OWNERS.format(matches=matches), patterns)
-    _refuse_shared_outer_events(con, groups)
-    counted = {
-        grp: (needed, device, host)
-        for grp, needed, device, host in con.execute(
-            """
-            SELECT g.grp, (SELECT count(*) FROM inv i WHERE i.grp = g.grp),
-                count(o.event_index) FILTER (WHERE o.evidence IS NOT NULL),
-                count(o.event_index) FILTER (WHERE o.evidence IS NULL)
-            FROM kernel_groups g
-            LEFT JOIN owners w ON w.grp = g.grp
-            LEFT JOIN outer_x o ON o.event_index = w.event_index
-            GROUP BY g.grp
-            """
-        ).fetchall()
-    }
-    groups = [_Group(g.kernel_name, g.pattern, *counted[number]) for number, g in enumerate(groups)]
+    groups = _kernel_groups(con, kernel_pattern, source_id, outer_pid)
     where = f" (pid {outer_pid})" if outer_pid is not None else ""
-    warnings: list[str] = []
-    unmatched = [g for g in groups if not g.device and not g.host]
-    fallback = bool(inferred and len(unmatched) == len(groups))
-    alignments: list[str] = []
-    if fallback:
-        con.execute("UPDATE inv SET grp = 0, position = run_position")
-        con.execute(_BY_DURATION, {"skip": kernel_index})
-        inferred_from = " or ".join(
-            f"{g.pattern!r} (inferred from {g.kernel_name!r})" for g in groups
-        )
-        skipped = f" after the first {kernel_index} (kernel_index)" if kernel_index else ""
-        if _count(con, "SELECT count(*) FROM cand") == 0:
-            raise FuseError(
-                f"no outer event{where} matches the kernel pattern {inferred_from}, and no run "
-                f"of {invocations} device kernel(s){skipped} is there to fall back to; give "
-                "kernel_pattern (--kernel-pattern)"
-            )
-        alignments = ["duration"] * len(groups)
-        warnings.append(
-            f"no outer event matches {inferred_from}: aligned to the run of {invocations} "
-            f"device kernel(s){skipped} whose durations best match the invocations' spans "
-            "instead"
-        )
-    else:
-        for group in groups:
-            if group.device:
-                alignments.append("device")
-            elif group.host:
-                if not allow_host_alignment:
-                    raise FuseError(
-                        f"kernel pattern {group.pattern!r} matches {group.host} host event(s)"
-                        f"{where} but no device kernel: aligning device records to host-side "
-                        "events (CPU ops, launches) would misplace them; pass "
-                        "allow_host_alignment=True (--allow-host-alignment) to do it anyway"
-                    )
-                alignments.append("host")
-                warnings.append(
-                    f"aligned to {group.host} host-side event(s) matching {group.pattern!r}: no "
-                    "device kernel matches, so the records sit on host events' times, not the "
-                    "device's"
-                )
-            elif inferred:
-                matched = [g for g in groups if g.device or g.host]
-                raise FuseError(
-                    f"no outer event{where} matches the kernel pattern {group.pattern!r} inferred "
-                    f"from {group.kernel_name!r}, though {matched[0].kernel_name!r}'s pattern "
-                    f"{matched[0].pattern!r} matches {matched[0].device + matched[0].host}: its "
-                    f"{group.invocations} invocation(s) have nothing to align to; give "
-                    "kernel_pattern (--kernel-pattern)"
-                )
-            else:
-                raise FuseError(
-                    f"no outer event{where} matches the kernel pattern {group.pattern!r}"
-                )
-        device_groups = [n for n, a in enumerate(alignments) if a == "device"]
-        con.execute(_BY_NAME, {"skip": kernel_index, "device_groups": device_groups})
+    alignments, warnings = _candidates(
+        con, groups, inferred, kernel_index, allow_host_alignment, where, invocations
+    )
+    fallback = "duration" in alignments
     host_aligned = "host" in alignments
-    shortfall = con.execute(
-        """
-        SELECT g.grp, count(i.invocation_id) AS needed,
-            (SELECT count(*) FROM cand c WHERE c.grp = g.grp AND c.position >= 0) AS available
-        FROM (SELECT DISTINCT grp FROM inv) g JOIN inv i USING (grp)
-        GROUP BY g.grp HAVING available < needed ORDER BY g.grp LIMIT 1
-        """
-    ).fetchall()
-    if shortfall:
-        grp, needed, available = shortfall[0]
-        group = groups[grp]
-        total = available + (0 if fallback else kernel_index)
-        of = f" of {group.kernel_name!r}" if len(groups) > 1 else ""
-        raise FuseError(
-            f"too few candidates: {needed} invocation(s){of} of rank {rank} to align, but "
-            f"{total} outer kernel(s) match {group.pattern!r}{where}"
-            + (f" and {kernel_index} are skipped (kernel_index)" if kernel_index else "")
-            + "; fuse fewer invocations (a capture window or step of the run) or check the "
-            "pattern"
-        )
+    _refuse_shortfall(con, groups, rank, kernel_index, fallback, where)
     con.execute(_PAIRS, {"shift": shift_ns})
     _refuse_unnamed_processes(con)
     overlapped = _place_on_lanes(con)
@@ -690,6 +568,165 @@ def align(
         "warnings": warnings,
     }
     return Alignment(added, events, report)
+
+
+def _kernel_groups(
+    con: duckdb.DuckDBPyConnection,
+    kernel_pattern: str | None,
+    source_id: str,
+    outer_pid: int | None,
+) -> list[_Group]:
+    """The groups of ``inv_all``'s invocations (one per kernel, or one for an explicit
+    pattern), with ``kernel_groups``, ``inv`` (each invocation's group and position in it),
+    ``outer_x`` (what can be a candidate) and ``owners`` (each matching outer event's group)
+    made on ``con``, and what each group's pattern matches counted."""
+    if kernel_pattern is None:
+        names = con.execute(
+            "SELECT kernel_name FROM inv_all GROUP BY ALL ORDER BY min(invocation_id)"
+        ).fetchall()
+        groups = [_Group(name, kernel_pattern_for(name)) for (name,) in names]
+    else:
+        groups = [_Group(None, kernel_pattern)]
+    con.register(
+        "mcprof_groups",
+        pa.table(
+            {
+                "grp": pa.array(range(len(groups)), pa.int64()),
+                "kernel_name": pa.array([g.kernel_name for g in groups], pa.string()),
+            }
+        ),
+    )
+    try:
+        con.execute("CREATE TEMP TABLE kernel_groups AS SELECT * FROM mcprof_groups")
+    finally:
+        con.unregister("mcprof_groups")
+    con.execute(_GROUPED)
+    patterns = {f"p{number}": group.pattern for number, group in enumerate(groups)}
+    con.execute(
+        _OUTER.format(
+            categories=sql_strings(DEVICE_CATEGORIES),
+            task_types=DEVICE_TASK_TYPES,
+            any_match=" OR ".join(f"regexp_matches(name, ${key})" for key in patterns),
+        ),
+        {"source": source_id, "pid": outer_pid, **patterns},
+    )
+    matches = " UNION ALL ".join(
+        f"SELECT event_index, {number} AS grp, length(regexp_extract(name, ${key})) AS length "
+        f"FROM outer_x WHERE regexp_matches(name, ${key})"
+        for number, key in enumerate(patterns)
+    )
+    con.execute(_OWNERS.format(matches=matches), patterns)
+    _refuse_shared_outer_events(con, groups)
+    counted = {
+        grp: (needed, device, host)
+        for grp, needed, device, host in con.execute(
+            """
+            SELECT g.grp, (SELECT count(*) FROM inv i WHERE i.grp = g.grp),
+                count(o.event_index) FILTER (WHERE o.evidence IS NOT NULL),
+                count(o.event_index) FILTER (WHERE o.evidence IS NULL)
+            FROM kernel_groups g
+            LEFT JOIN owners w ON w.grp = g.grp
+            LEFT JOIN outer_x o ON o.event_index = w.event_index
+            GROUP BY g.grp
+            """
+        ).fetchall()
+    }
+    return [_Group(g.kernel_name, g.pattern, *counted[number]) for number, g in enumerate(groups)]
+
+
+def _candidates(
+    con: duckdb.DuckDBPyConnection,
+    groups: list[_Group],
+    inferred: bool,
+    kernel_index: int,
+    allow_host_alignment: bool,
+    where: str,
+    invocations: int,
+) -> tuple[list[str], list[str]]:
+    """Make ``cand``, each group's candidates numbered by ``position`` from ``kernel_index``
+    on: device kernels of its pattern, else host events (if allowed), else, where no inferred
+    pattern matches anything, the run of device kernels whose durations fit every invocation
+    (all in one group). Return each group's alignment (``device``, ``host``, ``duration``)
+    and the warnings of the choice."""
+    if inferred and not any(g.device or g.host for g in groups):
+        con.execute("UPDATE inv SET grp = 0, position = run_position")
+        con.execute(_BY_DURATION, {"skip": kernel_index})
+        inferred_from = " or ".join(
+            f"{g.pattern!r} (inferred from {g.kernel_name!r})" for g in groups
+        )
+        skipped = f" after the first {kernel_index} (kernel_index)" if kernel_index else ""
+        if _count(con, "SELECT count(*) FROM cand") == 0:
+            raise FuseError(
+                f"no outer event{where} matches the kernel pattern {inferred_from}, and no run "
+                f"of {invocations} device kernel(s){skipped} is there to fall back to; give "
+                "kernel_pattern (--kernel-pattern)"
+            )
+        return ["duration"] * len(groups), [
+            f"no outer event matches {inferred_from}: aligned to the run of {invocations} "
+            f"device kernel(s){skipped} whose durations best match the invocations' spans "
+            "instead"
+        ]
+    alignments, warnings = [], []
+    for group in groups:
+        if group.device:
+            alignments.append("device")
+        elif group.host:
+            if not allow_host_alignment:
+                raise FuseError(
+                    f"kernel pattern {group.pattern!r} matches {group.host} host event(s)"
+                    f"{where} but no device kernel: aligning device records to host-side "
+                    "events (CPU ops, launches) would misplace them; pass "
+                    "allow_host_alignment=True (--allow-host-alignment) to do it anyway"
+                )
+            alignments.append("host")
+            warnings.append(
+                f"aligned to {group.host} host-side event(s) matching {group.pattern!r}: no "
+                "device kernel matches, so the records sit on host events' times, not the "
+                "device's"
+            )
+        elif inferred:
+            matched = next(g for g in groups if g.device or g.host)
+            raise FuseError(
+                f"no outer event{where} matches the kernel pattern {group.pattern!r} inferred "
+                f"from {group.kernel_name!r}, though {matched.kernel_name!r}'s pattern "
+                f"{matched.pattern!r} matches {matched.device + matched.host}: its "
+                f"{group.invocations} invocation(s) have nothing to align to; give "
+                "kernel_pattern (--kernel-pattern)"
+            )
+        else:
+            raise FuseError(f"no outer event{where} matches the kernel pattern {group.pattern!r}")
+    device_groups = [number for number, a in enumerate(alignments) if a == "device"]
+    con.execute(_BY_NAME, {"skip": kernel_index, "device_groups": device_groups})
+    return alignments, warnings
+
+
+def _refuse_shortfall(
+    con: duckdb.DuckDBPyConnection,
+    groups: list[_Group],
+    rank: int,
+    kernel_index: int,
+    fallback: bool,
+    where: str,
+) -> None:
+    """Refuse a group with fewer candidates (after ``kernel_index``) than invocations."""
+    shortfall = con.execute(
+        "SELECT grp, count(*) AS needed, (SELECT count(*) FROM cand c "
+        "WHERE c.grp = i.grp AND c.position >= 0) AS available "
+        "FROM inv i GROUP BY grp HAVING available < needed ORDER BY grp LIMIT 1"
+    ).fetchall()
+    if not shortfall:
+        return
+    grp, needed, available = shortfall[0]
+    group = groups[grp]
+    total = available + (0 if fallback else kernel_index)
+    of = f" of {group.kernel_name!r}" if len(groups) > 1 else ""
+    raise FuseError(
+        f"too few candidates: {needed} invocation(s){of} of rank {rank} to align, but "
+        f"{total} outer kernel(s) match {group.pattern!r}{where}"
+        + (f" and {kernel_index} are skipped (kernel_index)" if kernel_index else "")
+        + "; fuse fewer invocations (a capture window or step of the run) or check the "
+        "pattern"
+    )
 
 
 def _refuse_shared_outer_events(con: duckdb.DuckDBPyConnection, groups: list[_Group]) -> None:
