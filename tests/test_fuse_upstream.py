@@ -721,3 +721,29 @@ def test_a_hyper_parallel_capture_window_of_both_directions_fuses_as_written(
         (1, 10): ("GMM1_WaitDependency", Decimal("1000005.000")),
         (1, 11): ("WaitDependency", Decimal("1000005.400")),
     }
+
+
+def test_cli_fuses_a_single_capture_and_refuses_a_pattern_that_is_no_expression(
+    capsys, tmp_path: Path
+) -> None:
+    written = write_npu_trace(tmp_path / "t.json")
+    upstream_capture(tmp_path / "mk.json", True)
+    base = ["fuse", str(tmp_path / "t.json"), "--trace", str(tmp_path / "mk.json")]
+    assert cli.main([*base, "-o", str(tmp_path / "f.json")]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    source = json.loads((tmp_path / "f.json").read_text())[-1]["args"]["outerTrace"]
+    assert out == (
+        f"{tmp_path / 'f.json'}: 5 records of 1 invocation(s) (9 events with threads and "
+        f"arrows) on 2 new thread(s) of pid 800, aligned to "
+        f"'{written['device_kernels'][0]['name']}' (pattern '(?i)hyper_?mega_?moe'); outer "
+        f"trace {source['sourceId']}: {written['events']} events kept\n"
+    )
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*base, "--kernel-pattern", "(?=x)", "-o", str(tmp_path / "g.json")])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "mcprof: error: argument --kernel-pattern: kernel pattern '(?=x)' is not a regular "
+        "expression DuckDB (RE2 syntax) accepts: "
+    )
+    assert not (tmp_path / "g.json").exists()
