@@ -305,7 +305,9 @@ def test_a_summary_whose_invocations_are_not_objects_is_refused(
     assert not (tmp_path / "f.json").exists()
 
 
-@pytest.mark.parametrize(("key", "value"), [("rank", 2**40), ("invocation_id", "ten")])
+@pytest.mark.parametrize(
+    ("key", "value"), [("rank", 2**40), ("invocation_id", "ten"), ("core_type", "AIX")]
+)
 def test_a_hand_edited_slice_is_refused_naming_the_event(
     store: Store, tmp_path: Path, key: str, value: Any
 ) -> None:
@@ -322,8 +324,8 @@ def test_a_hand_edited_slice_is_refused_naming_the_event(
         merge_chrome_traces(tmp_path / "k.json", tmp_path / "mk.json", tmp_path / "f.json")
     assert str(caught.value) == (
         f"{tmp_path / 'mk.json'}: event {index}, a MegaKernelInternal slice, lacks an integer "
-        "tid, ts, dur or args.rank, invocation_id, core_type or block_id in range; export the "
-        "trace again (mcprof export)"
+        "tid, ts, dur or args.rank, invocation_id, core_type (or its name, AIC or AIV) or "
+        "block_id in range; export the trace again (mcprof export)"
     )
     assert not (tmp_path / "f.json").exists()
 

@@ -4,6 +4,7 @@ torch_npu trace."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from multicore_profiler.cli.arguments import (
     Parents,
@@ -12,8 +13,11 @@ from multicore_profiler.cli.arguments import (
     path,
     selection_arguments,
     store_location,
+    text,
 )
 from multicore_profiler.cli.output import warn
+from multicore_profiler.errors import ArgumentError, FuseError
+from multicore_profiler.fuse.align import check_kernel_pattern
 from multicore_profiler.fuse.merge import merge_chrome_traces
 from multicore_profiler.limits import COUNT, PID, RANK
 from multicore_profiler.storage.store import default_store_path, open_store
@@ -47,14 +51,37 @@ def cmd_fuse(args: argparse.Namespace) -> None:
     warn(report["warnings"])
     counts = report["counts"]
     first = report["invocations"][0]["outerKernel"]
-    name = first["name"] if len(first["name"]) <= 60 else first["name"][:57] + "..."
     print(
         f"{merged.path}: {merged.records} records of {counts['invocations']} invocation(s) "
         f"({merged.added_events} events with threads and arrows) on {counts['addedThreads']} "
-        f"new thread(s) of pid {first['pid']}, aligned "
-        f"to {name!r} (pattern {report['kernelPattern']!r}); outer trace "
+        f"new thread(s) of pid {first['pid']}, aligned to {_targets(report)}; outer trace "
         f"{report['outerTrace']['sourceId']}: {report['outerTrace']['events']} events kept"
     )
+
+
+def _targets(report: dict[str, Any]) -> str:
+    """Each kernel's first outer kernel and its pattern (one for an explicit pattern)."""
+    targets = []
+    for kernel in report["kernels"]:
+        first = next(
+            i["outerKernel"]["name"]
+            for i in report["invocations"]
+            if kernel["kernelName"] in (None, i["kernelName"])
+        )
+        name = first if len(first) <= 60 else first[:57] + "..."
+        targets.append(f"{name!r} (pattern {kernel['pattern']!r})")
+    return " and ".join(targets)
+
+
+def kernel_pattern(value: str) -> str:
+    """An argparse ``type`` for ``--kernel-pattern``: text that selects outer kernels
+    (``check_kernel_pattern``); one that matches every name, or no regular expression, is a
+    usage error."""
+    try:
+        check_kernel_pattern(text(value))
+    except (ArgumentError, FuseError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
@@ -82,13 +109,17 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         "--rank", type=in_range(RANK), help="rank of the outer trace (default: its own)"
     )
     fuse.add_argument(
-        "--kernel-pattern", help="regex of the outer kernel's name (default: from the kernel's)"
+        "--kernel-pattern",
+        type=kernel_pattern,
+        help="regex of the outer kernel's name, for every invocation (default: each kernel's "
+        "from its name)",
     )
     fuse.add_argument(
         "--kernel-index",
         type=in_range(COUNT),
         default=0,
-        help="skip this many matching kernels first",
+        help="skip this many matching outer kernels of each kernel first (in the duration "
+        "fallback: device kernels)",
     )
     fuse.add_argument("--outer-pid", type=in_range(PID), help="only align to kernels of this pid")
     fuse.add_argument(

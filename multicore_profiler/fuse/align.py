@@ -2,9 +2,14 @@
 
 Candidates are the outer trace's complete events whose name matches the kernel
 pattern, on a device (category kernel / npu / ascend / aicore, or a torch_npu
-``Task Type`` naming AI Core, AIC, AIV or MIX). The i-th invocation of the rank,
-in launch order, goes to the i-th candidate after ``kernel_index``; its records
-keep their relative times and are shifted so the earliest starts with the kernel.
+``Task Type`` naming AI Core, AIC, AIV or MIX). Each kernel of the rank (a forward and a
+backward one) has a pattern inferred from its name, and an outer event that several match
+belongs to the one whose pattern matches the longest part of its name; an explicit pattern
+stands for every kernel. The i-th invocation of a kernel (of all, for an explicit pattern),
+in launch order, goes to the i-th candidate after ``kernel_index``; its records keep their
+relative times and are shifted so the earliest starts with the kernel. Where no outer event
+matches any inferred pattern, every invocation goes, in order, to the run of device kernels
+(after the first ``kernel_index``) whose durations best match their spans.
 Invocations of one kernel that overlap once aligned (a wrong kernel or frequency makes
 them longer than the gaps between their kernels) go to lanes: threads of their own, so
 that every thread's slices still nest or follow one another. Each choice that needs a
@@ -22,6 +27,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,7 +35,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from multicore_profiler.errors import FuseError
+from multicore_profiler.errors import ArgumentError, FuseError
 from multicore_profiler.export.timeline import CORE_NAMES, LANE_TID_STEP, US_TEXT_MACRO
 from multicore_profiler.limits import COUNT
 from multicore_profiler.storage.sql_text import sql_strings
@@ -100,9 +106,13 @@ class MegaKernelSide(Protocol):
 _INTERNAL = """
 CREATE TEMP TABLE internal AS
 SELECT
-    TRY_CAST(ids[1] AS INTEGER) AS rank, TRY_CAST(ids[2] AS BIGINT) AS invocation_id,
-    TRY_CAST(ids[3] AS INTEGER) AS core_type, TRY_CAST(ids[4] AS BIGINT) AS block_id, track,
-    name, ts_ns, dur_ns, args, event_index
+    -- A single capture's slices may lack a rank, and lack an invocation id: the capture's.
+    CASE WHEN ids[1] IS NULL THEN $rank::INTEGER ELSE TRY_CAST(ids[1] AS INTEGER) END AS rank,
+    CASE WHEN ids[2] IS NULL THEN $invocation::BIGINT ELSE TRY_CAST(ids[2] AS BIGINT) END
+        AS invocation_id,
+    -- The core type as a number (mcprof) or its name (hyper-parallel's "AIC" / "AIV").
+    coalesce(TRY_CAST(ids[3] AS INTEGER), CASE ids[3] {core_codes} END) AS core_type,
+    TRY_CAST(ids[4] AS BIGINT) AS block_id, track, name, ts_ns, dur_ns, args, event_index
 FROM (
     -- One parse of each args object for the four ids.
     SELECT
@@ -131,12 +141,21 @@ WHERE f.ph IN ('s', 'f') AND f.cat = 'MegaKernelInternal'
 """
 
 _INVOCATIONS = """
-CREATE TEMP TABLE inv AS
+CREATE TEMP TABLE inv_all AS
 SELECT
     i.*, s.first_ns, s.last_ns, s.events,
-    (row_number() OVER (ORDER BY i.invocation_id) - 1)::BIGINT AS position
+    (row_number() OVER (ORDER BY i.invocation_id) - 1)::BIGINT AS run_position
 FROM mk_invocations i JOIN spans s USING (rank, invocation_id)
 WHERE i.rank = $rank
+"""
+
+_GROUPED = """
+CREATE TEMP TABLE inv AS
+SELECT
+    i.* EXCLUDE (run_position), g.grp,
+    (row_number() OVER (PARTITION BY g.grp ORDER BY i.invocation_id) - 1)::BIGINT AS position,
+    i.run_position
+FROM inv_all i JOIN kernel_groups g ON g.kernel_name IS NULL OR g.kernel_name = i.kernel_name
 """
 
 _OUTER = """
@@ -156,23 +175,43 @@ SELECT * FROM (
         AND ($pid IS NULL OR pid = $pid)
 )
 -- Only what can be a candidate: device kernels (the duration fallback needs them all)
--- and events of the kernel's name.
-WHERE evidence IS NOT NULL OR regexp_matches(name, $pattern)
+-- and events of a kernel's name.
+WHERE evidence IS NOT NULL OR {any_match}
 """
+
+_OWNERS = """
+CREATE TEMP TABLE owners AS
+SELECT event_index, grp, count(*) OVER (PARTITION BY event_index) AS claimants
+FROM (
+    SELECT *, max(length) OVER (PARTITION BY event_index) AS longest FROM ({matches})
+)
+WHERE length = longest
+"""
+"""Which group each outer event of a kernel's name belongs to: the one whose pattern matches
+the longest part of its name (``HyperMegaMoeGrad`` over ``HyperMegaMoe``); ``claimants``
+counts the groups tied for it."""
 
 _BY_NAME = """
 CREATE TEMP TABLE cand AS
-SELECT *, (row_number() OVER (ORDER BY ts_ns, event_index) - 1 - $skip)::BIGINT AS position
-FROM outer_x
-WHERE regexp_matches(name, $pattern) AND (evidence IS NOT NULL) = $device
+SELECT
+    o.*, w.grp,
+    (row_number() OVER (PARTITION BY w.grp ORDER BY o.ts_ns, o.event_index) - 1 - $skip)::BIGINT
+        AS position
+FROM outer_x o JOIN owners w USING (event_index)
+WHERE (o.evidence IS NOT NULL) = list_contains($device_groups, w.grp)
 """
 
 _BY_DURATION = """
 CREATE TEMP TABLE cand AS
-WITH device AS (
-    SELECT *, (row_number() OVER (PARTITION BY track ORDER BY ts_ns, event_index) - 1)::BIGINT
-        AS k
+WITH ordered AS (
+    SELECT *, row_number() OVER (ORDER BY ts_ns, event_index) - 1 AS overall
     FROM outer_x WHERE evidence IS NOT NULL
+),
+device AS (
+    -- The first $skip device kernels (kernel_index), in time order, are no candidates.
+    SELECT * EXCLUDE (overall),
+        (row_number() OVER (PARTITION BY track ORDER BY ts_ns, event_index) - 1)::BIGINT AS k
+    FROM ordered WHERE overall >= $skip
 ),
 fits AS (
     SELECT
@@ -190,7 +229,7 @@ best AS (
     ORDER BY f.cost, d.ts_ns, f.track
     LIMIT 1
 )
-SELECT d.* EXCLUDE (k), d.k - b.first_k AS position, b.cost
+SELECT d.* EXCLUDE (k), 0 AS grp, d.k - b.first_k AS position, b.cost
 FROM device d JOIN best b ON d.track = b.track
 WHERE d.k >= b.first_k
 """
@@ -205,7 +244,7 @@ SELECT
     c.dur_ns AS outer_dur_ns, c.evidence, c.event_index AS outer_event_index,
     us_text(c.ts_ns - $shift) AS outer_ts_text, us_text(c.dur_ns) AS outer_dur_text,
     coalesce(c.pid::VARCHAR, to_json(c.pid_name)::VARCHAR) AS pid_text
-FROM inv i JOIN cand c USING (position)
+FROM inv i JOIN cand c USING (grp, position)
 """
 
 _TRACKS = """
@@ -307,9 +346,17 @@ class TraceSide:
 
     name: str
     """The trace, as messages name it."""
+    rank: int | None = None
+    """A single capture's rank, for its slices without ``args.rank``."""
+    invocation_id: int | None = None
+    """A single capture's invocation id: its slices carry none."""
 
     def install(self, con: duckdb.DuckDBPyConnection) -> None:
-        con.execute(_INTERNAL)
+        codes = " ".join(f"WHEN '{name}' THEN {code}" for code, name in CORE_NAMES.items())
+        con.execute(
+            _INTERNAL.format(core_codes=codes),
+            {"rank": self.rank, "invocation": self.invocation_id},
+        )
         unreadable = con.execute(
             "SELECT event_index FROM internal WHERE rank IS NULL OR invocation_id IS NULL "
             "OR core_type IS NULL OR block_id IS NULL OR track IS NULL OR ts_ns IS NULL "
@@ -318,8 +365,8 @@ class TraceSide:
         if unreadable:
             raise FuseError(
                 f"{self.name}: event {unreadable[0][0]}, a MegaKernelInternal slice, lacks "
-                "an integer tid, ts, dur or args.rank, invocation_id, core_type or block_id in "
-                "range; export the trace again (mcprof export)"
+                "an integer tid, ts, dur or args.rank, invocation_id, core_type (or its name, "
+                "AIC or AIV) or block_id in range; export the trace again (mcprof export)"
             )
         con.execute(_SPANS)
         con.execute(_FLOWS)
@@ -362,13 +409,58 @@ def _text_chunks(lines: pa.ChunkedArray) -> Iterator[bytes]:
         yield bytes(memoryview(chunk.buffers()[2])[first:last])
 
 
+def check_kernel_pattern(pattern: str, con: duckdb.DuckDBPyConnection | None = None) -> None:
+    """Refuse a ``kernel_pattern`` that cannot select outer kernels: one that matches an empty
+    name (``''``, ``.*``, ``(?i)``) matches every outer event (``ArgumentError``), one that is
+    no regular expression DuckDB (RE2) runs cannot match any (``FuseError``). ``con`` runs the
+    check (default: a connection of its own)."""
+    with ExitStack() as stack:
+        if con is None:
+            con = stack.enter_context(duckdb.connect())
+        try:
+            matches_empty = con.execute(
+                "SELECT regexp_matches('', $pattern)", {"pattern": pattern}
+            ).fetchall()[0][0]
+        except duckdb.Error as exc:
+            raise FuseError(
+                f"kernel pattern {pattern!r} is not a regular expression DuckDB (RE2 syntax) "
+                f"accepts: {exc}"
+            ) from exc
+    if matches_empty:
+        raise ArgumentError(
+            f"kernel_pattern {pattern!r} matches an empty name, so it matches every outer event: "
+            "give a pattern of the outer kernel's name, or none to infer one from the kernel's"
+        )
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Invocations aligned together, in order, to the outer events of one pattern: those of
+    one kernel (an inferred pattern each) or all of them (an explicit ``kernel_pattern``)."""
+
+    kernel_name: str | None
+    pattern: str
+    invocations: int = 0
+    device: int = 0
+    host: int = 0
+
+    def entry(self, alignment: str) -> dict[str, Any]:
+        return {
+            "kernelName": self.kernel_name,
+            "pattern": self.pattern,
+            "invocations": self.invocations,
+            "deviceCandidates": self.device,
+            "hostCandidates": self.host,
+            "alignment": alignment,
+        }
+
+
 def align(
     con: duckdb.DuckDBPyConnection,
     side: MegaKernelSide,
     *,
     source_id: str,
     rank: int,
-    kernel_name: str,
     kernel_pattern: str | None,
     kernel_index: int,
     outer_pid: int | None,
@@ -377,77 +469,29 @@ def align(
 ) -> Alignment:
     """Align the invocations of ``rank`` in ``mk_invocations`` (registered on ``con``),
     whose slices ``side`` gives, to the kernels of trace ``source_id``; raise ``FuseError``
-    where that cannot be done safely."""
+    where that cannot be done safely.
+
+    Without ``kernel_pattern`` each kernel's invocations go, in order, to the outer kernels
+    of its own name (a forward and a backward kernel each to theirs); with one, every
+    invocation goes, in order, to the outer kernels it matches."""
     COUNT.check(kernel_index, "kernel_index")
+    inferred = kernel_pattern is None
+    if kernel_pattern is not None:
+        check_kernel_pattern(kernel_pattern, con)
     con.execute(US_TEXT_MACRO)
     side.install(con)
     con.execute(_INVOCATIONS, {"rank": rank})
-    invocations = _count(con, "SELECT count(*) FROM inv")
+    invocations = _count(con, "SELECT count(*) FROM inv_all")
     if invocations == 0:
         raise FuseError(f"the MegaKernel trace has no invocation with records on rank {rank}")
-    inferred = kernel_pattern is None
-    pattern = kernel_pattern_for(kernel_name) if inferred else kernel_pattern
-    try:
-        con.execute("SELECT regexp_matches('', $pattern)", {"pattern": pattern}).fetchall()
-    except duckdb.Error as exc:
-        raise FuseError(
-            f"kernel pattern {pattern!r} is not a regular expression DuckDB (RE2 syntax) "
-            f"accepts: {exc}"
-        ) from exc
-    con.execute(
-        _OUTER.format(categories=sql_strings(DEVICE_CATEGORIES), task_types=DEVICE_TASK_TYPES),
-        {"source": source_id, "pid": outer_pid, "pattern": pattern},
-    )
-    matches = "SELECT count(*) FROM outer_x WHERE regexp_matches(name, $pattern)"
-    device = _count(con, matches + " AND evidence IS NOT NULL", {"pattern": pattern})
-    host = _count(con, matches + " AND evidence IS NULL", {"pattern": pattern})
+    groups = _kernel_groups(con, kernel_pattern, source_id, outer_pid)
     where = f" (pid {outer_pid})" if outer_pid is not None else ""
-    warnings: list[str] = []
-    fallback = False
-    host_aligned = False
-    if device:
-        con.execute(_BY_NAME, {"skip": kernel_index, "pattern": pattern, "device": True})
-    elif host:
-        if not allow_host_alignment:
-            raise FuseError(
-                f"kernel pattern {pattern!r} matches {host} host event(s){where} but no device "
-                "kernel: aligning device records to host-side events (CPU ops, launches) "
-                "would misplace them; pass allow_host_alignment=True (--allow-host-alignment) "
-                "to do it anyway"
-            )
-        con.execute(_BY_NAME, {"skip": kernel_index, "pattern": pattern, "device": False})
-        host_aligned = True
-        warnings.append(
-            f"aligned to {host} host-side event(s) matching {pattern!r}: no device kernel "
-            "matches, so the records sit on host events' times, not the device's"
-        )
-    elif inferred:
-        con.execute(_BY_DURATION)
-        if _count(con, "SELECT count(*) FROM cand") == 0:
-            raise FuseError(
-                f"no outer event{where} matches the kernel pattern {pattern!r} inferred from "
-                f"{kernel_name!r}, and no run of {invocations} device kernel(s) is there to "
-                "fall back to; give kernel_pattern (--kernel-pattern)"
-            )
-        fallback = True
-        kernel_index = 0
-        warnings.append(
-            f"no outer event matches {pattern!r} (inferred from {kernel_name!r}): aligned to "
-            f"the run of {invocations} device kernel(s) whose durations best match the "
-            "invocations' spans instead"
-        )
-    else:
-        raise FuseError(f"no outer event{where} matches the kernel pattern {pattern!r}")
-    available = _count(con, "SELECT count(*) FROM cand WHERE position >= 0")
-    if available < invocations:
-        total = available + (0 if fallback else kernel_index)
-        raise FuseError(
-            f"too few candidates: {invocations} invocation(s) of rank {rank} to align, but "
-            f"{total} outer kernel(s) match {pattern!r}{where}"
-            + (f" and {kernel_index} are skipped (kernel_index)" if kernel_index else "")
-            + "; fuse fewer invocations (a capture window or step of the run) or check the "
-            "pattern"
-        )
+    alignments, warnings = _candidates(
+        con, groups, inferred, kernel_index, allow_host_alignment, where, invocations
+    )
+    fallback = "duration" in alignments
+    host_aligned = "host" in alignments
+    _refuse_shortfall(con, groups, rank, kernel_index, fallback, where)
     con.execute(_PAIRS, {"shift": shift_ns})
     _refuse_unnamed_processes(con)
     overlapped = _place_on_lanes(con)
@@ -498,8 +542,9 @@ def align(
     events = sum(e["internalEventCount"] for e in entries)
     report = {
         "schemaVersion": 1,
-        "kernelPattern": pattern,
+        "kernelPattern": groups[0].pattern if len(groups) == 1 else None,
         "kernelPatternInferred": inferred,
+        "kernels": [g.entry(a) for g, a in zip(groups, alignments, strict=True)],
         "kernelIndex": kernel_index,
         "outerPid": outer_pid,
         "durationFallbackUsed": fallback,
@@ -508,8 +553,8 @@ def align(
         "rank": rank,
         "counts": {
             "invocations": len(entries),
-            "deviceCandidates": device,
-            "hostCandidates": host,
+            "deviceCandidates": sum(g.device for g in groups),
+            "hostCandidates": sum(g.host for g in groups),
             "internalEvents": events,
             "dependencyArrows": flows // 2,
             "addedThreads": tracks.num_rows,
@@ -523,6 +568,184 @@ def align(
         "warnings": warnings,
     }
     return Alignment(added, events, report)
+
+
+def _kernel_groups(
+    con: duckdb.DuckDBPyConnection,
+    kernel_pattern: str | None,
+    source_id: str,
+    outer_pid: int | None,
+) -> list[_Group]:
+    """The groups of ``inv_all``'s invocations (one per kernel, or one for an explicit
+    pattern), with ``kernel_groups``, ``inv`` (each invocation's group and position in it),
+    ``outer_x`` (what can be a candidate) and ``owners`` (each matching outer event's group)
+    made on ``con``, and what each group's pattern matches counted."""
+    if kernel_pattern is None:
+        names = con.execute(
+            "SELECT kernel_name FROM inv_all GROUP BY ALL ORDER BY min(invocation_id)"
+        ).fetchall()
+        groups = [_Group(name, kernel_pattern_for(name)) for (name,) in names]
+    else:
+        groups = [_Group(None, kernel_pattern)]
+    con.register(
+        "mcprof_groups",
+        pa.table(
+            {
+                "grp": pa.array(range(len(groups)), pa.int64()),
+                "kernel_name": pa.array([g.kernel_name for g in groups], pa.string()),
+            }
+        ),
+    )
+    try:
+        con.execute("CREATE TEMP TABLE kernel_groups AS SELECT * FROM mcprof_groups")
+    finally:
+        con.unregister("mcprof_groups")
+    con.execute(_GROUPED)
+    patterns = {f"p{number}": group.pattern for number, group in enumerate(groups)}
+    con.execute(
+        _OUTER.format(
+            categories=sql_strings(DEVICE_CATEGORIES),
+            task_types=DEVICE_TASK_TYPES,
+            any_match=" OR ".join(f"regexp_matches(name, ${key})" for key in patterns),
+        ),
+        {"source": source_id, "pid": outer_pid, **patterns},
+    )
+    matches = " UNION ALL ".join(
+        f"SELECT event_index, {number} AS grp, length(regexp_extract(name, ${key})) AS length "
+        f"FROM outer_x WHERE regexp_matches(name, ${key})"
+        for number, key in enumerate(patterns)
+    )
+    con.execute(_OWNERS.format(matches=matches), patterns)
+    _refuse_shared_outer_events(con, groups)
+    counted = {
+        grp: (needed, device, host)
+        for grp, needed, device, host in con.execute(
+            """
+            SELECT g.grp, (SELECT count(*) FROM inv i WHERE i.grp = g.grp),
+                count(o.event_index) FILTER (WHERE o.evidence IS NOT NULL),
+                count(o.event_index) FILTER (WHERE o.evidence IS NULL)
+            FROM kernel_groups g
+            LEFT JOIN owners w ON w.grp = g.grp
+            LEFT JOIN outer_x o ON o.event_index = w.event_index
+            GROUP BY g.grp
+            """
+        ).fetchall()
+    }
+    return [_Group(g.kernel_name, g.pattern, *counted[number]) for number, g in enumerate(groups)]
+
+
+def _candidates(
+    con: duckdb.DuckDBPyConnection,
+    groups: list[_Group],
+    inferred: bool,
+    kernel_index: int,
+    allow_host_alignment: bool,
+    where: str,
+    invocations: int,
+) -> tuple[list[str], list[str]]:
+    """Make ``cand``, each group's candidates numbered by ``position`` from ``kernel_index``
+    on: device kernels of its pattern, else host events (if allowed), else, where no inferred
+    pattern matches anything, the run of device kernels whose durations fit every invocation
+    (all in one group). Return each group's alignment (``device``, ``host``, ``duration``)
+    and the warnings of the choice."""
+    if inferred and not any(g.device or g.host for g in groups):
+        con.execute("UPDATE inv SET grp = 0, position = run_position")
+        con.execute(_BY_DURATION, {"skip": kernel_index})
+        inferred_from = " or ".join(
+            f"{g.pattern!r} (inferred from {g.kernel_name!r})" for g in groups
+        )
+        skipped = f" after the first {kernel_index} (kernel_index)" if kernel_index else ""
+        if _count(con, "SELECT count(*) FROM cand") == 0:
+            raise FuseError(
+                f"no outer event{where} matches the kernel pattern {inferred_from}, and no run "
+                f"of {invocations} device kernel(s){skipped} is there to fall back to; give "
+                "kernel_pattern (--kernel-pattern)"
+            )
+        return ["duration"] * len(groups), [
+            f"no outer event matches {inferred_from}: aligned to the run of {invocations} "
+            f"device kernel(s){skipped} whose durations best match the invocations' spans "
+            "instead"
+        ]
+    alignments, warnings = [], []
+    for group in groups:
+        if group.device:
+            alignments.append("device")
+        elif group.host:
+            if not allow_host_alignment:
+                raise FuseError(
+                    f"kernel pattern {group.pattern!r} matches {group.host} host event(s)"
+                    f"{where} but no device kernel: aligning device records to host-side "
+                    "events (CPU ops, launches) would misplace them; pass "
+                    "allow_host_alignment=True (--allow-host-alignment) to do it anyway"
+                )
+            alignments.append("host")
+            warnings.append(
+                f"aligned to {group.host} host-side event(s) matching {group.pattern!r}: no "
+                "device kernel matches, so the records sit on host events' times, not the "
+                "device's"
+            )
+        elif inferred:
+            matched = next(g for g in groups if g.device or g.host)
+            raise FuseError(
+                f"no outer event{where} matches the kernel pattern {group.pattern!r} inferred "
+                f"from {group.kernel_name!r}, though {matched.kernel_name!r}'s pattern "
+                f"{matched.pattern!r} matches {matched.device + matched.host}: its "
+                f"{group.invocations} invocation(s) have nothing to align to; give "
+                "kernel_pattern (--kernel-pattern)"
+            )
+        else:
+            raise FuseError(f"no outer event{where} matches the kernel pattern {group.pattern!r}")
+    device_groups = [number for number, a in enumerate(alignments) if a == "device"]
+    con.execute(_BY_NAME, {"skip": kernel_index, "device_groups": device_groups})
+    return alignments, warnings
+
+
+def _refuse_shortfall(
+    con: duckdb.DuckDBPyConnection,
+    groups: list[_Group],
+    rank: int,
+    kernel_index: int,
+    fallback: bool,
+    where: str,
+) -> None:
+    """Refuse a group with fewer candidates (after ``kernel_index``) than invocations."""
+    shortfall = con.execute(
+        "SELECT grp, count(*) AS needed, (SELECT count(*) FROM cand c "
+        "WHERE c.grp = i.grp AND c.position >= 0) AS available "
+        "FROM inv i GROUP BY grp HAVING available < needed ORDER BY grp LIMIT 1"
+    ).fetchall()
+    if not shortfall:
+        return
+    grp, needed, available = shortfall[0]
+    group = groups[grp]
+    total = available + (0 if fallback else kernel_index)
+    of = f" of {group.kernel_name!r}" if len(groups) > 1 else ""
+    raise FuseError(
+        f"too few candidates: {needed} invocation(s){of} of rank {rank} to align, but "
+        f"{total} outer kernel(s) match {group.pattern!r}{where}"
+        + (f" and {kernel_index} are skipped (kernel_index)" if kernel_index else "")
+        + "; fuse fewer invocations (a capture window or step of the run) or check the "
+        "pattern"
+    )
+
+
+def _refuse_shared_outer_events(con: duckdb.DuckDBPyConnection, groups: list[_Group]) -> None:
+    """Refuse an outer event that the patterns of two kernels match alike (``owners``): which
+    kernel's invocation it ran is unknown."""
+    shared = con.execute(
+        "SELECT o.event_index, o.name, list_sort(list(w.grp)) FROM owners w "
+        "JOIN outer_x o USING (event_index) WHERE w.claimants > 1 "
+        "GROUP BY ALL ORDER BY o.event_index LIMIT 1"
+    ).fetchall()
+    if shared:
+        index, name, claimants = shared[0]
+        kernels = " and ".join(
+            f"{groups[g].kernel_name!r} ({groups[g].pattern!r})" for g in claimants
+        )
+        raise FuseError(
+            f"outer event {index} ({name!r}) matches the patterns of kernels {kernels} alike: "
+            "which kernel ran in it is unknown; give kernel_pattern (--kernel-pattern)"
+        )
 
 
 def _refuse_unnamed_processes(con: duckdb.DuckDBPyConnection) -> None:

@@ -2,7 +2,8 @@
 
 ``merge_chrome_traces`` loads the outer trace into a store (``ingest_trace``; a file
 already there is not loaded again), takes the MegaKernel's side from a store selection's
-``Timeline`` (or reads a standalone trace of schema v1), aligns them in SQL (``align``)
+``Timeline`` (or reads a standalone trace of schema v1: mcprof's, or hyper-parallel's, whose
+single capture is one invocation), aligns them in SQL (``align``)
 and writes the fused trace by streaming the outer file's text through: every outer
 event is copied as it was written, the added threads and events go before the events
 array's end, and the ``megaKernelTraceMerge`` report goes in at the top (and under
@@ -43,6 +44,7 @@ from multicore_profiler.export.chrome_trace import (
 from multicore_profiler.export.files import check_output, written_aside
 from multicore_profiler.export.json_rows import Row, strings, texts
 from multicore_profiler.export.timeline import (
+    CORE_NAMES,
     LayoutChanged,
     RecordSelection,
     Spans,
@@ -56,6 +58,7 @@ from multicore_profiler.fuse.align import (
     MegaKernelSide,
     TraceSide,
     align,
+    check_kernel_pattern,
     install_slices,
 )
 from multicore_profiler.ingest.outer_trace import events_table, find_source, ingest_trace
@@ -72,6 +75,7 @@ from multicore_profiler.limits import (
     Range,
     check_given,
 )
+from multicore_profiler.storage.sql_text import sql_strings
 from multicore_profiler.storage.store import Store, open_store
 
 REPORT_KEY = "megaKernelTraceMerge"
@@ -122,16 +126,19 @@ def merge_chrome_traces(
     torch_npu, ``.json`` or ``.json.gz``); write the result to ``output`` (gzipped if it
     ends in ``.gz``) and return what was written.
 
-    ``mega_kernel_trace`` is a standalone trace from ``export_chrome_trace`` or a
-    ``Store``, whose ``run`` (default: latest) narrowed by ``step`` / ``window`` is read
-    from it as a ``Timeline``. The outer trace is loaded into ``store`` (default: the
-    store given as ``mega_kernel_trace``, else a temporary one). ``rank`` defaults to the outer
-    trace's ``distributedInfo.rank``, or the only rank the MegaKernel trace has.
+    ``mega_kernel_trace`` is a standalone trace (from ``export_chrome_trace``, or
+    hyper-parallel's, a single capture or a capture window) or a ``Store``, whose ``run``
+    (default: latest) narrowed by ``step`` / ``window`` is read from it as a ``Timeline``.
+    The outer trace is loaded into ``store`` (default: the store given as
+    ``mega_kernel_trace``, else a temporary one). ``rank`` defaults to the outer trace's
+    ``distributedInfo.rank``, or the only rank the MegaKernel trace has.
 
-    The i-th invocation aligns to the i-th outer device kernel matching
-    ``kernel_pattern`` (default: from the kernel's name) after ``kernel_index`` of them,
-    within ``outer_pid`` if given. Raises ``ArgumentError`` for an argument out of range
-    (before any work) and ``FuseError`` when the fusion cannot be done safely (an
+    The i-th invocation of each kernel (forward and backward ones each to their own) aligns
+    to the i-th outer device kernel matching its pattern, inferred from its name, after
+    ``kernel_index`` of them, within ``outer_pid`` if given; an explicit ``kernel_pattern``
+    aligns the i-th invocation of all to the i-th outer kernel it matches. Raises
+    ``ArgumentError`` for an argument out of range or a ``kernel_pattern`` that matches every
+    name (before any work) and ``FuseError`` when the fusion cannot be done safely (an
     ``output`` inside a store or that is one of the input traces: before any work); no file
     is left behind then.
     """
@@ -151,32 +158,37 @@ def merge_chrome_traces(
     except ValueError as exc:
         raise FuseError(f"cannot write the fused trace to {output}: {exc}") from None
     with ExitStack() as stack:
+        # What is checked before any work runs here: the pattern, a trace file's slices.
+        scratch = stack.enter_context(duckdb.connect())
+        if kernel_pattern is not None:
+            check_kernel_pattern(kernel_pattern, scratch)
         if store is None and isinstance(mega_kernel_trace, Store):
             store = mega_kernel_trace
         if store is None:
-            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="mcprof-fuse-"))
-            store = stack.enter_context(open_store(Path(scratch) / "store"))
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="mcprof-fuse-"))
+            store = stack.enter_context(open_store(Path(folder) / "store"))
         # The MegaKernel side is read first: a refusal there leaves the store as it was.
         side: MegaKernelSide
         events: pa.Table | None = None
         mk_path: Path | None = None
+        trace_file: _TraceFile | None = None
         if isinstance(mega_kernel_trace, Store):
             selection = RecordSelection(run=run, step=step, window=window)
             side = TimelineSide.read(mega_kernel_trace, selection)
             invocations, mk_summary = side.invocation_table(), side.metadata
         else:
             mk_path = Path(mega_kernel_trace)
-            events, invocations, mk_summary = _mega_kernel_trace(mk_path)
-            side = TraceSide(str(mk_path))
+            trace_file = _mega_kernel_trace(mk_path, scratch)
+            events, invocations, mk_summary = (
+                trace_file.events,
+                trace_file.invocations,
+                trace_file.summary,
+            )
+            side = trace_file.side
         source = ingest_trace(store, framework_trace, rank=rank)
         described = find_source(store, source.source_id)
         # A rank given now wins over the one stored when the trace was first loaded.
         rank = _rank(source.rank if rank is None else rank, invocations, framework_trace)
-        kernels = sorted({i["kernel_name"] for i in invocations.to_pylist() if i["rank"] == rank})
-        if kernel_pattern is None and len(kernels) > 1:
-            raise FuseError(
-                f"rank {rank} ran several kernels ({', '.join(kernels)}); give kernel_pattern"
-            )
         # json, not orjson: the metadata may hold escaped lone surrogates and integers past 64 bits.
         metadata = json.loads(described["metadata"]) if described["metadata"] else {}
         shift = 0
@@ -192,7 +204,6 @@ def merge_chrome_traces(
                     side,
                     source_id=source.source_id,
                     rank=rank,
-                    kernel_name=kernels[0] if kernels else "",
                     kernel_pattern=kernel_pattern,
                     kernel_index=kernel_index,
                     outer_pid=outer_pid,
@@ -216,6 +227,8 @@ def merge_chrome_traces(
             "path": None if from_store else str(mk_path),
             "selection": mk_summary.get("selection"),
             "cycleFrequencyMHz": mk_summary.get("cycleFrequencyMHz"),
+            "singleCapture": trace_file is not None and trace_file.single_capture,
+            "inferred": [] if trace_file is None else trace_file.inferred,
         }
         base_time = metadata.get("baseTimeNanoseconds")
         report["rebase"] = {
@@ -243,9 +256,29 @@ def merge_chrome_traces(
         )
 
 
-def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
-    """A standalone MegaKernel trace's events (as ``trace_events`` columns), its
-    invocations and its ``megaKernelCycleTrace`` object."""
+@dataclass(frozen=True)
+class _TraceFile:
+    """A standalone MegaKernel trace read for fusion: its events (as ``trace_events``
+    columns), its invocations (``INVOCATION_FIELDS`` columns), its ``megaKernelCycleTrace``
+    object, the side that gives its slices, and what was inferred of a single capture."""
+
+    events: pa.Table
+    invocations: pa.Table
+    summary: dict[str, Any]
+    side: TraceSide
+    single_capture: bool
+    inferred: list[dict[str, Any]]
+
+
+SINGLE_CAPTURE_ID = 0
+"""The invocation id a single capture (hyper-parallel's standalone trace of one buffer) takes:
+it lists no invocation and its slices carry no ``args.invocation_id``."""
+
+
+def _mega_kernel_trace(path: Path, con: duckdb.DuckDBPyConnection) -> _TraceFile:
+    """A standalone MegaKernel trace of schema v1: an ``mcprof export`` (or a hyper-parallel
+    capture window), which lists its invocations in ``megaKernelCycleTrace.invocations``, or a
+    hyper-parallel single capture, which lists none and is one invocation."""
     with read_trace(path, args_keys=()) as trace:
         tables = [events_table(block) for block in trace.blocks]
         summary = trace.fields.get("megaKernelCycleTrace")
@@ -256,7 +289,21 @@ def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
         )
     if not tables:
         raise FuseError(f"{path} holds no event")
-    entries = summary.get("invocations") or []
+    events = pa.concat_tables(tables)
+    slices = _slice_facts(events, con)
+    inferred = []
+    if slices["named"]:
+        inferred.append(
+            {
+                "field": "coreType",
+                "value": {name: code for code, name in CORE_NAMES.items()},
+                "from": "args.core_type names",
+            }
+        )
+    entries = summary.get("invocations")
+    if entries is None:
+        invocations, side, found = _single_capture(path, summary, slices)
+        return _TraceFile(events, invocations, summary, side, True, found + inferred)
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise FuseError(f"{path}: megaKernelCycleTrace.invocations is not a list of objects")
     runs = sorted({str(e.get("runId")) for e in entries})
@@ -268,7 +315,110 @@ def _mega_kernel_trace(path: Path) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
             for key, column, dtype, kind, required in INVOCATION_FIELDS
         }
     )
-    return pa.concat_tables(tables), invocations, summary
+    return _TraceFile(events, invocations, summary, TraceSide(str(path)), False, inferred)
+
+
+def _slice_facts(events: pa.Table, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """What a trace's MegaKernelInternal slices say of their ids (read on ``con``): their
+    distinct pids, the first one with an ``args.invocation_id``, each ``args.rank``
+    (distinct), and how many name their core type (``AIC`` / ``AIV``) rather than number it."""
+    names = sql_strings(CORE_NAMES.values())
+    con.register("mk", events)
+    try:
+        row = con.execute(
+            f"""
+            SELECT
+                list_sort(list(DISTINCT pid) FILTER (WHERE pid IS NOT NULL)),
+                count(*) FILTER (WHERE pid IS NULL),
+                min(event_index) FILTER (WHERE ids[1] IS NOT NULL),
+                list_sort(list(DISTINCT ids[2]) FILTER (WHERE ids[2] IS NOT NULL)),
+                count(*) FILTER (WHERE ids[3] IN ({names}))
+            FROM (
+                SELECT pid, event_index,
+                    json_extract_string(args, ['$.invocation_id', '$.rank', '$.core_type']) AS ids
+                FROM mk WHERE ph = 'X' AND cat = 'MegaKernelInternal'
+            )
+            """
+        ).fetchall()[0]
+    finally:
+        con.unregister("mk")
+    pids, without_pid, with_id, ranks, named = row
+    return {
+        "pids": pids or [],
+        "withoutPid": without_pid,
+        "firstWithId": with_id,
+        "ranks": ranks or [],
+        "named": named,
+    }
+
+
+def _single_capture(
+    path: Path, summary: dict[str, Any], slices: dict[str, Any]
+) -> tuple[pa.Table, TraceSide, list[dict[str, Any]]]:
+    """A single capture's one invocation: its kernel, device and frequency from
+    ``megaKernelCycleTrace``, its rank from there (``rank``) or else its slices' one pid."""
+    kernel = summary.get("kernelName")
+    if not isinstance(kernel, str) or not kernel:
+        raise FuseError(
+            f"{path}: its megaKernelCycleTrace has neither invocations (as mcprof export writes) "
+            "nor a kernelName (as hyper-parallel writes for a single capture): which kernel ran "
+            "is unknown"
+        )
+    if slices["firstWithId"] is not None:
+        raise FuseError(
+            f"{path}: event {slices['firstWithId']} carries args.invocation_id, but its "
+            "megaKernelCycleTrace lists no invocations: which invocation it belongs to is unknown"
+        )
+    rank, source = summary.get("rank"), "megaKernelCycleTrace.rank"
+    if rank is None:
+        if len(slices["pids"]) != 1 or slices["withoutPid"]:
+            raise FuseError(
+                f"{path}: its megaKernelCycleTrace has no rank, and its slices are on "
+                f"{len(slices['pids'])} integer pid(s) {slices['pids']}"
+                + (f" ({slices['withoutPid']} without one)" if slices["withoutPid"] else "")
+                + ": which rank ran them is unknown"
+            )
+        rank, source = slices["pids"][0], "the slices' pid"
+    rank = _checked(path, "megaKernelCycleTrace.rank", rank, RANK)
+    others = [r for r in slices["ranks"] if r != str(rank)]
+    if others:
+        raise FuseError(
+            f"{path}: a slice has args.rank {others[0]}, but the single capture is rank {rank} "
+            f"(from {source})"
+        )
+    values = {
+        "rank": rank,
+        "invocation_id": SINGLE_CAPTURE_ID,
+        "device": summary.get("deviceId"),
+        "direction": None,
+        "kernel_name": kernel,
+        "step": None,
+        "frequency_mhz": summary.get("cycleFrequencyMHz"),
+        "frequency_source": None,
+    }
+    for key, column, _, kind, _ in INVOCATION_FIELDS:
+        if values[column] is not None and isinstance(kind, Range):
+            values[column] = _checked(path, f"megaKernelCycleTrace.{key}", values[column], kind)
+    invocations = pa.table(
+        {column: pa.array([values[column]], dtype) for _, column, dtype, _, _ in INVOCATION_FIELDS}
+    )
+    inferred = [
+        {
+            "field": "invocationId",
+            "value": SINGLE_CAPTURE_ID,
+            "from": "a single capture (no megaKernelCycleTrace.invocations)",
+        },
+        {"field": "rank", "value": rank, "from": source},
+    ]
+    return invocations, TraceSide(str(path), rank, SINGLE_CAPTURE_ID), inferred
+
+
+def _checked(path: Path, where: str, value: Any, kind: Range) -> Any:
+    """``value`` of ``where`` in the trace, in ``kind``'s range, or a ``FuseError`` naming it."""
+    try:
+        return kind.check(value, f"{path}: {where}")
+    except ArgumentError as exc:
+        raise FuseError(str(exc)) from None
 
 
 def _invocation_values(
@@ -279,7 +429,7 @@ def _invocation_values(
     values = []
     for index, entry in enumerate(entries):
         value = entry.get(key)
-        where = f"{path}: megaKernelCycleTrace.invocations[{index}].{key}"
+        where = f"megaKernelCycleTrace.invocations[{index}].{key}"
         if value is None:
             if required:
                 raise FuseError(
@@ -287,12 +437,9 @@ def _invocation_values(
                     f"(invocations[{index}])"
                 )
         elif isinstance(kind, Range):
-            try:
-                value = kind.check(value, where)
-            except ArgumentError as exc:
-                raise FuseError(str(exc)) from None
+            value = _checked(path, where, value, kind)
         elif not isinstance(value, str):
-            raise FuseError(f"{where} must be a string, got {value!r:.60}")
+            raise FuseError(f"{path}: {where} must be a string, got {value!r:.60}")
         values.append(value)
     return values
 
