@@ -15,7 +15,8 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
 - ``cores``: one per core of an invocation on a lane, with what it fixes of its slices
   (rank, device, core, entry cycle, invocation, step, direction);
 - the slices (one per record: pid, tid, its ``cores`` row, ts and end in exact ns from
-  the process's anchor, name, the raw ids and cycles) and flows (a trigger to the wait
+  the process's anchor, name, whether its invocation is of ABI generation b, the raw ids
+  and cycles) and flows (a trigger to the wait
   it released, from ``task_edges``), group by group (``groups``), in the order they are
   shown: by process, core, then time;
 - with ``critical_path``, each slice's ``critical`` mark (its record is on its

@@ -385,7 +385,7 @@ def decode_buffers(
 
     ``buffers`` is a sequence of buffers or a 2-D array (buffer x byte). The layout's
     generation, where it names none, is inferred from its capacities (``b`` above 256
-    records, else ``a``); a header above the cap of the generation it names raises
+    records, else ``a``); where it names ``a``, a header above 256 records raises
     ``GenerationError``. Raises a ``DecodeError`` subclass for the first problem found;
     warns with
     ``DroppedRecordsWarning`` when the device dropped records (from full slots, or from
@@ -393,8 +393,8 @@ def decode_buffers(
     ``warn_dropped`` is false (a caller that reports drops itself, from another thread).
     """
     frequency = check_frequency(frequency_hz)
-    layout = layout.resolved
     groups = _as_groups(buffers, layout)
+    named, layout = layout.generation, layout.resolved
     count = sum(len(g) for g in groups)
     if count == 0:
         raise DecodeError("no buffer to decode")
@@ -409,7 +409,8 @@ def decode_buffers(
     wrong = (raw[..., _IDENTITY_WORDS] != slots.identity).any(axis=2)
     wrong |= headers["record_count"] > slots.capacity
     if (wrong & active).any():
-        _check_generation(where, layout, headers, active)
+        if named == "a":
+            _check_generation(where, headers, active)
         for field, check, message in _HEADER_CHECKS:
             bad = check(headers, slots) & active
             if bad.any():
@@ -467,13 +468,9 @@ def decode_buffers(
     )
 
 
-def _check_generation(
-    where: _Locator, layout: BufferLayout, headers: np.ndarray, active: np.ndarray
-) -> None:
-    """Raise ``GenerationError`` for the first slot of a generation a layout whose header
-    holds more than 256 records: only generation b writes such a slot."""
-    if layout.generation != "a":
-        return
+def _check_generation(where: _Locator, headers: np.ndarray, active: np.ndarray) -> None:
+    """Raise ``GenerationError`` for the first slot whose header holds more than 256 records,
+    in a buffer said to be of generation a: only generation b writes such a slot."""
     beyond = active & (headers["record_capacity"] > MAX_CAPACITY)
     if beyond.any():
         raise where.slot_error(
