@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from generation_b import FALLBACK, GRAPH_STAGE, MAX_RECORDS_B, SHMEM_GET_MEM, capacity_b, pack_b
 from golden import AIC, AIV, NO_OWNER, TRIGGER, WAIT, Slot, pack
 from task_graphs import tasks_table
@@ -28,13 +29,18 @@ from multicore_profiler.abi import (
     infer_generation,
     plan_capacity,
 )
+from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.cli import main
 from multicore_profiler.errors import DroppedRecordsWarning, GenerationError, LayoutError, SlotError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.export.timeline import LayoutChanged, Timeline, TimelineGroup, open_timeline
 from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.decode import decode_buffer
+from multicore_profiler.ingest.schedule import schedule
+from multicore_profiler.ingest.session import mega_kernel_profile
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.backend import CpuBackend
+from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.kernels.runtime import (
     TASK_SHMEM_PUT_MEM_SIGNAL,
     build_runtime_config,
@@ -565,3 +571,100 @@ def _only_run(tmp_path: Path) -> str:
     with open_store(tmp_path / "store") as store:
         (row,) = store.sql("SELECT run_id FROM runs").to_pylist()
     return row["run_id"]
+
+
+# Capture: the generation of the config goes with every invocation.
+
+
+def test_a_capture_of_a_generation_b_kernel_keeps_its_generation(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(0)
+    router, w1, w2 = make_moe_weights(4, 32, 64, generator=generator)
+    x_in = torch.randn(64, 32, generator=generator)
+    with (
+        ReferenceMoeKernel(w1, w2, token_tile=16, generation="b") as kernel,
+        mega_kernel_profile(
+            store=tmp_path / "store", schedule=schedule(wait=0, warmup=0, active=1, repeat=1)
+        ) as prof,
+    ):
+        kernel(x_in, *route(x_in, router, 2))
+        prof.step()
+        layout = kernel.config_for(64).layout
+    assert layout.generation == "b"
+    rows = prof.store.sql(
+        "SELECT abi_generation, aic_capacity, aiv_capacity FROM invocations"
+    ).to_pylist()
+    assert rows == [
+        {
+            "abi_generation": "b",
+            "aic_capacity": layout.aic_capacity,
+            "aiv_capacity": layout.aiv_capacity,
+        }
+    ]
+    summary = prof.export_chrome_trace(tmp_path / "t.json").metadata
+    assert (summary["abiGeneration"], summary["maxRecordCapacityPerCore"]) == ("b", 134217712)
+    assert summary["profileBufferBytes"] == layout.total_bytes
+
+
+# Timelines of slots above 256 records: flow ids and sub-tracks.
+
+
+def test_flows_and_sub_tracks_of_a_slot_above_256_records(store: Store, tmp_path: Path) -> None:
+    """AIC/1 holds 260 records: record 258 overlaps record 257 (a sub-track), and record 259
+    is a wait that AIC/0's trigger released. The arrow's id is the wait's slot code above its
+    record index, which now needs 9 bits: (1 << 9) | 259."""
+    records = [(100 + 10 * i, 108 + 10 * i, GMM1, i, i, NO_OWNER) for i in range(258)]
+    records += [(2665, 2690, GMM1, 258, 258, NO_OWNER), (2700, 2720, WAIT, 900, 0, NO_OWNER)]
+    trigger = [(150, 160, TRIGGER, 901, 0, NO_OWNER)]
+    layout = BufferLayout(2, 1, 272, 16, generation="b")
+    store.write_run(RunInfo.begin(run_id=RUN))
+    ingest_buffers(
+        store,
+        [pack_b(layout, [Slot(AIC, 0, 100, trigger), Slot(AIC, 1, 100, records)])],
+        layout,
+        frequency_hz=50e6,
+        run_id=RUN,
+        kernel=KernelInfo(config_id=CONFIG),
+    )
+    store.write_tasks(
+        RUN,
+        tasks_table(
+            CONFIG,
+            "MegaKernel",
+            task_id=[900, 901],
+            desc_id=[GMM1, GMM1],
+            core_type=[AIC, AIC],
+            worker=[1, 0],
+            wait_event=[0, -1],
+            wait_count=[1, 0],
+            trigger_event=[-1, 0],
+        ),
+    )
+    with open_timeline(store, RecordSelection(run=RUN), flow_ids=True) as timeline:
+        groups = [group.slices for group in _passes(timeline)]
+        tracks = timeline.tracks.select(["tid", "name"]).to_pylist()
+    slices = pa.concat_tables(groups).select(["tid", "task_id", "desc_id", "flows_in", "flows_out"])
+    flow = (1 << 9) | 259
+    rows = slices.to_pylist()
+    assert rows[0] == {"tid": 1000, "task_id": 901, "desc_id": TRIGGER, "flows_in": [],
+                       "flows_out": [flow]}  # fmt: skip
+    assert rows[-1] == {"tid": 1001, "task_id": 900, "desc_id": WAIT, "flows_in": [flow],
+                        "flows_out": []}  # fmt: skip
+    assert [r["task_id"] for r in rows if r["tid"] == 11001] == [258]
+    assert tracks == [
+        {"tid": 1000, "name": "AIC/0"},
+        {"tid": 1001, "name": "AIC/1"},
+        {"tid": 11001, "name": "AIC/1 overlap 1"},
+    ]
+    trace = exported(store, tmp_path / "t.json")
+    assert trace["megaKernelCycleTrace"]["flowCount"] == 1
+    assert trace["megaKernelCycleTrace"]["subTracks"] == [
+        {"pid": 0, "tid": 11001, "parentTid": 1001, "records": 1}
+    ]
+
+
+def _passes(timeline: Timeline) -> list[TimelineGroup]:
+    """The groups of a timeline's last pass (a pass that finds sub-tracks starts again)."""
+    try:
+        return list(timeline.groups())
+    except LayoutChanged:
+        return list(timeline.groups())
