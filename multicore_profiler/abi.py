@@ -15,6 +15,7 @@ wrote it: the layout the host planned does, or else a capacity above 256 shows `
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -216,10 +217,10 @@ class BufferLayout:
             f"aic_capacity={self.aic_capacity}, aiv_capacity={self.aiv_capacity}{generation})"
         )
 
-    @property
+    @functools.cached_property
     def resolved(self) -> BufferLayout:
         """This layout with its generation: the one given, else the one its capacities show
-        (``infer_generation``: ``b`` above 256 records, else ``a``)."""
+        (``infer_generation``: ``b`` above 256 records, else ``a``). Made once per layout."""
         if self.generation is not None:
             return self
         return replace(self, generation=infer_generation(self.aic_capacity, self.aiv_capacity))
