@@ -16,9 +16,8 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
   (rank, device, core, entry cycle, invocation, step, direction);
 - the slices (one per record: pid, tid, its ``cores`` row, ts and end in exact ns from
   the process's anchor, name, whether its invocation is of ABI generation b, the raw ids
-  and cycles) and flows (a trigger to the wait
-  it released, from ``task_edges``), group by group (``groups``), in the order they are
-  shown: by process, core, then time;
+  and cycles) and flows (a trigger to the wait it released, from ``task_edges``), group by
+  group (``groups``), in the order they are shown: by process, core, then time;
 - with ``critical_path``, each slice's ``critical`` mark (its record is on its
   invocation's critical path, the ``critical_path`` view) and a second kind of flow, the
   path's chain: from each critical record to the next one along the path;
@@ -384,8 +383,9 @@ SELECT
     p.* REPLACE (coalesce(p.abi_generation, 'a') AS abi_generation),
     r.label, r.commit,
     dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
-    dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label, p.abi_generation)
-        AS naming,
+    dense_rank() OVER (
+        ORDER BY p.stage_names::VARCHAR, p.owner_label, coalesce(p.abi_generation, 'a')
+    ) AS naming,
     has_task_graph(p.run_id, p.rank, p.config_id) AS has_graph,
     {from_records} AND p.selected = p.record_count AS whole,
     (row_number() OVER (ORDER BY r.start_time, p.run_id, p.rank, p.invocation_id) - 1)::INTEGER
@@ -1287,7 +1287,7 @@ def _only(values: Iterable[Any]) -> Any:
     return distinct[0] if len(distinct) == 1 else None
 
 
-def dropped_warnings(dropped: np.ndarray, partial: np.ndarray) -> list[str]:
+def _dropped_warnings(dropped: np.ndarray, partial: np.ndarray) -> list[str]:
     """The warnings for the records invocations' devices dropped (``dropped`` in all, of
     which ``partial`` on slots that were not full), per case: a full slot ran out of
     places, a slot that was not full dropped a task whose records did not all fit."""
@@ -1349,7 +1349,7 @@ def _summary(
             }
         )
     dropped = sum(e["droppedRecordCount"] for e in entries)
-    warnings = dropped_warnings(
+    warnings = _dropped_warnings(
         numpy_column(invocations, "dropped_count"), timeline.partial_dropped
     )
     sub_tracks = []

@@ -387,9 +387,8 @@ def decode_buffers(
     generation, where it names none, is inferred from its capacities (``b`` above 256
     records, else ``a``); where it names ``a``, a header above 256 records raises
     ``GenerationError``. Raises a ``DecodeError`` subclass for the first problem found;
-    warns with
-    ``DroppedRecordsWarning`` when the device dropped records (from full slots, or from
-    slots that are not full: see ``DecodedBuffers.partial_slots``), unless
+    warns with ``DroppedRecordsWarning`` when the device dropped records (from full slots,
+    or from slots that are not full: see ``DecodedBuffers.partial_slots``), unless
     ``warn_dropped`` is false (a caller that reports drops itself, from another thread).
     """
     frequency = check_frequency(frequency_hz)
