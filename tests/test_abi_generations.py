@@ -668,3 +668,22 @@ def _passes(timeline: Timeline) -> list[TimelineGroup]:
         return list(timeline.groups())
     except LayoutChanged:
         return list(timeline.groups())
+
+
+def test_invocations_written_before_the_generation_was_kept_are_generation_a(
+    store: Store, tmp_path: Path
+) -> None:
+    raw = pack(1, 1, 16, 16, [Slot(AIC, 0, 100, [(110, 160, GMM1, 7, 0, NO_OWNER)])])
+    store.write_run(RunInfo.begin(run_id=RUN))
+    ingest_buffers(store, [raw], BufferLayout(1, 1, 16, 16), frequency_hz=50e6, run_id=RUN)
+    (path,) = store.root.glob("invocations/**/*.parquet")
+    pq.write_table(pq.read_table(path, partitioning=None).drop_columns(["abi_generation"]), path)
+    with open_store(store.root) as older:
+        assert older.sql("SELECT abi_generation FROM invocations").to_pylist() == [
+            {"abi_generation": None}
+        ]
+        trace = exported(older, tmp_path / "t.json")
+    assert trace["megaKernelCycleTrace"]["abiGeneration"] == "a"
+    assert trace["megaKernelCycleTrace"]["maxRecordCapacityPerCore"] == 256
+    (event,) = (e for e in trace["traceEvents"] if e["ph"] == "X")
+    assert "task_type" not in event["args"]
