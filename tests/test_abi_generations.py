@@ -449,7 +449,8 @@ def test_generation_b_detailed_names(graph_store: Store, tmp_path: Path) -> None
 def test_the_same_buffer_exports_per_its_generation(store: Store, tmp_path: Path) -> None:
     """A buffer either generation could have written: task_type on graph stages and the
     capacity limit follow the generation named; everything else is the same."""
-    raw = pack(1, 1, 16, 16, [Slot(AIC, 0, 100, [(110, 160, GMM1, 7, 0, NO_OWNER)])])
+    unnamed = (160, 170, GRAPH_STAGE + 5, 8, 0, 3)
+    raw = pack(1, 1, 16, 16, [Slot(AIC, 0, 100, [(110, 160, GMM1, 7, 0, NO_OWNER), unnamed])])
     traces = {}
     for generation in ("a", "b"):
         run = f"as-{generation}"
@@ -463,7 +464,18 @@ def test_the_same_buffer_exports_per_its_generation(store: Store, tmp_path: Path
             kernel=KernelInfo(stage_names={GMM1: "GMM1"}),
         )
         traces[generation] = exported(store, tmp_path / f"{generation}.json", run=run)
-    (a_event,), (b_event,) = ([e for e in traces[g]["traceEvents"] if e["ph"] == "X"] for g in "ab")
+    (a_event, a_unnamed), (b_event, b_unnamed) = (
+        [e for e in traces[g]["traceEvents"] if e["ph"] == "X"] for g in "ab"
+    )
+    # An unnamed stage: upstream's newer exporter names every desc id from 0x20000 on that it
+    # cannot name TaskType_<desc id - 0x20000>; generation a keeps DescId_<id>.
+    assert (a_unnamed["name"], b_unnamed["name"]) == ("DescId_196613", "TaskType_65541")
+    assert b_unnamed["args"] == a_unnamed["args"] | {"task_type": 65541}
+    detailed = exported(store, tmp_path / "d.json", run="as-b", detailed_task_names=True)
+    assert [e["name"] for e in detailed["traceEvents"] if e["ph"] == "X"] == [
+        "GMM1_task1",
+        "Owner3_TaskType_65541_task1",
+    ]
     assert "task_type" not in a_event["args"]
     assert b_event["args"] == a_event["args"] | {"task_type": 65536}
     assert {k: v for k, v in b_event.items() if k != "args"} == {

@@ -530,17 +530,29 @@ FROM keyed
 _NAMES = """
 CREATE TEMP TABLE names AS
 WITH namings AS (
-    SELECT naming, any_value(stage_names) AS stage_names, any_value(owner_label) AS owner_label
+    SELECT naming, any_value(stage_names) AS stage_names, any_value(owner_label) AS owner_label,
+        any_value(abi_generation) AS abi_generation
     FROM inv GROUP BY naming
 ),
 named AS (
     SELECT k.naming, k.desc_id, k.task_stage{detail_keys},
-           event_name(m.stage_names, m.owner_label, k.desc_id, k.task_stage,
-                      {owner}, {index}, {detailed}) AS name
+           event_name(
+               CASE WHEN m.abi_generation = 'b' AND k.desc_id > {fallback_end}
+                        AND m.stage_names[k.desc_id] IS NULL
+                    THEN map_concat(
+                        m.stage_names, MAP([k.desc_id], ['TaskType_' || (k.desc_id - {base})])
+                    )
+                    ELSE m.stage_names END,
+               m.owner_label, k.desc_id, k.task_stage, {owner}, {index}, {detailed}) AS name
     FROM keyed k JOIN namings m USING (naming)
 )
 SELECT *, (dense_rank() OVER (ORDER BY name) - 1)::INTEGER AS name_code FROM named
 """
+"""The name of each key of the events. A generation b record whose desc id lies above the
+compute fallbacks and that the kernel left unnamed is ``TaskType_<desc id - 0x20000>``, as
+hyper-parallel's newer exporter names every desc id from 0x20000 on that it cannot name
+(a graph stage 0x30000 + k shows ``TaskType_<65536 + k>``); generation a keeps
+``DescId_<id>``."""
 
 _ORDERED = """
 SELECT
@@ -866,6 +878,8 @@ class Timeline:
                 owner="k.owner_id" if self.detailed else "NULL",
                 index="k.stage_task_index" if self.detailed else "NULL",
                 detailed="true" if self.detailed else "false",
+                fallback_end=DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE,
+                base=DESC_COMPUTE_FALLBACK,
             ),
         )
         con.execute(_MOVED)
