@@ -5,14 +5,20 @@ A buffer has no global header. It is ``aic_slots`` AIC slots followed by
 ``aiv_slots`` AIV slots; a slot is a 64-byte header and ``capacity`` 32-byte
 records, the capacity being fixed per core type. Everything is little-endian and
 compatible with mindspore-ai/hyper-parallel's MegaKernel profiling.
+
+Two generations of hyper-parallel write these same bytes (``GENERATIONS``): ``a``, its
+first, caps a slot at 256 records; ``b``, its newer one, plans a slot for the busiest
+worker whatever its size, up to ``MAX_CAPACITY_B`` records. The buffer does not say which
+wrote it: the layout the host planned does, or else a capacity above 256 shows ``b``.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import numpy as np
@@ -22,8 +28,19 @@ from multicore_profiler.limits import FREQUENCY_HZ, FREQUENCY_MHZ
 
 SLOT_HEADER_BYTES = 64
 RECORD_BYTES = 32
-MAX_CAPACITY = 256
 CAPACITY_ALIGN = 16
+MAX_CAPACITY = 256
+"""Generation a's cap on a slot's records (hyper-parallel's first generation)."""
+MAX_CAPACITY_B = (
+    (0xFFFF_FFFF - SLOT_HEADER_BYTES) // RECORD_BYTES // CAPACITY_ALIGN * CAPACITY_ALIGN
+)
+"""Generation b's cap: the most records (134,217,712, a multiple of 16) whose slot's byte
+size, 64 + capacity x 32, still fits 32 bits. Offsets within a buffer need 64 bits."""
+
+Generation = Literal["a", "b"]
+"""An ABI generation: ``a`` (hyper-parallel's first) or ``b`` (its newer one)."""
+GENERATIONS: dict[str, int] = {"a": MAX_CAPACITY, "b": MAX_CAPACITY_B}
+"""Each generation and the largest slot capacity it allows."""
 
 DESC_WAIT_DEPENDENCY = 0x10000
 DESC_TERMINATE_TASK = 0x10006
@@ -127,14 +144,44 @@ def task_record_count(task: QueuedTask) -> int:
     return 1 + bool(task.waits) + bool(task.triggers)
 
 
-def plan_capacity(queues: Iterable[Iterable[QueuedTask]]) -> int:
-    """Slot capacity for one core type: min(round_up(busiest worker's records, 16), 256).
+def check_generation(generation: object) -> Generation:
+    """``generation`` if it names an ABI generation (``a`` or ``b``), else ``LayoutError``."""
+    if not isinstance(generation, str) or generation not in GENERATIONS:
+        raise LayoutError(
+            f"an ABI generation is one of {', '.join(GENERATIONS)}, got {generation!r}"
+        )
+    return generation  # type: ignore[return-value]
+
+
+def infer_generation(*capacities: int) -> Generation:
+    """The generation slots of these capacities show: ``b`` when one holds more than 256
+    records (generation a cannot), else ``a``."""
+    return "b" if max(capacities, default=0) > MAX_CAPACITY else "a"
+
+
+def capacity_for(records: int, generation: Generation = "a") -> int:
+    """The slot capacity a generation plans for a worker that writes ``records``: rounded up
+    to 16, then capped at 256 (``a``), or refused with ``LayoutError`` above
+    ``MAX_CAPACITY_B`` (``b``, which never caps, so never drops)."""
+    rounded = -(-records // CAPACITY_ALIGN) * CAPACITY_ALIGN
+    if check_generation(generation) == "a":
+        return min(rounded, MAX_CAPACITY)
+    if rounded > MAX_CAPACITY_B:
+        raise LayoutError(
+            f"the busiest worker writes {records} records, more than the {MAX_CAPACITY_B} a "
+            "generation b slot can hold"
+        )
+    return rounded
+
+
+def plan_capacity(queues: Iterable[Iterable[QueuedTask]], generation: Generation = "a") -> int:
+    """Slot capacity for one core type: the busiest worker's records, planned by
+    ``capacity_for`` (generation a: min(round_up(records, 16), 256)).
 
     ``queues`` holds the tasks each worker of that core type really runs.
     """
     busiest = max((sum(task_record_count(t) for t in queue) for queue in queues), default=0)
-    rounded = -(-busiest // CAPACITY_ALIGN) * CAPACITY_ALIGN
-    return min(rounded, MAX_CAPACITY)
+    return capacity_for(busiest, generation)
 
 
 @dataclass(frozen=True)
@@ -142,13 +189,15 @@ class BufferLayout:
     """Where every slot of a profile buffer lies, as the host planned it.
 
     The host always decodes against the layout it planned and checks every slot
-    header against it.
+    header against it. ``generation`` is the ABI generation that wrote the buffer; None
+    leaves it to the decoder, which infers it (see ``resolved``).
     """
 
     aic_slots: int
     aiv_slots: int
     aic_capacity: int
     aiv_capacity: int
+    generation: Generation | None = None
 
     def __post_init__(self) -> None:
         for name in ("aic_slots", "aiv_slots", "aic_capacity", "aiv_capacity"):
@@ -159,13 +208,44 @@ class BufferLayout:
             raise LayoutError(
                 "a buffer layout needs at least one slot (aic_slots + aiv_slots is 0)"
             )
+        if self.generation is not None:
+            check_generation(self.generation)
+        cap = self.max_capacity
         for name in ("aic_capacity", "aiv_capacity"):
             value = getattr(self, name)
-            if value % CAPACITY_ALIGN or value > MAX_CAPACITY:
+            if value % CAPACITY_ALIGN or value > cap:
+                why = ""
+                if value > cap:
+                    lift = (
+                        ""
+                        if cap == MAX_CAPACITY_B
+                        else f"; generation b lifts it to {MAX_CAPACITY_B}"
+                    )
+                    why = f" (generation {self.generation or 'b'}'s cap{lift})"
                 raise LayoutError(
                     f"{name} must be a multiple of {CAPACITY_ALIGN} no larger than "
-                    f"{MAX_CAPACITY}, got {value}"
+                    f"{cap}, got {value}{why}"
                 )
+
+    def __repr__(self) -> str:
+        generation = "" if self.generation is None else f", generation={self.generation!r}"
+        return (
+            f"BufferLayout(aic_slots={self.aic_slots}, aiv_slots={self.aiv_slots}, "
+            f"aic_capacity={self.aic_capacity}, aiv_capacity={self.aiv_capacity}{generation})"
+        )
+
+    @functools.cached_property
+    def resolved(self) -> BufferLayout:
+        """This layout with its generation: the one given, else the one its capacities show
+        (``infer_generation``: ``b`` above 256 records, else ``a``). Made once per layout."""
+        if self.generation is not None:
+            return self
+        return replace(self, generation=infer_generation(self.aic_capacity, self.aiv_capacity))
+
+    @property
+    def max_capacity(self) -> int:
+        """The largest capacity the layout's generation allows (256 for ``a``; None: ``b``'s)."""
+        return GENERATIONS[self.generation or "b"]
 
     @classmethod
     def plan(
@@ -175,8 +255,12 @@ class BufferLayout:
         *,
         aic_slots: int,
         aiv_slots: int,
+        generation: Generation | None = None,
     ) -> BufferLayout:
-        """Plan a layout from the task queues of the AIC and AIV workers (one queue per worker)."""
+        """Plan a layout from the task queues of the AIC and AIV workers (one queue per
+        worker) by the capacity rule of ``generation`` (``capacity_for``), which it carries;
+        None plans by generation a's rule and leaves the generation to inference (which
+        finds ``a``: a's capacities are at most 256)."""
         aic_queues, aiv_queues = list(aic_queues), list(aiv_queues)
         for kind, queues, slots in (("AIC", aic_queues, aic_slots), ("AIV", aiv_queues, aiv_slots)):
             if len(queues) > slots:
@@ -186,8 +270,9 @@ class BufferLayout:
         return cls(
             aic_slots=aic_slots,
             aiv_slots=aiv_slots,
-            aic_capacity=plan_capacity(aic_queues),
-            aiv_capacity=plan_capacity(aiv_queues),
+            aic_capacity=plan_capacity(aic_queues, generation or "a"),
+            aiv_capacity=plan_capacity(aiv_queues, generation or "a"),
+            generation=generation,
         )
 
     def slots(self, core_type: CoreType) -> int:

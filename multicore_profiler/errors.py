@@ -53,6 +53,11 @@ class RecordError(SlotError):
         self.record = record
 
 
+class GenerationError(SlotError):
+    """A slot that the ABI generation its layout names cannot have written: a capacity above
+    generation a's 256 records. ``slot`` and ``field`` name it, as for ``SlotError``."""
+
+
 class EmptyBufferError(DecodeError):
     """A buffer in which no slot holds a single record."""
 

@@ -95,7 +95,17 @@ def test_more_workers_than_slots_is_refused() -> None:
     ("kwargs", "message"),
     [
         ({"aic_capacity": 24}, "aic_capacity must be a multiple of 16"),
-        ({"aiv_capacity": 272}, "aiv_capacity must be a multiple of 16 no larger than 256"),
+        (
+            {"aiv_capacity": 272, "generation": "a"},
+            "aiv_capacity must be a multiple of 16 no larger than 256, got 272 "
+            r"\(generation a's cap; generation b lifts it to 134217712\)",
+        ),
+        (
+            {"aiv_capacity": 134_217_728},
+            "aiv_capacity must be a multiple of 16 no larger than 134217712, got 134217728 "
+            r"\(generation b's cap\)",
+        ),
+        ({"generation": "c"}, "an ABI generation is one of a, b, got 'c'"),
         ({"aic_slots": -1}, "aic_slots must be a non-negative integer"),
         ({"aiv_slots": 2.0}, "aiv_slots must be a non-negative integer"),
         ({"aic_slots": 0, "aiv_slots": 0}, "at least one slot"),

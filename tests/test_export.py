@@ -217,6 +217,8 @@ def golden_summary(detailed: bool) -> dict[str, Any]:
         "anchorCycle": 100,
         "recordCapacityPerCore": {"AIC": 16, "AIV": 16},
         "maxRecordCapacityPerCore": 256,
+        "abiGeneration": "a",
+        "profileBufferBytes": 1728,
         "invocationCount": 1,
         "recordCount": 6,
         "droppedRecordCount": 0,
@@ -244,6 +246,8 @@ def golden_summary(detailed: bool) -> dict[str, Any]:
                 "storedRecordCount": 6,
                 "droppedRecordCount": 0,
                 "taskGraph": True,
+                "abiGeneration": "a",
+                "profileBufferBytes": 1728,
             }
         ],
         "subTracks": [],

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+import test_abi_generations as generations
 from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
 from perfetto_checker import PerfettoTrace, Slice, read_perfetto_trace
@@ -25,7 +26,7 @@ from trace_checker import check_trace, load_trace
 
 from multicore_profiler import cli
 from multicore_profiler.abi import BufferLayout
-from multicore_profiler.errors import ExportError, ProfileError
+from multicore_profiler.errors import DroppedRecordsWarning, ExportError, ProfileError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.export.files import ExportedTrace
 from multicore_profiler.export.perfetto_trace import (
@@ -472,3 +473,28 @@ def test_failures_leave_neither_file(golden: Store, tmp_path: Path) -> None:
     assert list(out.iterdir()) == []
     with pytest.raises(ExportError, match="cannot write the trace to"):
         export_perfetto_trace(golden, out / "missing" / "t.pftrace")
+
+
+def test_generation_b_matches_json(store: Store, tmp_path: Path) -> None:
+    """hyper-parallel's newer generation: a slot of 260 records, graph stages with their
+    task_type (65536 + k), a ShmemGetMem fallback, drops from a full slot and from a slot that
+    was not full, each said in its own words."""
+    with pytest.warns(DroppedRecordsWarning):
+        generations.fill(store, [generations.buffer_b()], generations.LAYOUT_B)
+    store.write_tasks(generations.RUN, generations.graph())
+    result, trace = both(store, tmp_path, detailed_task_names=True)
+    types = Counter(
+        (s.args["desc_id"], s.args.get("task_type")) for s in trace.slices if "desc_id" in s.args
+    )
+    assert types == Counter(
+        {(0x30000, 65536): 260, (0x30001, 65537): 17, (0x30002, 65538): 1, (0x2006B, 107): 1,
+         (WAIT, None): 2, (TRIGGER, None): 1}
+    )  # fmt: skip
+    assert result.metadata["maxRecordCapacityPerCore"] == 134217712
+    (process,) = (t for t in trace.tracks.values() if t.parent_uuid is None)
+    assert process.description == (
+        f"MegaKernel records of run {generations.RUN} rank 1: 1 invocation(s), 282 records, "
+        "cycles at 50 MHz from anchor cycle 1000; the device dropped 3 records (full slots); "
+        "the device dropped 3 records on slots that were not full. Selection: run "
+        f"{generations.RUN}. Metadata: t.pftrace.meta.json."
+    )

@@ -106,7 +106,7 @@ def test_profiling_flag_is_the_only_difference_between_modes() -> None:
 def test_capacity_is_planned_from_the_queues() -> None:
     # AIC worker 0 runs two matmuls (wait + compute + trigger each): 6 records -> 16.
     assert build().layout == BufferLayout(
-        aic_slots=2, aiv_slots=2, aic_capacity=16, aiv_capacity=16
+        aic_slots=2, aiv_slots=2, aic_capacity=16, aiv_capacity=16, generation="a"
     )
     tasks = new_tasks(40)
     tasks["core_type"] = 1
@@ -115,7 +115,9 @@ def test_capacity_is_planned_from_the_queues() -> None:
         tasks, event_count=1, aic_workers=2, aiv_workers=0, backend=CpuBackend(), aiv_slots=3
     )
     # 20 tasks x (compute + trigger) on each AIC worker: 40 -> 48; no AIV task -> 0.
-    assert config.layout == BufferLayout(aic_slots=2, aiv_slots=3, aic_capacity=48, aiv_capacity=0)
+    assert config.layout == BufferLayout(
+        aic_slots=2, aiv_slots=3, aic_capacity=48, aiv_capacity=0, generation="a"
+    )
     forced = build(aic_capacity=32)
     assert forced.layout.aic_capacity == 32
 

@@ -8,14 +8,17 @@ import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
+from generation_b import pack_b
 from golden import AIC, NO_OWNER, Slot, pack
 
 from multicore_profiler import Store, mega_kernel_profile
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.errors import StoreError
-from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.buffers import ingest_buffers, ingest_into_run
 from multicore_profiler.ingest.step_rows import KernelInfo
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage.location import StoreLocation
@@ -119,6 +122,37 @@ def test_spark_stage_totals_equal_duckdb_stage_stats(
                 assert theirs[column] == value, (column, ours)
     counted = spark.sql("SELECT count(*) AS n FROM records").collect()[0]["n"]  # type: ignore[attr-defined]
     assert counted == runs.sql("SELECT count(*) AS n FROM records")["n"].to_pylist()[0]
+
+
+def test_spark_reads_records_files_of_both_index_widths(spark: object, store: Store) -> None:
+    """An older records file (record_index uint16) beside a generation b one (uint32, a slot
+    of 300 records): Spark cannot merge the two schemas, so it reads both as written now."""
+    ingest_into_run(
+        store,
+        [pack(1, 1, 16, 16, [Slot(AIC, 0, 5, [(5, 6, 0x30001, 0, 0, 0)] * 3)])],
+        BufferLayout(1, 1, 16, 16),
+        frequency_hz=50e6,
+        run_id="old",
+    )
+    (path,) = store.root.glob("records/run_id=old/**/*.parquet")
+    older = pq.read_table(path, partitioning=None)
+    index = older.schema.get_field_index("record_index")
+    narrow = older.set_column(index, "record_index", older["record_index"].cast(pa.uint16()))
+    pq.write_table(narrow, path)
+    wide = BufferLayout(1, 1, 304, 16, generation="b")
+    records = [(10 + i, 11 + i, 0x30000, i, i, 0) for i in range(300)]
+    ingest_into_run(
+        store, [pack_b(wide, [Slot(AIC, 0, 10, records)])], wide, frequency_hz=50e6, run_id="new"
+    )
+    register_spark_views(spark, store.uri)
+    rows = spark.sql(  # type: ignore[attr-defined]
+        "SELECT run_id, count(*) AS n, max(record_index) AS top FROM records "
+        "GROUP BY run_id ORDER BY run_id"
+    ).collect()
+    assert [row.asDict() for row in rows] == [
+        {"run_id": "new", "n": 300, "top": 299},
+        {"run_id": "old", "n": 3, "top": 2},
+    ]
 
 
 def test_spark_paths_and_an_empty_store(

@@ -99,6 +99,7 @@ def test_invocations_of_a_known_batch() -> None:
             "window_id": 3,
             "config_id": "cfg-1",
             "partial_slots": partial,
+            "abi_generation": "a",
         }
         for invocation, anchor, records, dropped, partial in (
             (40, 90, 4, 0, []),

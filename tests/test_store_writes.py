@@ -54,6 +54,7 @@ def step_rows(step: int, first_id: int, rank: int = 0) -> dict[str, pa.Table]:
             "window_id": pa.array([None, None], pa.int64()),
             "config_id": pa.array([None, None], pa.string()),
             "partial_slots": pa.array([[], []], pa.list_(pa.uint32())),
+            "abi_generation": ["a", "a"],
         }
     )
     cores = pa.table(
@@ -76,7 +77,7 @@ def step_rows(step: int, first_id: int, rank: int = 0) -> dict[str, pa.Table]:
             "invocation_id": pa.array([ids[0], ids[0], ids[1], ids[1]], pa.int64()),
             "core_type": pa.array([1] * 4, pa.uint8()),
             "block_id": pa.array([0] * 4, pa.uint32()),
-            "record_index": pa.array([0, 1, 0, 1], pa.uint16()),
+            "record_index": pa.array([0, 1, 0, 1], pa.uint32()),
             "start_cycle": pa.array(starts, pa.uint64()),
             "end_cycle": pa.array([s + 15 for s in starts], pa.uint64()),
             "desc_id": pa.array([7] * 4, pa.uint32()),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from multicore_profiler.abi import BufferLayout
+from multicore_profiler.abi import GENERATIONS, BufferLayout
 from multicore_profiler.cli.arguments import Parents, in_range, open_given_store, path, text
 from multicore_profiler.errors import ArgumentError, ProfileError
 from multicore_profiler.ingest.buffers import ingest_into_run
@@ -48,7 +48,9 @@ def _stage_names(pairs: Sequence[tuple[int, str]]) -> dict[int, str]:
 
 def cmd_ingest_buffer(args: argparse.Namespace) -> None:
     """Decode the buffer files as one step of ``--run`` (a new run unless it exists)."""
-    layout = BufferLayout(args.aic_slots, args.aiv_slots, args.aic_capacity, args.aiv_capacity)
+    layout = BufferLayout(
+        args.aic_slots, args.aiv_slots, args.aic_capacity, args.aiv_capacity, args.abi_generation
+    )
     kernel = KernelInfo(
         kernel_name=args.kernel,
         owner_label=args.owner_label,
@@ -121,6 +123,12 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     )
     for name in ("aic-slots", "aiv-slots", "aic-capacity", "aiv-capacity"):
         buffers.add_argument(f"--{name}", type=in_range(SLOTS), required=True)
+    buffers.add_argument(
+        "--abi-generation",
+        choices=tuple(GENERATIONS),
+        help="the hyper-parallel ABI generation that wrote the buffers: a (at most 256 records "
+        "a slot) or b (up to 134217712); default: b where a capacity is above 256, else a",
+    )
     buffers.add_argument(
         "--freq-mhz",
         type=in_range(FREQUENCY_MHZ),

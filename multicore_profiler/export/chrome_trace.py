@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from multicore_profiler.abi import DESC_COMPUTE_FALLBACK, MAX_TASK_TYPE, NO_OWNER
+from multicore_profiler.abi import NO_OWNER
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.files import ExportedTrace, gzipped, written_aside
 from multicore_profiler.export.json_rows import Row, Span, joined, span_of, strings
@@ -52,6 +52,7 @@ from multicore_profiler.export.timeline import (
     Timeline,
     numpy_column,
     open_timeline,
+    task_types,
 )
 from multicore_profiler.storage.store import Store
 
@@ -243,20 +244,13 @@ def event_args(rows: Row, slices: pa.Table, spans: Spans, fragments: np.ndarray)
     desc = numpy_column(slices, "desc_id")
     owner = numpy_column(slices, "owner_id")
     index = numpy_column(slices, "stage_task_index")
-    fallback = (desc >= DESC_COMPUTE_FALLBACK) & (desc <= DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE)
+    shown, task_type = task_types(slices)
     number = (spans.index[0] + 1, spans.index[1] + 1)
     rows = (
         rows.lookup("", fragments, numpy_column(slices, "core"))
         .integers(',"task_id":', numpy_column(slices, "task_id"), spans.task)
         .integers(',"desc_id":', desc, spans.desc)
-        .optional(
-            fallback,
-            Row(count).integers(
-                ',"task_type":',
-                np.where(fallback, desc - DESC_COMPUTE_FALLBACK, 0).astype(np.uint32),
-                spans.task_type,
-            ),
-        )
+        .optional(shown, Row(count).integers(',"task_type":', task_type, spans.task_type))
         .integers(',"stage_task_index":', index, spans.index)
         .integers(',"task_number":', index.astype(np.uint64) + 1, number)
         .optional(owner != NO_OWNER, Row(count).integers(',"owner_id":', owner, spans.owner))

@@ -66,7 +66,7 @@ import orjson
 import pyarrow as pa
 from tqdm import tqdm
 
-from multicore_profiler.abi import DESC_COMPUTE_FALLBACK, MAX_TASK_TYPE, NO_OWNER
+from multicore_profiler.abi import NO_OWNER
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.chrome_trace import CATEGORY
 from multicore_profiler.export.files import ExportedTrace, gzipped, written_aside
@@ -79,6 +79,7 @@ from multicore_profiler.export.timeline import (
     TimelineGroup,
     numpy_column,
     open_timeline,
+    task_types,
 )
 from multicore_profiler.prefetch import ahead
 from multicore_profiler.storage.store import Store
@@ -375,13 +376,16 @@ def _description(timeline: Timeline, process: dict[str, Any], sidecar_name: str)
     ]
     megahertz = ", ".join(f"{f / 1e6:g}" for f in dict.fromkeys(i["frequency_hz"] for i in mine))
     dropped = sum(i["dropped_count"] for i in mine)
+    partial = int(sum(timeline.partial_dropped[i["inv_index"]] for i in mine))
     text = (
         f"MegaKernel records of run {process['run_id']} rank {process['rank']}: "
         f"{len(mine)} invocation(s), {sum(i['selected'] for i in mine)} records, "
         f"cycles at {megahertz} MHz from anchor cycle {process['anchor']}"
     )
-    if dropped:
-        text += f"; the device dropped {dropped} records (full slots)"
+    if dropped > partial:
+        text += f"; the device dropped {dropped - partial} records (full slots)"
+    if partial:
+        text += f"; the device dropped {partial} records on slots that were not full"
     return f"{text}. Selection: {timeline.described}. Metadata: {sidecar_name}."
 
 
@@ -586,11 +590,11 @@ def _record_begins(
     desc = numpy_column(slices, "desc_id")
     index = numpy_column(slices, "stage_task_index")
     owner = numpy_column(slices, "owner_id")
-    fallback = (desc >= DESC_COMPUTE_FALLBACK) & (desc <= DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE)
+    shown, task_type = task_types(slices)
     values: list[tuple[str, np.ndarray | int, np.ndarray | None]] = [
         ("task_id", numpy_column(slices, "task_id"), None),
         ("desc_id", desc, None),
-        ("task_type", np.where(fallback, desc - DESC_COMPUTE_FALLBACK, 0), fallback),
+        ("task_type", task_type, shown),
         ("stage_task_index", index, None),
         ("task_number", index.astype(np.uint64) + 1, None),
         ("owner_id", owner, owner != NO_OWNER),

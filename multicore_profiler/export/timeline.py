@@ -15,9 +15,9 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
 - ``cores``: one per core of an invocation on a lane, with what it fixes of its slices
   (rank, device, core, entry cycle, invocation, step, direction);
 - the slices (one per record: pid, tid, its ``cores`` row, ts and end in exact ns from
-  the process's anchor, name, the raw ids and cycles) and flows (a trigger to the wait
-  it released, from ``task_edges``), group by group (``groups``), in the order they are
-  shown: by process, core, then time;
+  the process's anchor, name, whether its invocation is of ABI generation b, the raw ids
+  and cycles) and flows (a trigger to the wait it released, from ``task_edges``), group by
+  group (``groups``), in the order they are shown: by process, core, then time;
 - with ``critical_path``, each slice's ``critical`` mark (its record is on its
   invocation's critical path, the ``critical_path`` view) and a second kind of flow, the
   path's chain: from each critical record to the next one along the path;
@@ -58,8 +58,11 @@ from multicore_profiler.abi import (
     DESC_COMPUTE_FALLBACK,
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
+    GENERATIONS,
     MAX_CAPACITY,
     MAX_TASK_TYPE,
+    RECORD_BYTES,
+    SLOT_HEADER_BYTES,
 )
 from multicore_profiler.analysis.selection import RecordSelection, SelectedRecords
 from multicore_profiler.errors import ExportError, QueryError
@@ -117,6 +120,17 @@ _RECORD_TYPES = {
     "owner_id": "UINTEGER",
 }
 """The store's types of the record columns a query's values are cast to."""
+
+
+def task_types(slices: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Which slices carry ``args.task_type``, and its value (desc id - 0x20000, uint32): in
+    generation a the compute fallbacks 0x20000..0x2FFFF; in generation b every desc id
+    from 0x20000 on, as hyper-parallel's newer exporter writes them (a graph stage
+    0x30000 + k shows 65536 + k)."""
+    desc = numpy_column(slices, "desc_id")
+    fallback = desc <= DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE
+    shown = (desc >= DESC_COMPUTE_FALLBACK) & (fallback | numpy_column(slices, "generation_b"))
+    return shown, np.where(shown, desc - DESC_COMPUTE_FALLBACK, 0).astype(np.uint32)
 
 
 def track_tid(core_type: Any, block_id: Any, lane: Any = 0) -> Any:
@@ -366,24 +380,29 @@ picked AS (
     ) = 1
 )
 SELECT
-    p.*,
+    p.* REPLACE (coalesce(p.abi_generation, 'a') AS abi_generation),
     r.label, r.commit,
     dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
-    dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label) AS naming,
+    dense_rank() OVER (
+        ORDER BY p.stage_names::VARCHAR, p.owner_label, coalesce(p.abi_generation, 'a')
+    ) AS naming,
     has_task_graph(p.run_id, p.rank, p.config_id) AS has_graph,
     {from_records} AND p.selected = p.record_count AS whole,
     (row_number() OVER (ORDER BY r.start_time, p.run_id, p.rank, p.invocation_id) - 1)::INTEGER
         AS inv_index
 FROM picked p LEFT JOIN runs r USING (run_id)
 """
-"""The selected invocations, each with its stored row, its order, naming and task graph,
-and whether the selection holds all of its records (``whole``: only a selection of the
-store's ``records``, never a query's rows, which need not be the stored ones)."""
+"""The selected invocations, each with its stored row (a row written before
+``abi_generation`` existed is generation ``a``), its order, naming (of its stage names,
+owner label and generation) and task graph, and whether the selection holds all of its
+records (``whole``: only a selection of the store's ``records``, never a query's rows,
+which need not be the stored ones)."""
 
 _SLOTS = """
 CREATE TEMP TABLE slot AS
 SELECT
-    i.inv_index, c.core_type, c.block_id, c.entry_cycle, c.record_count,
+    i.inv_index, c.core_type, c.block_id, c.entry_cycle, c.record_count, c.dropped_count,
+    c.record_capacity,
     (row_number() OVER (ORDER BY i.inv_index, c.core_type, c.block_id) - 1)::INTEGER AS slot_code
 FROM cores c
 JOIN inv i
@@ -501,25 +520,39 @@ SELECT
     min(ts_lo), max(ts_hi), min(dur_lo), max(dur_hi), min(task_lo), max(task_hi),
     min(index_lo), max(index_hi), min(owner_lo), max(owner_hi),
     min(start_lo), max(start_hi), min(end_lo), max(end_hi), min(desc_id), max(desc_id),
-    min(CASE WHEN {fallback} THEN desc_id - {base} ELSE 0 END),
-    max(CASE WHEN {fallback} THEN desc_id - {base} ELSE 0 END)
+    min(CASE WHEN {shown} THEN desc_id - {base} ELSE 0 END),
+    max(CASE WHEN {shown} THEN desc_id - {base} ELSE 0 END)
 FROM keyed
 """
+"""The span of every value of the events; ``shown`` is whether a key's records carry a
+``task_type`` (``task_types``)."""
 
 _NAMES = """
 CREATE TEMP TABLE names AS
 WITH namings AS (
-    SELECT naming, any_value(stage_names) AS stage_names, any_value(owner_label) AS owner_label
+    SELECT naming, any_value(stage_names) AS stage_names, any_value(owner_label) AS owner_label,
+        any_value(abi_generation) AS abi_generation
     FROM inv GROUP BY naming
 ),
 named AS (
     SELECT k.naming, k.desc_id, k.task_stage{detail_keys},
-           event_name(m.stage_names, m.owner_label, k.desc_id, k.task_stage,
-                      {owner}, {index}, {detailed}) AS name
+           event_name(
+               CASE WHEN m.abi_generation = 'b' AND k.desc_id > {fallback_end}
+                        AND m.stage_names[k.desc_id] IS NULL
+                    THEN map_concat(
+                        m.stage_names, MAP([k.desc_id], ['TaskType_' || (k.desc_id - {base})])
+                    )
+                    ELSE m.stage_names END,
+               m.owner_label, k.desc_id, k.task_stage, {owner}, {index}, {detailed}) AS name
     FROM keyed k JOIN namings m USING (naming)
 )
 SELECT *, (dense_rank() OVER (ORDER BY name) - 1)::INTEGER AS name_code FROM named
 """
+"""The name of each key of the events. A generation b record whose desc id lies above the
+compute fallbacks and that the kernel left unnamed is ``TaskType_<desc id - 0x20000>``, as
+hyper-parallel's newer exporter names every desc id from 0x20000 on that it cannot name
+(a graph stage 0x30000 + k shows ``TaskType_<65536 + k>``); generation a keeps
+``DescId_<id>``."""
 
 _ORDERED = """
 SELECT
@@ -832,10 +865,12 @@ class Timeline:
             filed.close()
         detail = ", owner_id, stage_task_index" if self.detailed else ""
         con.execute(_KEYS.format(detail=detail, events=_events("sel")))
-        fallback = (
+        shown = (
             f"desc_id BETWEEN {DESC_COMPUTE_FALLBACK} AND {DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE}"
+            f" OR (desc_id >= {DESC_COMPUTE_FALLBACK} AND naming IN "
+            "(SELECT naming FROM inv WHERE abi_generation = 'b'))"
         )
-        values = _one(con, _SPANS.format(fallback=fallback, base=DESC_COMPUTE_FALLBACK))
+        values = _one(con, _SPANS.format(shown=shown, base=DESC_COMPUTE_FALLBACK))
         self.spans = Spans(*(tuple(int(v) for v in values[i : i + 2]) for i in range(0, 18, 2)))
         con.execute(
             _NAMES.format(
@@ -843,6 +878,8 @@ class Timeline:
                 owner="k.owner_id" if self.detailed else "NULL",
                 index="k.stage_task_index" if self.detailed else "NULL",
                 detailed="true" if self.detailed else "false",
+                fallback_end=DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE,
+                base=DESC_COMPUTE_FALLBACK,
             ),
         )
         con.execute(_MOVED)
@@ -863,6 +900,24 @@ class Timeline:
         self.group_count: int = _one(con, "SELECT count(DISTINCT grp) FROM grp")[0]
         self._slots = _fetch(con, "SELECT * FROM slot ORDER BY slot_code")
         self._invocation_pids = _invocation_pids(self.invocations, self.processes)
+        slots = self._slots
+        partial = numpy_column(slots, "record_count") < numpy_column(slots, "record_capacity")
+        self.partial_dropped = np.bincount(
+            numpy_column(slots, "inv_index")[partial],
+            numpy_column(slots, "dropped_count")[partial],
+            minlength=self.invocations.num_rows,
+        ).astype(np.int64)
+        """Per invocation (by ``inv_index``), the records dropped by slots that were not full
+        (a recorder that reserves a task's records together drops them all when they do not
+        fit); the rest of its ``dropped_count`` came from full slots."""
+        self._radix = max(
+            MAX_CAPACITY,
+            *numpy_column(self.invocations, "aic_capacity").tolist(),
+            *numpy_column(self.invocations, "aiv_capacity").tolist(),
+        )
+        """More than a slot's records, so more than its lanes: a (slot, lane) pair is
+        ``slot_code`` x radix + lane, a flow's id the wait's slot code above its record index
+        (256, generation a's cap, unless a generation b slot holds more)."""
         self._pairs: np.ndarray | None = None
         self._lay_out()
         self.metadata: dict[str, Any] | None = None
@@ -874,7 +929,7 @@ class Timeline:
         if pairs is None:
             rows, lanes = np.arange(slots.num_rows), np.zeros(slots.num_rows, np.int64)
         else:
-            rows, lanes = pairs // 256, pairs % 256
+            rows, lanes = np.divmod(pairs, self._radix)
         inv = numpy_column(slots, "inv_index")[rows]
         core_type = numpy_column(slots, "core_type")[rows]
         block_id = numpy_column(slots, "block_id")[rows]
@@ -895,10 +950,13 @@ class Timeline:
                 "invocation_id": numpy_column(invocations, "invocation_id")[inv],
                 "step": numpy_column(invocations, "step")[inv],
                 "direction": invocations["direction"].take(pa.array(inv)),
+                "generation_b": numpy_column(invocations, "abi_generation")[inv] == "b",
             }
         )
-        """One row per core of an invocation on a lane; a slice's ``core`` is its row."""
+        """One row per core of an invocation on a lane; a slice's ``core`` is its row;
+        ``generation_b``: its invocation was written by ABI generation b."""
         self.tracks = _tracks(pid, tid)
+        self._generation_b = numpy_column(self.cores, "generation_b")
 
     def groups(self) -> Iterator[TimelineGroup]:
         """The slices and flows, group by group. A pass that finds records on sub-tracks it
@@ -935,7 +993,7 @@ class Timeline:
                 moved_pid.append(pid[moved])
                 moved_tid.append(tid[moved] + LANE_TID_STEP * lane[moved])
                 if pairs is None:
-                    found.append(slot_code[moved] * 256 + lane[moved])
+                    found.append(slot_code[moved] * self._radix + lane[moved])
                     identities.append(
                         events.take(pa.array(moved))
                         .select(_IDENTITY)
@@ -943,7 +1001,11 @@ class Timeline:
                     )
             if found:
                 continue  # the layout changes: only the lanes matter now
-            core = slot_code if pairs is None else np.searchsorted(pairs, slot_code * 256 + lane)
+            core = (
+                slot_code
+                if pairs is None
+                else np.searchsorted(pairs, slot_code * self._radix + lane)
+            )
             slices = pa.table(
                 {
                     "pid": pid,
@@ -952,6 +1014,7 @@ class Timeline:
                     "ts_ns": ts,
                     "end_ns": end,
                     "name": events["name_code"],
+                    "generation_b": self._generation_b[core],
                     **{c: events[c] for c in _SLICE_RECORD_COLUMNS},
                 }
             )
@@ -969,7 +1032,7 @@ class Timeline:
             yield TimelineGroup(slices, group_flows)
         if found:
             _note_moved(self._con, identities)
-            self._pairs = np.unique(np.concatenate([np.flatnonzero(used) * 256, *found]))
+            self._pairs = np.unique(np.concatenate([np.flatnonzero(used) * self._radix, *found]))
             self._lay_out()
             raise LayoutChanged()
         moved_keys = (np.concatenate(moved_pid), np.concatenate(moved_tid)) if moved_pid else None
@@ -1039,7 +1102,7 @@ class Timeline:
                     target_moved=_moved("mdst", _edge_end("k", *target)),
                     lane_step=LANE_TID_STEP,
                     core_step=CORE_TID_STEP,
-                    index_bits=(MAX_CAPACITY - 1).bit_length(),
+                    index_bits=(self._radix - 1).bit_length(),
                     first=first,
                     last=stop - 1,
                 )
@@ -1183,11 +1246,9 @@ def _processes(processes: pa.Table, invocations: pa.Table) -> pa.Table:
 def _tracks(pid: np.ndarray, tid: np.ndarray) -> pa.Table:
     """One row per distinct (pid, tid), by process, then core type, block, lane, with its
     name and its position in its process."""
-    keys = np.unique(pid * (1 << 32) + tid % LANE_TID_STEP * 256 + tid // LANE_TID_STEP)
-    track_pid = keys >> 32
-    core_tid = (keys & 0xFFFFFFFF) // 256
-    lane = keys % 256
-    first = np.concatenate([[0], np.flatnonzero(np.diff(track_pid)) + 1]) if len(keys) else keys
+    keys = np.unique(np.stack([pid, tid % LANE_TID_STEP, tid // LANE_TID_STEP], 1), axis=0)
+    track_pid, core_tid, lane = keys.T
+    first = np.concatenate([[0], np.flatnonzero(np.diff(track_pid)) + 1]) if len(keys) else lane
     starts = np.repeat(first, np.diff(np.append(first, len(keys))))
     return pa.table(
         {
@@ -1240,6 +1301,27 @@ def _only(values: Iterable[Any]) -> Any:
     return distinct[0] if len(distinct) == 1 else None
 
 
+def _dropped_warnings(dropped: np.ndarray, partial: np.ndarray) -> list[str]:
+    """The warnings for the records invocations' devices dropped (``dropped`` in all, of
+    which ``partial`` on slots that were not full), per case: a full slot ran out of
+    places, a slot that was not full dropped a task whose records did not all fit."""
+    full = dropped - partial
+    warnings = []
+    if full.any():
+        warnings.append(
+            f"device dropped {int(full.sum())} records in {int(np.count_nonzero(full))} "
+            "invocation(s) (full slots; raise the capacity): the timeline misses their last "
+            "tasks"
+        )
+    if partial.any():
+        warnings.append(
+            f"device dropped {int(partial.sum())} records in {int(np.count_nonzero(partial))} "
+            "invocation(s) on slots that were not full (the recorder drops a task's records "
+            "together when they do not all fit): the timeline misses those tasks"
+        )
+    return warnings
+
+
 def _summary(
     timeline: Timeline, flows: int, moved: tuple[np.ndarray, np.ndarray] | None
 ) -> dict[str, Any]:
@@ -1251,6 +1333,10 @@ def _summary(
     entries = []
     for row, exported in zip(invocations.to_pylist(), per_invocation.tolist(), strict=True):
         process = procs[row["run_id"], row["rank"]]
+        buffer_bytes = sum(
+            row[f"{core}_slots"] * (SLOT_HEADER_BYTES + row[f"{core}_capacity"] * RECORD_BYTES)
+            for core in ("aic", "aiv")
+        )
         entries.append(
             {
                 "runId": row["run_id"],
@@ -1272,16 +1358,14 @@ def _summary(
                 "storedRecordCount": row["record_count"],
                 "droppedRecordCount": row["dropped_count"],
                 "taskGraph": row["has_graph"],
+                "abiGeneration": row["abi_generation"],
+                "profileBufferBytes": buffer_bytes,
             }
         )
     dropped = sum(e["droppedRecordCount"] for e in entries)
-    warnings = []
-    if dropped:
-        lossy = [e for e in entries if e["droppedRecordCount"]]
-        warnings.append(
-            f"device dropped {dropped} records in {len(lossy)} invocation(s) (full slots; "
-            "raise the capacity): the timeline misses their last tasks"
-        )
+    warnings = _dropped_warnings(
+        numpy_column(invocations, "dropped_count"), timeline.partial_dropped
+    )
     sub_tracks = []
     if moved is not None:
         keys, counts = np.unique(np.stack(moved), axis=1, return_counts=True)
@@ -1321,7 +1405,9 @@ def _summary(
             "AIC": max(e["recordCapacityPerCore"]["AIC"] for e in entries),
             "AIV": max(e["recordCapacityPerCore"]["AIV"] for e in entries),
         },
-        "maxRecordCapacityPerCore": MAX_CAPACITY,
+        "maxRecordCapacityPerCore": max(GENERATIONS[e["abiGeneration"]] for e in entries),
+        "abiGeneration": _only(e["abiGeneration"] for e in entries),
+        "profileBufferBytes": _only(e["profileBufferBytes"] for e in entries),
         "invocationCount": len(entries),
         "recordCount": timeline.records,
         "droppedRecordCount": dropped,

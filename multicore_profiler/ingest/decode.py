@@ -30,6 +30,7 @@ from multicore_profiler.abi import (
     DESC_TERMINATE_TASK,
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
+    MAX_CAPACITY,
     PHASES,
     RECORD_BYTES,
     RECORD_DTYPE,
@@ -44,6 +45,7 @@ from multicore_profiler.errors import (
     DecodeError,
     DroppedRecordsWarning,
     EmptyBufferError,
+    GenerationError,
     RecordError,
     SlotError,
 )
@@ -137,10 +139,11 @@ def read_buffer_file(
 class DecodedBuffers:
     """What a batch of buffers of one layout holds, raw, as Arrow tables.
 
-    ``cores`` has a row per slot that is not idle, ``records`` a row per record; both
-    carry ``buffer``, the index of the buffer in the batch. Per-buffer arrays give each
-    buffer's anchor cycle (the smallest entry cycle of a slot with records), record
-    count and dropped count.
+    ``layout`` is the layout decoded against, with its ABI generation (the one it named,
+    else the one inferred). ``cores`` has a row per slot that is not idle, ``records`` a
+    row per record; both carry ``buffer``, the index of the buffer in the batch.
+    Per-buffer arrays give each buffer's anchor cycle (the smallest entry cycle of a slot
+    with records), record count and dropped count.
     """
 
     layout: BufferLayout
@@ -301,7 +304,12 @@ class _Locator:
         return f"{prefix}{kind}/{self.slots.block_id[slot]}"
 
     def slot_error(
-        self, bad: np.ndarray, headers: np.ndarray, field: str | None, message: str
+        self,
+        bad: np.ndarray,
+        headers: np.ndarray,
+        field: str | None,
+        message: str,
+        kind: type[SlotError] = SlotError,
     ) -> SlotError:
         """The error for the first (buffer, slot) set in ``bad``, counting the others."""
         buffer, slot = (int(i) for i in np.argwhere(bad)[0])
@@ -313,7 +321,7 @@ class _Locator:
             block=self.slots.block_id[slot],
             capacity=self.slots.capacity[slot],
         )
-        return SlotError(
+        return kind(
             f"{self(buffer, slot)}: {value}{expected}{tail}", slot=slot, field=field, buffer=buffer
         )
 
@@ -375,14 +383,17 @@ def decode_buffers(
 ) -> DecodedBuffers:
     """Decode a batch of buffers that share one planned layout.
 
-    ``buffers`` is a sequence of buffers or a 2-D array (buffer x byte). Raises a
-    ``DecodeError`` subclass for the first problem found; warns with
-    ``DroppedRecordsWarning`` when the device dropped records (from full slots, or from
-    slots that are not full: see ``DecodedBuffers.partial_slots``), unless
+    ``buffers`` is a sequence of buffers or a 2-D array (buffer x byte). The layout's
+    generation, where it names none, is inferred from its capacities (``b`` above 256
+    records, else ``a``); where it names ``a``, a header above 256 records raises
+    ``GenerationError``. Raises a ``DecodeError`` subclass for the first problem found;
+    warns with ``DroppedRecordsWarning`` when the device dropped records (from full slots,
+    or from slots that are not full: see ``DecodedBuffers.partial_slots``), unless
     ``warn_dropped`` is false (a caller that reports drops itself, from another thread).
     """
     frequency = check_frequency(frequency_hz)
     groups = _as_groups(buffers, layout)
+    named, layout = layout.generation, layout.resolved
     count = sum(len(g) for g in groups)
     if count == 0:
         raise DecodeError("no buffer to decode")
@@ -397,6 +408,8 @@ def decode_buffers(
     wrong = (raw[..., _IDENTITY_WORDS] != slots.identity).any(axis=2)
     wrong |= headers["record_count"] > slots.capacity
     if (wrong & active).any():
+        if named == "a":
+            _check_generation(where, headers, active)
         for field, check, message in _HEADER_CHECKS:
             bad = check(headers, slots) & active
             if bad.any():
@@ -452,6 +465,22 @@ def decode_buffers(
         record_counts=per_buffer,
         dropped_counts=dropped.sum(axis=1),
     )
+
+
+def _check_generation(where: _Locator, headers: np.ndarray, active: np.ndarray) -> None:
+    """Raise ``GenerationError`` for the first slot whose header holds more than 256 records,
+    in a buffer said to be of generation a: only generation b writes such a slot."""
+    beyond = active & (headers["record_capacity"] > MAX_CAPACITY)
+    if beyond.any():
+        raise where.slot_error(
+            beyond,
+            headers,
+            "record_capacity",
+            f"above generation a's cap of {MAX_CAPACITY} records, so generation b wrote this "
+            "buffer (decode it as generation b, --abi-generation b, with the capacities it "
+            "planned)",
+            GenerationError,
+        )
 
 
 def decode_buffer(
@@ -551,7 +580,7 @@ def _gather(
     # splits a gathered block into fields; each row is one contiguous column.
     cycles = np.empty((2, total), np.uint64)
     ids = np.empty((4, total), np.uint32)
-    index = np.empty(total, np.uint16)
+    index = np.empty(total, np.uint32)
     first = position = 0
     for group, end in order.spans:
         stop = int(ends[end - 1])

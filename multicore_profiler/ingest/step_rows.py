@@ -119,6 +119,7 @@ def step_tables(
         "owner_label": kernel.owner_label,
         "stage_names": tuple(sorted((int(k), str(v)) for k, v in kernel.stage_names.items())),
         "config_id": kernel.config_id,
+        "abi_generation": layout.resolved.generation,
     }
     columns = {
         **_repeated(tuple(same.items()), count),

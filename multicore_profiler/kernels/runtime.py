@@ -25,7 +25,14 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from multicore_profiler.abi import BufferLayout, CoreType, TaskShape
+from multicore_profiler.abi import (
+    GENERATIONS,
+    BufferLayout,
+    CoreType,
+    Generation,
+    TaskShape,
+    check_generation,
+)
 from multicore_profiler.errors import ConfigError, SessionError
 from multicore_profiler.kernels.backend import Backend
 from multicore_profiler.kernels.spec import ProfileMetadata, ProfileSpec, fallback_desc_ids
@@ -47,9 +54,15 @@ CONFIG_HEADER_DTYPE = np.dtype(
         ("aiv_slots", "<u4"),
         ("aic_capacity", "<u4"),
         ("aiv_capacity", "<u4"),
-        ("reserved", "<u4"),
+        ("abi_generation", "<u4"),
     ]
 )
+"""The config header. ``abi_generation`` is the profile buffer's ABI generation: its index
+in ``abi.GENERATIONS`` (0 = a, 1 = b)."""
+
+TASK_SHMEM_PUT_MEM_SIGNAL = 105
+"""The task type of hyper-parallel's ShmemPutMemSignal, a task that signals its event itself:
+generation b's capacity rule counts no TriggerEvent record for it."""
 
 TASK_DTYPE = np.dtype(
     [
@@ -100,6 +113,11 @@ def parse_config(data: np.ndarray) -> tuple[np.void, np.ndarray]:
             f"config holds {len(body)} bytes of tasks but its header says "
             f"{int(header['task_count'])} tasks of {TASK_DTYPE.itemsize} bytes"
         )
+    if header["abi_generation"] >= len(GENERATIONS):
+        raise ConfigError(
+            f"config header names ABI generation {int(header['abi_generation'])}; "
+            f"0 .. {len(GENERATIONS) - 1} ({', '.join(GENERATIONS)}) are known"
+        )
     return header, body.view(TASK_DTYPE)
 
 
@@ -110,6 +128,7 @@ def header_layout(header: np.void) -> BufferLayout:
         aiv_slots=int(header["aiv_slots"]),
         aic_capacity=int(header["aic_capacity"]),
         aiv_capacity=int(header["aiv_capacity"]),
+        generation=tuple(GENERATIONS)[int(header["abi_generation"])],
     )
 
 
@@ -257,6 +276,7 @@ def build_runtime_config(
     aiv_slots: int | None = None,
     aic_capacity: int | None = None,
     aiv_capacity: int | None = None,
+    generation: Generation = "a",
 ) -> RuntimeConfig:
     """Assign tasks to workers, apply the spec and plan the profile buffer: a RuntimeConfig.
 
@@ -266,9 +286,17 @@ def build_runtime_config(
     capacity of each core type is planned from the busiest worker's queue, unless
     ``aic_capacity`` / ``aiv_capacity`` force one (a test of dropped records does).
     Slots default to one per worker. Profiling is off in the result.
+
+    ``generation`` is the ABI generation of the profile buffer, whose capacity rule plans
+    it (see ``abi.capacity_for``). Generation a (hyper-parallel's first) counts a task's
+    TriggerEvent record where the task triggers an event, and caps a slot at 256 records;
+    generation b (its newer one, whose ``_records_for_task`` counts a trigger record for
+    every task but a ShmemPutMemSignal, ``TASK_SHMEM_PUT_MEM_SIGNAL``) does not cap, so
+    no record is dropped, up to 134,217,712 records a slot.
     """
     if tasks.dtype != TASK_DTYPE:
         raise ConfigError("tasks must be an array of TASK_DTYPE descriptors (see new_tasks)")
+    check_generation(generation)
     tasks = tasks.copy()
     workers = {CoreType.AIC: aic_workers, CoreType.AIV: aiv_workers}
     _check_graph(tasks, event_count, workers)
@@ -276,9 +304,13 @@ def build_runtime_config(
     for core_type, count in workers.items():
         mine = np.flatnonzero(tasks["core_type"] == core_type)
         tasks["worker"][mine] = np.arange(len(mine)) % max(count, 1)
+        if generation == "a":
+            triggers = tasks["trigger_event"][mine] >= 0
+        else:
+            triggers = tasks["task_type"][mine] != TASK_SHMEM_PUT_MEM_SIGNAL
         shapes = [
-            TaskShape(waits=bool(w >= 0), triggers=bool(t >= 0))
-            for w, t in zip(tasks["wait_event"][mine], tasks["trigger_event"][mine], strict=True)
+            TaskShape(waits=bool(w >= 0), triggers=bool(t))
+            for w, t in zip(tasks["wait_event"][mine], triggers, strict=True)
         ]
         queues[core_type] = [shapes[w::count] for w in range(count)]
 
@@ -292,12 +324,14 @@ def build_runtime_config(
         queues[CoreType.AIV],
         aic_slots=aic_workers if aic_slots is None else aic_slots,
         aiv_slots=aiv_workers if aiv_slots is None else aiv_slots,
+        generation=generation,
     )
     layout = BufferLayout(
         aic_slots=planned.aic_slots,
         aiv_slots=planned.aiv_slots,
         aic_capacity=planned.aic_capacity if aic_capacity is None else aic_capacity,
         aiv_capacity=planned.aiv_capacity if aiv_capacity is None else aiv_capacity,
+        generation=generation,
     )
     header = np.zeros(1, dtype=CONFIG_HEADER_DTYPE)
     header["magic"] = CONFIG_MAGIC
@@ -308,6 +342,7 @@ def build_runtime_config(
     header["aiv_workers"] = aiv_workers
     for name in ("aic_slots", "aiv_slots", "aic_capacity", "aiv_capacity"):
         header[name] = getattr(layout, name)
+    header["abi_generation"] = tuple(GENERATIONS).index(generation)
     data = np.concatenate([header.view(np.uint8), tasks.view(np.uint8)])
     metadata = ProfileMetadata(
         kernel_name=spec.kernel_name,

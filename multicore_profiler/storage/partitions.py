@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from multicore_profiler.errors import IntegrityError, QueryError, StoreError
 from multicore_profiler.storage.location import StoreLocation, store_write
-from multicore_profiler.storage.schema import TableSpec
+from multicore_profiler.storage.schema import WIDENED, TableSpec
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -252,7 +252,8 @@ written before they were added."""
 def schema_misfit(schema: pa.Schema, spec: TableSpec) -> str | None:
     """Why a file's schema does not fit its table (a column the table lacks, a column of
     another type, a key column missing), or None. Other columns may be missing: a file
-    written before a column was added reads it as NULL."""
+    written before a column was added reads it as NULL; a column of ``WIDENED`` may have
+    the narrower type older files hold."""
     keys = KEY_COLUMNS.get(spec.name, ())
     wanted = {f.name: f.type for f in spec.schema}
     problems = []
@@ -260,7 +261,9 @@ def schema_misfit(schema: pa.Schema, spec: TableSpec) -> str | None:
         kind = wanted.get(field.name)
         if kind is None:
             problems.append(f"column {field.name!r} is not a column of {spec.name}")
-        elif _value_type(field.type) != _value_type(kind):
+        elif _value_type(field.type) != _value_type(kind) and field.type != WIDENED.get(
+            (spec.name, field.name)
+        ):
             problems.append(f"column {field.name!r} is {field.type}, not {kind}")
     missing = [k for k in keys if k not in schema.names]
     if missing:

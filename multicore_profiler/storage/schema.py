@@ -98,6 +98,7 @@ INVOCATIONS = TableSpec(
             ("config_id", pa.string()),
             ("origin_write_id", pa.int64()),
             ("partial_slots", pa.list_(pa.uint32())),
+            ("abi_generation", pa.string()),
         ]
     ),
     partition_by=("run_id",),
@@ -108,6 +109,7 @@ INVOCATIONS = TableSpec(
         "frequency_source",
         "owner_label",
         "config_id",
+        "abi_generation",
     ),
     sort_by=("rank", "invocation_id"),
 )
@@ -117,7 +119,10 @@ keeps the write it came from there (see ``DISCARDS``). ``partial_slots`` lists t
 slots (indices in the buffer, as ``cores.slot``) that count dropped records although
 they are not full: the decoder keeps their records as written (a recorder that
 reserves a task's records together drops them all when they do not fit). It is empty
-where no slot does, and null in rows written before the column existed."""
+where no slot does, and null in rows written before the column existed.
+``abi_generation`` is the device ABI generation that wrote the buffer (``a`` or ``b``,
+see ``abi.GENERATIONS``); null in rows written before the column existed, which were all
+generation ``a``."""
 
 CORES = TableSpec(
     name="cores",
@@ -138,6 +143,11 @@ CORES = TableSpec(
     partition_by=("run_id", "step"),
 )
 
+WIDENED = {("records", "record_index"): pa.uint16()}
+"""Columns whose type was widened, with the type older files hold: a generation b slot
+holds up to 134,217,712 records, so ``records.record_index`` became ``uint32`` (it was
+``uint16`` while a slot held at most 256). An older file reads as the wider type."""
+
 RECORDS = TableSpec(
     name="records",
     schema=pa.schema(
@@ -147,7 +157,7 @@ RECORDS = TableSpec(
             ("write_id", pa.int64()),
             ("core_type", pa.uint8()),
             ("block_id", pa.uint32()),
-            ("record_index", pa.uint16()),
+            ("record_index", pa.uint32()),
             ("start_cycle", pa.uint64()),
             ("end_cycle", pa.uint64()),
             ("desc_id", pa.uint32()),

@@ -12,12 +12,24 @@ for ``s3://``), configured as the cluster configures it.
 
 from __future__ import annotations
 
+import tempfile
 from importlib import resources
+from pathlib import Path
 from typing import Any
+
+import pyarrow.parquet as pq
 
 from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.location import StoreLocation
-from multicore_profiler.storage.schema import DISCARDS, INVOCATIONS, RECORDS, RUNS, TASKS
+from multicore_profiler.storage.schema import (
+    DISCARDS,
+    INVOCATIONS,
+    RECORDS,
+    RUNS,
+    TASKS,
+    WIDENED,
+    TableSpec,
+)
 
 SPARK_TABLES = (RUNS, INVOCATIONS, RECORDS, TASKS, DISCARDS)
 """The tables the Spark views read."""
@@ -74,11 +86,12 @@ def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
             names.append(view)
             continue
         table = f"{base}/{spec.name}"
-        frame = (
-            spark.read.option("basePath", table)
-            .option("mergeSchema", "true")
-            .parquet(f"{table}/{'/'.join(['*'] * len(spec.partition_by))}")
-        )
+        reader = spark.read.option("basePath", table)
+        if any(name == spec.name for name, _ in WIDENED):
+            reader = reader.schema(_spark_schema(spark, spec))
+        else:
+            reader = reader.option("mergeSchema", "true")
+        frame = reader.parquet(f"{table}/{'/'.join(['*'] * len(spec.partition_by))}")
         if "step" in spec.partition_by:
             frame = frame.withColumn("step", frame["step"].cast("bigint"))
         for column, kind in _ADDED_LATER.get(view, {}).items():
@@ -91,6 +104,16 @@ def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
         spark.sql(statement)
         names.append(statement.split(" AS", 1)[0].rsplit(" ", 1)[-1])
     return names
+
+
+def _spark_schema(spark: Any, spec: TableSpec) -> Any:
+    """The Spark schema of a table's files as they are written now, read from an empty file
+    of its schema: Spark cannot merge the schemas of files whose column was widened since
+    (``WIDENED``: an int and a bigint), but reads the older ones with the newer types."""
+    with tempfile.TemporaryDirectory(prefix="mcprof-spark-") as scratch:
+        empty = Path(scratch) / f"{spec.name}.parquet"
+        pq.write_table(spec.schema.empty_table(), empty)
+        return spark.read.parquet(empty.as_uri()).schema
 
 
 def _statements(text: str) -> list[str]:

@@ -47,6 +47,7 @@ from multicore_profiler.storage.schema import (
     DISCARDS,
     INVOCATIONS,
     TABLES,
+    WIDENED,
     TableSpec,
 )
 from multicore_profiler.storage.selectors import RunSelector
@@ -120,7 +121,8 @@ class Store(Extensible, StoreWrites):
         """The ``rank`` and ``invocation_id`` columns of invocations files read so far."""
         self._verified: dict[str, bool] = {}
         """Files whose pages and schema were checked, each with whether it has every
-        column of its table (files never change once named)."""
+        column of its table at its type (not the narrower one of ``WIDENED``); files never
+        change once named."""
         self._shared_files: dict[str, tuple[str, ...]] = {}
         self._plan_checks: dict[tuple[str, frozenset[str]], bool] = {}
         # Over empty tables until a query finds files (see _point).
@@ -279,7 +281,9 @@ class Store(Extensible, StoreWrites):
         misfit = schema_misfit(table.schema, spec)
         if misfit is not None:
             raise CorruptFileError(relative_path(self._location, path), "schema", misfit, spec.name)
-        self._verified[path] = set(table.schema.names) >= set(spec.schema.names)
+        self._verified[path] = set(table.schema.names) >= set(spec.schema.names) and not any(
+            WIDENED.get((spec.name, f.name)) == f.type for f in table.schema
+        )
         return table
 
     def _verify(self, spec: TableSpec, path: str) -> None:

@@ -11,6 +11,8 @@
 namespace {
 
 constexpr uint32_t kAicSlots = 2, kAivSlots = 3, kAicCapacity = 16, kAivCapacity = 32;
+constexpr uint32_t kMaxCapacityB = 134217712;  // abi.MAX_CAPACITY_B, written out
+static_assert(mcprof::kMaxCapacityB == kMaxCapacityB, "generation b's cap is the ABI's");
 
 struct Ops {  // each step of a task takes a known number of cycles
     void Wait(const mcprof::TaskDesc&) { mcprof_shim::cycle += 7; }
@@ -82,6 +84,35 @@ int main(int argc, char** argv)
     if (refused.Init(0, buffer.data(), kAicCapacity, 272)) return Fail("accepted capacity 272");
     if (refused.Init(0, nullptr, kAicCapacity, kAivCapacity)) return Fail("accepted no buffer");
     refused.Record(1, 2, 3, 4, 5, 6);
+    if (refused.Init(0, buffer.data(), kMaxCapacityB, kAivCapacity)) {
+        return Fail("generation a accepted generation b's largest capacity");
+    }
+
+    // Generation b lifts the cap: a slot of 272 records (in a buffer of its own) keeps all
+    // 260 of a worker's records; its largest capacity is accepted, one step more is not.
+    {
+        using mcprof::AbiGeneration;
+        const uint32_t wide_capacity = 272;
+        std::vector<uint8_t> wide(64 + wide_capacity * 32, 0);
+        mcprof_shim::cube = true;
+        mcprof::CycleTraceRecorder recorder;
+        if (!recorder.Init(0, wide.data(), wide_capacity, 16, 1, AbiGeneration::kB)) {
+            return Fail("generation b refused capacity 272");
+        }
+        for (uint32_t i = 0; i < 260; ++i) recorder.Record(0x30000, i, i, 0, i, i + 1);
+        const auto* header = reinterpret_cast<const mcprof::SlotHeader*>(wide.data());
+        if (header->record_count != 260 || header->dropped_count != 0 ||
+            header->record_capacity != wide_capacity) {
+            return Fail("generation b's slot of 272 did not keep its 260 records");
+        }
+        mcprof::CycleTraceRecorder largest;
+        if (!largest.Init(0, wide.data(), kMaxCapacityB, 16, 1, AbiGeneration::kB)) {
+            return Fail("generation b refused its largest capacity");
+        }
+        if (largest.Init(0, wide.data(), kMaxCapacityB + 16, 16, 1, AbiGeneration::kB)) {
+            return Fail("generation b accepted a capacity above its largest");
+        }
+    }
 
     std::FILE* out = std::fopen(argv[1], "wb");
     if (out == nullptr || std::fwrite(buffer.data(), 1, size, out) != size) return Fail("write");

@@ -27,7 +27,13 @@ constexpr uint32_t kDescTriggerEvent = 0x10007;
 constexpr uint32_t kDescComputeFallback = 0x20000;  // + task type, for a task with no stage
 constexpr uint32_t kNoOwner = 0xFFFFFFFFu;
 constexpr uint32_t kCapacityQuantum = 16;
-constexpr uint32_t kMaxCapacity = 256;
+constexpr uint32_t kMaxCapacity = 256;  // generation a's cap
+// Generation b's: the most records whose slot (64 + capacity x 32 bytes) fits 32 bits.
+constexpr uint32_t kMaxCapacityB = (0xFFFFFFFFu - 64u) / 32u / kCapacityQuantum * kCapacityQuantum;
+
+// The ABI generation of the buffer, as the RuntimeConfig header's abi_generation names it:
+// a (hyper-parallel's first, at most 256 records a slot) or b (its newer one, no such cap).
+enum class AbiGeneration : uint32_t { kA = 0, kB = 1 };
 
 struct SlotHeader {
     uint64_t entry_cycle;
@@ -84,17 +90,18 @@ public:
     // Take this worker's slot: AIC slot `worker_id` on a cube core, AIV slot `worker_id` on
     // a vector core (whose slots follow the `aic_slots` AIC ones), and write its header.
     // Returns false, and records nothing, for a capacity that is not a multiple of 16 or
-    // is above 256, or for no buffer.
+    // is above the generation's cap (256 for a, kMaxCapacityB for b), or for no buffer.
     __aicore__ inline bool Init(
         uint32_t worker_id,
         GM_ADDR profile_buffer,
         uint32_t aic_capacity,
         uint32_t aiv_capacity,
-        uint32_t aic_slots = AscendC::GetBlockNum())
+        uint32_t aic_slots = AscendC::GetBlockNum(),
+        AbiGeneration generation = AbiGeneration::kA)
     {
         enabled_ = false;
-        if (profile_buffer == nullptr || !ValidCapacity(aic_capacity) ||
-            !ValidCapacity(aiv_capacity)) {
+        if (profile_buffer == nullptr || !ValidCapacity(aic_capacity, generation) ||
+            !ValidCapacity(aiv_capacity, generation)) {
             return false;
         }
         const bool cube = ASCEND_IS_AIC;
@@ -152,9 +159,10 @@ public:
     }
 
 private:
-    __aicore__ static inline bool ValidCapacity(uint32_t capacity)
+    __aicore__ static inline bool ValidCapacity(uint32_t capacity, AbiGeneration generation)
     {
-        return capacity % kCapacityQuantum == 0 && capacity <= kMaxCapacity;
+        const uint32_t cap = generation == AbiGeneration::kA ? kMaxCapacity : kMaxCapacityB;
+        return capacity % kCapacityQuantum == 0 && capacity <= cap;
     }
 
     // Write a cache line back to global memory, so the host sees it.

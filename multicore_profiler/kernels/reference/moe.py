@@ -34,6 +34,7 @@ from multicore_profiler.abi import (
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
     CoreType,
+    Generation,
 )
 from multicore_profiler.errors import ConfigError
 from multicore_profiler.kernels.backend import Backend, CpuBackend
@@ -542,6 +543,8 @@ class ReferenceMoeKernel:
     task of that stage adds to its compute, profiled or not (``{"GMM1": 200_000}``: each
     GMM1 compute record holds 200 us of busy time after the work, overshooting by a
     median 0.4 us on 2 busy cores): a known slowdown to check the what-if replay against.
+
+    ``generation`` is the ABI generation of its profile buffers (``build_runtime_config``).
     """
 
     def __init__(
@@ -561,6 +564,7 @@ class ReferenceMoeKernel:
         aic_capacity: int | None = None,
         aiv_capacity: int | None = None,
         extra_compute_ns: Mapping[str, int] | None = None,
+        generation: Generation = "a",
     ) -> None:
         if w1.dim() != 3 or w2.dim() != 3 or w1.shape[0] != w2.shape[0] or w1.shape[2] % 2:
             raise ConfigError(
@@ -589,6 +593,7 @@ class ReferenceMoeKernel:
             "aiv_slots": aiv_slots,
             "aic_capacity": aic_capacity,
             "aiv_capacity": aiv_capacity,
+            "generation": generation,
         }
         self._configs: dict[int, RuntimeConfig] = {}
         _acquire_pool(aic_workers, aiv_workers)
