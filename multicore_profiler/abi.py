@@ -159,6 +159,18 @@ def infer_generation(*capacities: int) -> Generation:
     return "b" if max(capacities, default=0) > MAX_CAPACITY else "a"
 
 
+GRAPH_STAGE_IDS = 0x10000
+"""How many graph stage ids there are: ``DESC_GRAPH_STAGE`` .. 0x3FFFF."""
+
+
+def numbers_graph_stages(desc_ids: np.ndarray) -> bool:
+    """Whether any of these desc ids (uint32) is a graph stage 0x30000..0x3FFFF: only
+    generation b numbers its stages so, so a buffer whose layout names no generation and
+    whose capacities fit generation a is generation b when it holds one."""
+    offset = desc_ids - np.uint32(DESC_GRAPH_STAGE)  # wraps below 0x30000, so one compare
+    return bool((offset < np.uint32(GRAPH_STAGE_IDS)).any())
+
+
 def capacity_for(records: int, generation: Generation = "a") -> int:
     """The slot capacity a generation plans for a worker that writes ``records``: rounded up
     to 16, then capped at 256 (``a``), or refused with ``LayoutError`` above

@@ -368,19 +368,24 @@ def test_a_slot_above_256_records_decodes_as_generation_b() -> None:
     assert (decoded.record_counts.tolist(), decoded.dropped_counts.tolist()) == ([282], [6])
 
 
-def test_the_generation_is_inferred_from_the_capacities() -> None:
-    """No generation given: a capacity above 256 can only be generation b; otherwise a. Graph
-    stage ids (0x30000..0x3FFFF) do not decide: generation a kernels may use them as stage ids
-    too (hyper-parallel's intermediate generation did, capped at 256)."""
+def test_the_generation_is_inferred_from_capacities_and_graph_stage_ids() -> None:
+    """No generation given: a capacity above 256, or a record of a graph stage
+    (0x30000..0x3FFFF), can only be generation b; otherwise a. A layout that names
+    generation a decodes graph stage ids as a (the host knows what it planned)."""
     inferred = BufferLayout(2, 2, 272, 16)
     with pytest.warns(DroppedRecordsWarning):
         assert decode_buffer(buffer_b(), inferred, frequency_hz=50e6).layout == LAYOUT_B
-    small = pack(1, 1, 16, 16, [Slot(AIV, 0, 10, [(10, 20, GMM1, 0, 0, 0)])])
-    decoded = decode_buffer(small, BufferLayout(1, 1, 16, 16), frequency_hz=50e6)
-    assert decoded.layout.generation == "a"
-    assert decode_buffer(small, BufferLayout(1, 1, 16, 16, "b"), frequency_hz=50e6).layout == (
-        BufferLayout(1, 1, 16, 16, generation="b")
-    )
+    small = BufferLayout(1, 1, 16, 16)
+    for desc, generation in ((0x10001, "a"), (0x2FFFF, "a"), (GMM1, "b"), (0x3FFFF, "b")):
+        raw = pack(1, 1, 16, 16, [Slot(AIV, 0, 10, [(10, 20, desc, 0, 0, 0)])])
+        assert decode_buffer(raw, small, frequency_hz=50e6).layout == BufferLayout(
+            1, 1, 16, 16, generation=generation
+        ), hex(desc)
+    graph = pack(1, 1, 16, 16, [Slot(AIV, 0, 10, [(10, 20, GMM1, 0, 0, 0)])])
+    for named in ("a", "b"):
+        assert decode_buffer(
+            graph, BufferLayout(1, 1, 16, 16, named), frequency_hz=50e6
+        ).layout == (BufferLayout(1, 1, 16, 16, generation=named))
     assert (infer_generation(256, 0), infer_generation(16, 272), infer_generation()) == (
         "a",
         "b",
@@ -447,8 +452,10 @@ def test_generation_b_detailed_names(graph_store: Store, tmp_path: Path) -> None
 
 
 def test_the_same_buffer_exports_per_its_generation(store: Store, tmp_path: Path) -> None:
-    """A buffer either generation could have written: task_type on graph stages and the
-    capacity limit follow the generation named; everything else is the same."""
+    """A buffer either generation could have written: the capacity limit and the generation
+    follow the one named; every event is the same (upstream's exporter writes task_type for
+    every desc id from 0x20000 on, and names an unnamed one TaskType_<id - 0x20000>, in both
+    generations)."""
     unnamed = (160, 170, GRAPH_STAGE + 5, 8, 0, 3)
     raw = pack(1, 1, 16, 16, [Slot(AIC, 0, 100, [(110, 160, GMM1, 7, 0, NO_OWNER), unnamed])])
     traces = {}
@@ -467,20 +474,14 @@ def test_the_same_buffer_exports_per_its_generation(store: Store, tmp_path: Path
     (a_event, a_unnamed), (b_event, b_unnamed) = (
         [e for e in traces[g]["traceEvents"] if e["ph"] == "X"] for g in "ab"
     )
-    # An unnamed stage: upstream's newer exporter names every desc id from 0x20000 on that it
-    # cannot name TaskType_<desc id - 0x20000>; generation a keeps DescId_<id>.
-    assert (a_unnamed["name"], b_unnamed["name"]) == ("DescId_196613", "TaskType_65541")
-    assert b_unnamed["args"] == a_unnamed["args"] | {"task_type": 65541}
+    assert (a_event, a_unnamed) == (b_event, b_unnamed)
+    assert (a_unnamed["name"], a_unnamed["args"]["task_type"]) == ("TaskType_65541", 65541)
+    assert a_event["args"]["task_type"] == 65536
     detailed = exported(store, tmp_path / "d.json", run="as-b", detailed_task_names=True)
     assert [e["name"] for e in detailed["traceEvents"] if e["ph"] == "X"] == [
         "GMM1_task1",
         "Owner3_TaskType_65541_task1",
     ]
-    assert "task_type" not in a_event["args"]
-    assert b_event["args"] == a_event["args"] | {"task_type": 65536}
-    assert {k: v for k, v in b_event.items() if k != "args"} == {
-        k: v for k, v in a_event.items() if k != "args"
-    }
     a_meta, b_meta = (traces[g]["megaKernelCycleTrace"] for g in "ab")
     assert (a_meta["maxRecordCapacityPerCore"], b_meta["maxRecordCapacityPerCore"]) == (
         256,
@@ -491,13 +492,13 @@ def test_the_same_buffer_exports_per_its_generation(store: Store, tmp_path: Path
 
 
 def test_a_selection_of_both_generations(graph_store: Store, tmp_path: Path) -> None:
-    """Invocations of both generations in one trace: each record's task_type follows its own
-    invocation; the limit is the largest, the buffer size and generation per invocation."""
+    """Invocations of both generations in one trace: the limit is the largest, the buffer
+    size and generation per invocation; every record carries its task_type."""
     raw = pack(1, 1, 16, 16, [Slot(AIC, 0, 100, [(110, 160, SWIGLU, 7, 0, NO_OWNER)])])
     ingest_buffers(
         graph_store,
         [raw],
-        BufferLayout(1, 1, 16, 16),
+        BufferLayout(1, 1, 16, 16, generation="a"),
         frequency_hz=50e6,
         run_id=RUN,
         kernel=KERNEL,
@@ -516,7 +517,7 @@ def test_a_selection_of_both_generations(graph_store: Store, tmp_path: Path) -> 
         for e in trace["traceEvents"]
         if e["ph"] == "X" and e["args"]["desc_id"] == SWIGLU
     ]
-    assert sorted(swiglu, key=str) == [*[(0, 65537)] * 17, (1, None)]
+    assert sorted(swiglu) == [*[(0, 65537)] * 17, (1, 65537)]
 
 
 def test_records_files_of_older_stores_still_read(graph_store: Store) -> None:
@@ -698,4 +699,4 @@ def test_invocations_written_before_the_generation_was_kept_are_generation_a(
     assert trace["megaKernelCycleTrace"]["abiGeneration"] == "a"
     assert trace["megaKernelCycleTrace"]["maxRecordCapacityPerCore"] == 256
     (event,) = (e for e in trace["traceEvents"] if e["ph"] == "X")
-    assert "task_type" not in event["args"]
+    assert event["args"]["task_type"] == GMM1 - 0x20000

@@ -42,7 +42,7 @@ from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
 RUN = "golden-run"
-LAYOUT = BufferLayout(aic_slots=1, aiv_slots=2, aic_capacity=16, aiv_capacity=16)
+LAYOUT = BufferLayout(aic_slots=1, aiv_slots=2, aic_capacity=16, aiv_capacity=16, generation="a")
 SWIGLU_TYPE = 102
 UNNAMED = 0x30005
 CONFIG = "golden-config"
@@ -179,7 +179,8 @@ GOLDEN_EVENTS = [
     x("GMM1_WaitDependency", 0.2, 1.0, 1000,
       record(AIC, 0, 100, 7, WAIT, 2, owner_id=5, start_cycle=110, end_cycle=160)),
     x("GMM1", 1.2, 4.8, 1000,
-      record(AIC, 0, 100, 7, GMM1, 2, owner_id=5, start_cycle=160, end_cycle=400)),
+      record(AIC, 0, 100, 7, GMM1, 2, task_type=GMM1 - 0x20000, owner_id=5, start_cycle=160,
+             end_cycle=400)),
     x("GMM1_TriggerEvent", 6.0, 0.1, 1000,
       record(AIC, 0, 100, 7, TRIGGER, 2, owner_id=5, start_cycle=400, end_cycle=405)),
     x("WaitDependency", 0.6, 5.6, 2001,
@@ -188,7 +189,8 @@ GOLDEN_EVENTS = [
       record(AIV, 1, 120, 8, 0x20000 + SWIGLU_TYPE, 0, task_type=SWIGLU_TYPE, owner_id=5,
              start_cycle=410, end_cycle=500)),
     x("TaskType_65541", 8.0, 0.4, 2001,
-      record(AIV, 1, 120, 9, UNNAMED, 0, start_cycle=500, end_cycle=520)),
+      record(AIV, 1, 120, 9, UNNAMED, 0, task_type=UNNAMED - 0x20000, start_cycle=500,
+             end_cycle=520)),
     FLOW | {"ph": "s", "tid": 1000},
     FLOW | {"ph": "f", "bp": "e", "tid": 2001},
 ]  # fmt: skip

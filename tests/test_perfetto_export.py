@@ -232,6 +232,7 @@ def test_golden_store_matches_json_and_names_its_invocation(golden: Store, tmp_p
         "desc_id": GMM1,
         "stage_task_index": 2,
         "task_number": 3,
+        "task_type": GMM1 - 0x20000,
         "owner_id": 5,
         "start_cycle": 160,
         "end_cycle": 400,

@@ -57,8 +57,8 @@ def slice_row(tid: int, core: int, ts: int, end: int, name: int, task: int, desc
               index: int, owner: int, start: int, stop: int) -> dict[str, Any]:  # fmt: skip
     return {
         "pid": 3, "tid": tid, "core": core, "ts_ns": ts, "end_ns": end, "name": name,
-        "generation_b": False, "task_id": task, "desc_id": desc, "stage_task_index": index,
-        "owner_id": owner, "start_cycle": start, "end_cycle": stop,
+        "task_id": task, "desc_id": desc, "stage_task_index": index, "owner_id": owner,
+        "start_cycle": start, "end_cycle": stop,
     }  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def test_golden_timeline_tables(golden: Store) -> None:
              "sort_index": 1},
         ]  # fmt: skip
         core = {"lane": 0, "inv_index": 0, "rank": 3, "device": 5, "invocation_id": 0,
-                "step": 4, "direction": "forward", "generation_b": False}  # fmt: skip
+                "step": 4, "direction": "forward"}  # fmt: skip
         assert timeline.cores.to_pylist() == [
             {"pid": 3, "tid": 1000, "core_type": 1, "block_id": 0, "entry_cycle": 100} | core,
             {"pid": 3, "tid": 2001, "core_type": 2, "block_id": 1, "entry_cycle": 120} | core,
@@ -98,7 +98,7 @@ def test_golden_timeline_tables(golden: Store) -> None:
             start=(110, 500),
             end=(160, 520),
             desc=(WAIT, UNNAMED),
-            task_type=(0, 102),
+            task_type=(0, 65541),
         )
         assert timeline.metadata is None  # complete once a pass has run
         assert passed(timeline) == [

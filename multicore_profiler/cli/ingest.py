@@ -127,7 +127,8 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         "--abi-generation",
         choices=tuple(GENERATIONS),
         help="the hyper-parallel ABI generation that wrote the buffers: a (at most 256 records "
-        "a slot) or b (up to 134217712); default: b where a capacity is above 256, else a",
+        "a slot) or b (up to 134217712); default: b where a capacity is above 256 or a "
+        "record's desc id is a graph stage 0x30000..0x3FFFF, else a",
     )
     buffers.add_argument(
         "--freq-mhz",

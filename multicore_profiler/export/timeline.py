@@ -15,9 +15,9 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
 - ``cores``: one per core of an invocation on a lane, with what it fixes of its slices
   (rank, device, core, entry cycle, invocation, step, direction);
 - the slices (one per record: pid, tid, its ``cores`` row, ts and end in exact ns from
-  the process's anchor, name, whether its invocation is of ABI generation b, the raw ids
-  and cycles) and flows (a trigger to the wait it released, from ``task_edges``), group by
-  group (``groups``), in the order they are shown: by process, core, then time;
+  the process's anchor, name, the raw ids and cycles) and flows (a trigger to the wait
+  it released, from ``task_edges``), group by group (``groups``), in the order they are
+  shown: by process, core, then time;
 - with ``critical_path``, each slice's ``critical`` mark (its record is on its
   invocation's critical path, the ``critical_path`` view) and a second kind of flow, the
   path's chain: from each critical record to the next one along the path;
@@ -60,7 +60,6 @@ from multicore_profiler.abi import (
     DESC_WAIT_DEPENDENCY,
     GENERATIONS,
     MAX_CAPACITY,
-    MAX_TASK_TYPE,
     RECORD_BYTES,
     SLOT_HEADER_BYTES,
 )
@@ -123,13 +122,11 @@ _RECORD_TYPES = {
 
 
 def task_types(slices: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Which slices carry ``args.task_type``, and its value (desc id - 0x20000, uint32): in
-    generation a the compute fallbacks 0x20000..0x2FFFF; in generation b every desc id
-    from 0x20000 on, as hyper-parallel's newer exporter writes them (a graph stage
-    0x30000 + k shows 65536 + k)."""
+    """Which slices carry ``args.task_type``, and its value (desc id - 0x20000, uint32):
+    every desc id from 0x20000 on, as hyper-parallel's exporter writes them in both ABI
+    generations (a compute fallback its task type, a graph stage 0x30000 + k 65536 + k)."""
     desc = numpy_column(slices, "desc_id")
-    fallback = desc <= DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE
-    shown = (desc >= DESC_COMPUTE_FALLBACK) & (fallback | numpy_column(slices, "generation_b"))
+    shown = desc >= DESC_COMPUTE_FALLBACK
     return shown, np.where(shown, desc - DESC_COMPUTE_FALLBACK, 0).astype(np.uint32)
 
 
@@ -383,9 +380,7 @@ SELECT
     p.* REPLACE (coalesce(p.abi_generation, 'a') AS abi_generation),
     r.label, r.commit,
     dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
-    dense_rank() OVER (
-        ORDER BY p.stage_names::VARCHAR, p.owner_label, coalesce(p.abi_generation, 'a')
-    ) AS naming,
+    dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label) AS naming,
     has_task_graph(p.run_id, p.rank, p.config_id) AS has_graph,
     {from_records} AND p.selected = p.record_count AS whole,
     (row_number() OVER (ORDER BY r.start_time, p.run_id, p.rank, p.invocation_id) - 1)::INTEGER
@@ -393,8 +388,8 @@ SELECT
 FROM picked p LEFT JOIN runs r USING (run_id)
 """
 """The selected invocations, each with its stored row (a row written before
-``abi_generation`` existed is generation ``a``), its order, naming (of its stage names,
-owner label and generation) and task graph, and whether the selection holds all of its
+``abi_generation`` existed is generation ``a``), its order, naming (of its stage names
+and owner label) and task graph, and whether the selection holds all of its
 records (``whole``: only a selection of the store's ``records``, never a query's rows,
 which need not be the stored ones)."""
 
@@ -530,29 +525,18 @@ FROM keyed
 _NAMES = """
 CREATE TEMP TABLE names AS
 WITH namings AS (
-    SELECT naming, any_value(stage_names) AS stage_names, any_value(owner_label) AS owner_label,
-        any_value(abi_generation) AS abi_generation
+    SELECT naming, any_value(stage_names) AS stage_names, any_value(owner_label) AS owner_label
     FROM inv GROUP BY naming
 ),
 named AS (
     SELECT k.naming, k.desc_id, k.task_stage{detail_keys},
-           event_name(
-               CASE WHEN m.abi_generation = 'b' AND k.desc_id > {fallback_end}
-                        AND m.stage_names[k.desc_id] IS NULL
-                    THEN map_concat(
-                        m.stage_names, MAP([k.desc_id], ['TaskType_' || (k.desc_id - {base})])
-                    )
-                    ELSE m.stage_names END,
-               m.owner_label, k.desc_id, k.task_stage, {owner}, {index}, {detailed}) AS name
+           event_name(m.stage_names, m.owner_label, k.desc_id, k.task_stage,
+                      {owner}, {index}, {detailed}) AS name
     FROM keyed k JOIN namings m USING (naming)
 )
 SELECT *, (dense_rank() OVER (ORDER BY name) - 1)::INTEGER AS name_code FROM named
 """
-"""The name of each key of the events. A generation b record whose desc id lies above the
-compute fallbacks and that the kernel left unnamed is ``TaskType_<desc id - 0x20000>``, as
-hyper-parallel's newer exporter names every desc id from 0x20000 on that it cannot name
-(a graph stage 0x30000 + k shows ``TaskType_<65536 + k>``); generation a keeps
-``DescId_<id>``."""
+"""The name of each key of the events (``event_name`` of the ``names`` SQL module)."""
 
 _ORDERED = """
 SELECT
@@ -865,11 +849,7 @@ class Timeline:
             filed.close()
         detail = ", owner_id, stage_task_index" if self.detailed else ""
         con.execute(_KEYS.format(detail=detail, events=_events("sel")))
-        shown = (
-            f"desc_id BETWEEN {DESC_COMPUTE_FALLBACK} AND {DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE}"
-            f" OR (desc_id >= {DESC_COMPUTE_FALLBACK} AND naming IN "
-            "(SELECT naming FROM inv WHERE abi_generation = 'b'))"
-        )
+        shown = f"desc_id >= {DESC_COMPUTE_FALLBACK}"
         values = _one(con, _SPANS.format(shown=shown, base=DESC_COMPUTE_FALLBACK))
         self.spans = Spans(*(tuple(int(v) for v in values[i : i + 2]) for i in range(0, 18, 2)))
         con.execute(
@@ -878,8 +858,6 @@ class Timeline:
                 owner="k.owner_id" if self.detailed else "NULL",
                 index="k.stage_task_index" if self.detailed else "NULL",
                 detailed="true" if self.detailed else "false",
-                fallback_end=DESC_COMPUTE_FALLBACK + MAX_TASK_TYPE,
-                base=DESC_COMPUTE_FALLBACK,
             ),
         )
         con.execute(_MOVED)
@@ -950,13 +928,10 @@ class Timeline:
                 "invocation_id": numpy_column(invocations, "invocation_id")[inv],
                 "step": numpy_column(invocations, "step")[inv],
                 "direction": invocations["direction"].take(pa.array(inv)),
-                "generation_b": numpy_column(invocations, "abi_generation")[inv] == "b",
             }
         )
-        """One row per core of an invocation on a lane; a slice's ``core`` is its row;
-        ``generation_b``: its invocation was written by ABI generation b."""
+        """One row per core of an invocation on a lane; a slice's ``core`` is its row."""
         self.tracks = _tracks(pid, tid)
-        self._generation_b = numpy_column(self.cores, "generation_b")
 
     def groups(self) -> Iterator[TimelineGroup]:
         """The slices and flows, group by group. A pass that finds records on sub-tracks it
@@ -1014,7 +989,6 @@ class Timeline:
                     "ts_ns": ts,
                     "end_ns": end,
                     "name": events["name_code"],
-                    "generation_b": self._generation_b[core],
                     **{c: events[c] for c in _SLICE_RECORD_COLUMNS},
                 }
             )

@@ -19,7 +19,7 @@ import functools
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from multicore_profiler.abi import (
     BufferLayout,
     CoreType,
     check_frequency,
+    numbers_graph_stages,
 )
 from multicore_profiler.errors import (
     BufferSizeError,
@@ -384,9 +385,11 @@ def decode_buffers(
     """Decode a batch of buffers that share one planned layout.
 
     ``buffers`` is a sequence of buffers or a 2-D array (buffer x byte). The layout's
-    generation, where it names none, is inferred from its capacities (``b`` above 256
-    records, else ``a``); where it names ``a``, a header above 256 records raises
-    ``GenerationError``. Raises a ``DecodeError`` subclass for the first problem found;
+    generation, where it names none, is inferred: ``b`` where a capacity is above 256
+    records or a record's desc id is a graph stage 0x30000..0x3FFFF (only generation b
+    writes either), else ``a``; where it names ``a``, a header above 256 records raises
+    ``GenerationError`` (graph stage ids are accepted there: a buffer the host says is
+    generation a is decoded as one). Raises a ``DecodeError`` subclass for the first problem found;
     warns with ``DroppedRecordsWarning`` when the device dropped records (from full slots,
     or from slots that are not full: see ``DecodedBuffers.partial_slots``), unless
     ``warn_dropped`` is false (a caller that reports drops itself, from another thread).
@@ -426,6 +429,8 @@ def decode_buffers(
         )
 
     records = _gather(groups, layout, counts, ~active, where, headers)
+    if named is None and layout.generation == "a" and numbers_graph_stages(records["desc_id"]):
+        layout = replace(layout, generation="b")
     entry = headers["entry_cycle"]
     anchors = np.where(counts > 0, entry, _NO_ANCHOR).min(axis=1)
     _check_distances(where, layout, headers, active, anchors, records)
