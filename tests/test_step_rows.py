@@ -99,7 +99,7 @@ def test_invocations_of_a_known_batch() -> None:
             "window_id": 3,
             "config_id": "cfg-1",
             "partial_slots": partial,
-            "abi_generation": "a",
+            "abi_generation": "b",  # inferred: it records graph stage 0x30001
         }
         for invocation, anchor, records, dropped, partial in (
             (40, 90, 4, 0, []),

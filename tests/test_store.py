@@ -112,7 +112,7 @@ def test_invocation_row_keeps_layout_frequency_and_names(store: Store) -> None:
         "config_id": None,
         "origin_write_id": None,
         "partial_slots": [],
-        "abi_generation": "a",
+        "abi_generation": "b",  # inferred: it records graph stage 0x30001
     }
     cores = store.sql(
         "SELECT slot, core_type, block_id, entry_cycle, record_count FROM cores ORDER BY slot"
