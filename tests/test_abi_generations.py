@@ -19,6 +19,7 @@ import torch
 from generation_b import FALLBACK, GRAPH_STAGE, MAX_RECORDS_B, SHMEM_GET_MEM, capacity_b, pack_b
 from golden import AIC, AIV, NO_OWNER, TRIGGER, WAIT, Slot, pack
 from task_graphs import tasks_table
+from test_fuse_upstream import named_kineto
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler.abi import (
@@ -34,6 +35,7 @@ from multicore_profiler.cli import main
 from multicore_profiler.errors import DroppedRecordsWarning, GenerationError, LayoutError, SlotError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.export.timeline import LayoutChanged, Timeline, TimelineGroup, open_timeline
+from multicore_profiler.fuse.merge import merge_chrome_traces
 from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.decode import decode_buffer
 from multicore_profiler.ingest.schedule import schedule
@@ -700,3 +702,72 @@ def test_invocations_written_before_the_generation_was_kept_are_generation_a(
     assert trace["megaKernelCycleTrace"]["maxRecordCapacityPerCore"] == 256
     (event,) = (e for e in trace["traceEvents"] if e["ph"] == "X")
     assert event["args"]["task_type"] == GMM1 - 0x20000
+
+
+def test_a_generation_b_invocation_fuses_from_the_store_and_from_its_trace(
+    graph_store: Store, tmp_path: Path
+) -> None:
+    """The 282 records of the generation b invocation (a slot of 260) land on the outer
+    kernel of its name, from the store and from its standalone trace alike: first record at
+    the kernel's start, raw ids and task_type kept, one thread per core."""
+    outer = tmp_path / "outer.json"
+    named_kineto(outer, [("mega_graph_kernel", "10.000", "60.000")])
+    export_chrome_trace(graph_store, tmp_path / "b.json")
+    fused = {}
+    for source, given in (("store", graph_store), ("trace", tmp_path / "b.json")):
+        merge_chrome_traces(outer, given, tmp_path / f"fused-{source}.json", rank=1)
+        fused[source] = load_trace(tmp_path / f"fused-{source}.json")
+    added = {
+        source: [e for e in trace["traceEvents"] if e.get("cat") == "MegaKernelInternal"]
+        for source, trace in fused.items()
+    }
+    assert added["store"] == added["trace"]
+    complete = [e for e in added["store"] if e["ph"] == "X"]
+    assert len(complete) == 282
+    assert complete[0] == {
+        "name": "GMM1",
+        "ph": "X",
+        "cat": "MegaKernelInternal",
+        "pid": 0,
+        "tid": 8,
+        "ts": 1000010.0,
+        "dur": 0.16,
+        "args": {
+            "rank": 1,
+            "device_id": 6,
+            "core_type": 1,
+            "block_id": 0,
+            "core_entry_cycle": 1000,
+            "invocation_id": 0,
+            "step": 2,
+            "direction": "forward",
+            "task_id": 0,
+            "desc_id": GMM1,
+            "task_type": 65536,
+            "stage_task_index": 0,
+            "task_number": 1,
+            "owner_id": 0,
+            "start_cycle": 1000,
+            "end_cycle": 1008,
+            "parent_kernel": "mega_graph_kernel",
+            "parent_kernel_ts": 1000010.0,
+            "parent_kernel_dur": 60.0,
+        },
+    }
+    last = max((e for e in complete if e["name"] == "GMM1"), key=lambda e: e["ts"])
+    assert (last["args"]["task_id"], round(last["ts"] + last["dur"], 2)) == (259, 1000061.96)
+    report = fused["store"]["megaKernelTraceMerge"]
+    (invocation,) = report["invocations"]
+    assert (invocation["outerKernel"]["name"], invocation["internalEventCount"]) == (
+        "mega_graph_kernel",
+        282,
+    )
+    assert (invocation["spanUs"], invocation["exceedsOuterKernelUs"]) == (51.96, 0.0)
+    assert [t["name"] for t in report["threads"]] == [
+        "MegaGraph/AIC/0",
+        "MegaGraph/AIC/1",
+        "MegaGraph/AIV/0",
+        "MegaGraph/AIV/1",
+    ]
+    for trace in fused.values():
+        check_trace(trace)
