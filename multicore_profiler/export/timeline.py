@@ -60,8 +60,7 @@ from multicore_profiler.abi import (
     DESC_WAIT_DEPENDENCY,
     GENERATIONS,
     MAX_CAPACITY,
-    RECORD_BYTES,
-    SLOT_HEADER_BYTES,
+    BufferLayout,
 )
 from multicore_profiler.analysis.selection import RecordSelection, SelectedRecords
 from multicore_profiler.errors import ExportError, QueryError
@@ -1307,9 +1306,8 @@ def _summary(
     entries = []
     for row, exported in zip(invocations.to_pylist(), per_invocation.tolist(), strict=True):
         process = procs[row["run_id"], row["rank"]]
-        buffer_bytes = sum(
-            row[f"{core}_slots"] * (SLOT_HEADER_BYTES + row[f"{core}_capacity"] * RECORD_BYTES)
-            for core in ("aic", "aiv")
+        layout = BufferLayout(
+            row["aic_slots"], row["aiv_slots"], row["aic_capacity"], row["aiv_capacity"]
         )
         entries.append(
             {
@@ -1333,7 +1331,7 @@ def _summary(
                 "droppedRecordCount": row["dropped_count"],
                 "taskGraph": row["has_graph"],
                 "abiGeneration": row["abi_generation"],
-                "profileBufferBytes": buffer_bytes,
+                "profileBufferBytes": layout.total_bytes,
             }
         )
     dropped = sum(e["droppedRecordCount"] for e in entries)
