@@ -9,7 +9,8 @@ compatible with mindspore-ai/hyper-parallel's MegaKernel profiling.
 Two generations of hyper-parallel write these same bytes (``GENERATIONS``): ``a``, its
 first, caps a slot at 256 records; ``b``, its newer one, plans a slot for the busiest
 worker whatever its size, up to ``MAX_CAPACITY_B`` records. The buffer does not say which
-wrote it: the layout the host planned does, or else a capacity above 256 shows ``b``.
+wrote it: the layout the host planned does, or else a capacity above 256 or a graph stage
+id (0x30000..0x3FFFF) in its records shows ``b``.
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ class BufferLayout:
     @functools.cached_property
     def resolved(self) -> BufferLayout:
         """This layout with its generation: the one given, else the one its capacities show
-        (``infer_generation``: ``b`` above 256 records, else ``a``). Made once per layout."""
+        (``infer_generation``: ``b`` above 256 records, else ``a``; the decoder also makes it
+        ``b`` for records of graph stages). Made once per layout."""
         if self.generation is not None:
             return self
         return replace(self, generation=infer_generation(self.aic_capacity, self.aiv_capacity))
@@ -271,8 +273,8 @@ class BufferLayout:
     ) -> BufferLayout:
         """Plan a layout from the task queues of the AIC and AIV workers (one queue per
         worker) by the capacity rule of ``generation`` (``capacity_for``), which it carries;
-        None plans by generation a's rule and leaves the generation to inference (which
-        finds ``a``: a's capacities are at most 256)."""
+        None plans by generation a's rule and leaves the generation to the decoder's
+        inference."""
         aic_queues, aiv_queues = list(aic_queues), list(aiv_queues)
         for kind, queues, slots in (("AIC", aic_queues, aic_slots), ("AIV", aiv_queues, aiv_slots)):
             if len(queues) > slots:
