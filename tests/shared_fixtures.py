@@ -14,14 +14,15 @@ SHARED_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 
 def shared_fixture(relative: str) -> Path:
-    """The fixture at ``relative`` under ``../shared/fixtures`` (``"kineto/a100_alexnet.json.gz"``).
-    Skips the calling test where the shared fixtures are absent; a file missing from them
+    """The fixture file or folder at ``relative`` under ``../shared/fixtures``
+    (``"kineto/a100_alexnet.json.gz"``, ``"ascend-cluster/msinsight_st_qwen3_4rank_pp2_dp2"``).
+    Skips the calling test where the shared fixtures are absent; a fixture missing from them
     is an error, not a skip."""
     if not SHARED_FIXTURES.is_dir():
         pytest.skip(
             f"real fixtures are not here: {SHARED_FIXTURES} is absent (a clone without ../shared)"
         )
     path = SHARED_FIXTURES / relative
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: not among the shared fixtures")
     return path
