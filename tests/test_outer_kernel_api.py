@@ -43,8 +43,9 @@ communication not overlapped + free) and the families' ms in the order of ``FAMI
 def test_a_trace_file_then_its_prefix(store: Store) -> None:
     a100 = shared_fixture(A100)
     loaded = resolve_trace(store, str(a100))
-    assert loaded == TraceSource(A100_ID, a100, A100_EVENTS, 0, "object", True)
-    again = TraceSource(A100_ID, a100.absolute(), A100_EVENTS, 0, "object", False)
+    # A trace loaded alone is a job of its own, named by its source id.
+    assert loaded == TraceSource(A100_ID, a100, A100_EVENTS, 0, "object", True, A100_ID)
+    again = TraceSource(A100_ID, a100.absolute(), A100_EVENTS, 0, "object", False, A100_ID)
     assert resolve_trace(store, a100) == again  # the file again: found by its contents
     assert resolve_trace(store, A100_ID) == again
     assert resolve_trace(store, "B8CE") == again  # 4 characters, any case

@@ -336,15 +336,21 @@ def test_cli_ingest_trace_prints_source_ids(capsys, tmp_path: Path) -> None:
         str(shared_fixture("kineto/a100_triton_example.json.gz")),
         str(shared_fixture("kineto/mi250_minitoy_train.json.gz")),
     ]
-    assert cli.main(["ingest-trace", "--store", store, *paths, "--label", "x", "--tag", "k=v"]) == 0
+    # One call loads the ranks of one job: traces that say no rank are refused together.
+    assert cli.main(["ingest-trace", "--store", store, *paths]) == 1
+    assert "no rank for it in job 'job-" in capsys.readouterr().err
+    for path in paths:
+        assert (
+            cli.main(["ingest-trace", "--store", store, path, "--label", "x", "--tag", "k=v"]) == 0
+        )
     out = capsys.readouterr().out.splitlines()
     assert out == [
-        f"f1702aba1e49885c  {paths[0]}: 71 events (loaded)",
-        f"39fdab670f9e80a0  {paths[1]}: 220 events (loaded)",
+        f"f1702aba1e49885c  {paths[0]}: 71 events, job f1702aba1e49885c (loaded)",
+        f"39fdab670f9e80a0  {paths[1]}: 220 events, job 39fdab670f9e80a0 (loaded)",
     ]
     assert cli.main(["ingest-trace", "--store", store, paths[0], "--rank", "2"]) == 0
     assert capsys.readouterr().out == (
-        f"f1702aba1e49885c  {paths[0]}: 71 events (already in the store)\n"
+        f"f1702aba1e49885c  {paths[0]}: 71 events, job f1702aba1e49885c (already in the store)\n"
     )
     assert cli.main(["ingest-trace", "--store", store, paths[0], "--tag", "novalue"]) == 1
     assert capsys.readouterr().err == "mcprof: error: --tag 'novalue' is not KEY=VALUE\n"

@@ -11,7 +11,7 @@ from multicore_profiler.cli.arguments import Parents, in_range, open_given_store
 from multicore_profiler.errors import ArgumentError, ProfileError
 from multicore_profiler.ingest.buffers import ingest_into_run
 from multicore_profiler.ingest.decode import decode_buffers, read_buffer_file
-from multicore_profiler.ingest.outer_trace import ingest_trace
+from multicore_profiler.ingest.jobs import ingest_job
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.limits import (
     DESC_ID,
@@ -97,14 +97,22 @@ def _tags(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def cmd_ingest_trace(args: argparse.Namespace) -> None:
-    """Load each trace file and print its source id, event count and whether it was new."""
+    """Load the traces and output folders as the ranks of one job; print each source's id,
+    where it came from, its event count, rank and job, and whether it was new."""
     store = open_given_store(args, create=True)
     tags = _tags(args.tag)
-    for file in args.files:
-        source = ingest_trace(store, file, rank=args.rank, label=args.label, tags=tags)
+    sources = ingest_job(
+        store, args.files, job=args.job, rank=args.rank, label=args.label, tags=tags
+    )
+    for source in sources:
         state = "loaded" if source.new else "already in the store"
         rank = "" if source.rank is None else f", rank {source.rank}"
-        print(f"{source.source_id}  {file}: {source.events} events{rank} ({state})")
+        what = (
+            "no trace: the profiler's tables"
+            if source.form == "outputs"
+            else (f"{source.events} events")
+        )
+        print(f"{source.source_id}  {source.path}: {what}{rank}, job {source.job_id} ({state})")
 
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
@@ -163,11 +171,23 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     traces = commands.add_parser(
         "ingest-trace",
         parents=[parents.store],
-        help="load torch.profiler / kineto or torch_npu Chrome traces into the store",
+        help="load torch.profiler / kineto or torch_npu traces (files or output folders) into "
+        "the store, as the ranks of one job",
         description="Stream Chrome traces (.json or .json.gz) into the store's trace_events and "
-        "trace_sources; print each file's source id. A file already there is not loaded again.",
+        "trace_sources; print each source's id. A folder is torch_npu's output (a *_ascend_pt "
+        "folder, or a folder holding one per rank): its trace_view.json, its rank "
+        "(profiler_info_N.json), the job's parallel groups (profiler_metadata.json) and "
+        "msprof's own step_trace_time.csv and communication.json. Everything one call loads "
+        "is one job (see --job). A file already there is not loaded again.",
     )
-    traces.add_argument("files", nargs="+", type=path, metavar="FILE")
+    traces.add_argument("files", nargs="+", type=path, metavar="FILE|FOLDER")
+    traces.add_argument(
+        "--job",
+        type=text,
+        metavar="NAME",
+        help="the job these are ranks of (default: one named by their contents; a single "
+        "trace file is a job of its own)",
+    )
     traces.add_argument(
         "--rank", type=in_range(RANK), help="the traces' rank (default: their distributedInfo.rank)"
     )

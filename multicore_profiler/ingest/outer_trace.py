@@ -14,6 +14,7 @@ is written, and a refused trace leaves no file in the store.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -59,6 +60,19 @@ class TraceSource:
     rank: int | None
     form: str
     new: bool
+    job_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a profiler's output folder says of a rank beside its trace: its device, the
+    job's parallel layout (``distributed_args``, ``parallel_group_info``) and the
+    profiler's own per-rank tables (``step_trace_time``, ``communication``), each as the
+    profiler wrote it."""
+
+    device: int | None = None
+    parallel: Mapping[str, Any] | None = None
+    outputs: Mapping[str, Any] | None = None
 
 
 def source_id_of(sha256: str) -> str:
@@ -213,7 +227,7 @@ def _base_time(metadata: Mapping[str, Any], path: Path) -> int | None:
 
 
 def _checked_arguments(
-    path: Path, rank: object, label: object, tags: object
+    path: Path, rank: object, label: object, tags: object, job: object = None
 ) -> tuple[int | None, list[tuple[str, str]]]:
     """The rank (an integer in ``limits.RANK``) and the tags as pairs, after checking every
     argument the ``trace_sources`` row will hold: before anything is written, so that a
@@ -226,6 +240,7 @@ def _checked_arguments(
         raise ArgumentError(f"tags must be a mapping of strings to strings, got {tags!r}")
     pairs = list((tags or {}).items())
     texts = [("label", label)] if label is not None else []
+    texts += [("job", job)] if job is not None else []
     texts += [(f"tag {key!r}", value) for key, value in pairs]
     texts += [("a tag name", key) for key, _ in pairs]
     texts.append(("the trace's path", str(path.absolute())))
@@ -238,6 +253,8 @@ def _checked_arguments(
             raise ArgumentError(
                 f"{name} {text!r} is not text the store can hold (UTF-8): {exc.reason}"
             ) from None
+    if job == "":
+        raise ArgumentError("job must name a job, got an empty string")
     return rank, pairs
 
 
@@ -263,8 +280,65 @@ def find_source(store: Store, source_id: str) -> dict[str, Any] | None:
 def _known_source(row: Mapping[str, Any]) -> TraceSource:
     """The ``TraceSource`` of a ``trace_sources`` row: a trace already in the store."""
     return TraceSource(
-        row["source_id"], Path(row["path"]), row["event_count"], row["rank"], row["form"], False
+        row["source_id"],
+        Path(row["path"]),
+        row["event_count"],
+        row["rank"],
+        row["form"],
+        False,
+        row["job_id"],
     )
+
+
+def _known_in_job(row: Mapping[str, Any], job: str | None, path: Path) -> TraceSource:
+    """A source already in the store, asked for again: refused when the call names
+    another job than the one it is a rank of (a trace belongs to one job)."""
+    if job is not None and row["job_id"] != job:
+        raise ArgumentError(
+            f"{path} is already in the store as source {row['source_id']} of job "
+            f"{row['job_id']!r}, not {job!r}: a trace is a rank of one job (name that job, "
+            "or remove the source first)"
+        )
+    return _known_source(row)
+
+
+def _check_rank_free(store: Store, job: str, rank: int | None, source_id: str, path: Path) -> None:
+    """Refuse a second source claiming a rank its job already has, and a rank-less source
+    in a named job (its ranks are what the cross-rank views compare)."""
+    if rank is None:
+        if job != source_id:
+            raise ArgumentError(
+                f"{path}: no rank for it in job {job!r}: the trace does not say it "
+                "(distributedInfo.rank); give its rank, load its profiler output folder, or load "
+                "traces of different jobs in separate calls"
+            )
+        return
+    taken = store.sql(
+        "SELECT source_id, path FROM trace_sources WHERE job_id = $1 AND rank = $2 "
+        "AND source_id <> $3",
+        [job, rank, source_id],
+    ).to_pylist()
+    if taken:
+        raise ArgumentError(
+            f"{path}: rank {rank} of job {job!r} is already source {taken[0]['source_id']} "
+            f"({taken[0]['path']}); two traces cannot claim one rank of a job"
+        )
+
+
+def _sources_row(columns: Mapping[str, list[Any]]) -> pa.Table:
+    """A ``trace_sources`` row of ``columns``; a column not given is NULL."""
+    schema = TRACE_SOURCES.schema
+    return pa.table({name: columns.get(name, [None]) for name in schema.names}, schema)
+
+
+def _context_columns(context: RankContext | None) -> dict[str, list[Any]]:
+    """The ``trace_sources`` columns a rank's context fills (NULL without one)."""
+    context = context or RankContext()
+    return {
+        "device": [context.device],
+        "parallel": [_json_text(context.parallel) if context.parallel else None],
+        "profiler_outputs": [_json_text(context.outputs) if context.outputs else None],
+    }
 
 
 def ingest_trace(
@@ -274,20 +348,25 @@ def ingest_trace(
     rank: int | None = None,
     label: str | None = None,
     tags: Mapping[str, str] | None = None,
+    job: str | None = None,
+    context: RankContext | None = None,
 ) -> TraceSource:
     """Load a Chrome trace (``.json`` or gzipped; an object with ``traceEvents`` or a bare
     array) into the store's ``trace_events`` and ``trace_sources``; return its source.
 
     The file is streamed: memory holds one block of text and its columns at a time.
     Times are exact integer ns (a string ``ts`` holding epoch microseconds included).
-    ``rank`` defaults to the trace's ``distributedInfo.rank``. A file already in the
-    store (same SHA-256) is not loaded again. Raises ``ArgumentError`` for a rank outside
-    ``limits.RANK`` or a label or tag that is not a string, before anything is written,
-    and ``TraceFormatError`` for a file that is not a Chrome trace the store can hold
-    exactly; nothing of a refused trace is then left in the store.
+    ``rank`` defaults to the trace's ``distributedInfo.rank``. ``job`` names the job the
+    trace is a rank of (default: a job of its own, named by its source id); ``context``
+    is what the profiler's output folder adds (see ``ingest/jobs.py``). A file already in
+    the store (same SHA-256) is not loaded again. Raises ``ArgumentError`` for a rank
+    outside ``limits.RANK``, a label, tag or job that is not a string, a rank its job
+    already has from another trace, or a trace already in the store under another job,
+    before anything is committed, and ``TraceFormatError`` for a file that is not a Chrome
+    trace the store can hold exactly; nothing of a refused trace is then left in the store.
     """
     path = Path(path)
-    rank, pairs = _checked_arguments(path, rank, label, tags)
+    rank, pairs = _checked_arguments(path, rank, label, tags, job)
     file_bytes = regular_file(path).st_size
     try:
         sha256 = file_sha256(path)
@@ -296,7 +375,8 @@ def ingest_trace(
     source_id = source_id_of(sha256)
     known = find_source(store, source_id)
     if known is not None:
-        return _known_source(known)
+        return _known_in_job(known, job, path)
+    job_id = job or source_id
     write_id = secrets.randbits(63)
     stats = _Stats()
     written = None
@@ -306,6 +386,7 @@ def ingest_trace(
             written = write_partition(store.location, TRACE_EVENTS, partition, tables)
         metadata = trace.fields
         rank = _rank(rank, metadata, path)
+        _check_rank_free(store, job_id, rank, source_id, path)
         row = {
             "write_id": [write_id],
             "ingested_at": [datetime.now(timezone.utc)],
@@ -325,13 +406,57 @@ def ingest_trace(
             "last_ts_ns": [stats.last_ts],
             "rounded_count": [stats.rounded],
             "layout": [orjson.dumps(text_layout(trace)).decode()],
+            "job_id": [job_id],
+            **_context_columns(context),
         }
-        sources = pa.table(row, TRACE_SOURCES.schema)
-        write_partition(store.location, TRACE_SOURCES, partition, sources)
+        write_partition(store.location, TRACE_SOURCES, partition, _sources_row(row))
     except BaseException:
         _remove(store, written, source_id)
         raise
-    return TraceSource(source_id, path, trace.events, rank, trace.form, True)
+    return TraceSource(source_id, path, trace.events, rank, trace.form, True, job_id)
+
+
+def ingest_outputs(
+    store: Store,
+    folder: str | os.PathLike[str],
+    *,
+    rank: int,
+    context: RankContext,
+    label: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    job: str | None = None,
+) -> TraceSource:
+    """Record a rank whose profiler output holds its own tables but no trace (msprof's
+    simplified export): a ``trace_sources`` row of form ``outputs`` with no events, its
+    id from the SHA-256 of the tables. Checked and refused as ``ingest_trace``."""
+    folder = Path(folder)
+    rank_checked, pairs = _checked_arguments(folder, rank, label, tags, job)
+    text = _json_text(context.outputs or {}).encode()
+    sha256 = hashlib.sha256(text).hexdigest()
+    source_id = source_id_of(sha256)
+    known = find_source(store, source_id)
+    if known is not None:
+        return _known_in_job(known, job, folder)
+    job_id = job or source_id
+    _check_rank_free(store, job_id, rank_checked, source_id, folder)
+    row = {
+        "write_id": [secrets.randbits(63)],
+        "ingested_at": [datetime.now(timezone.utc)],
+        "path": [str(folder.absolute())],
+        "sha256": [sha256],
+        "file_bytes": [len(text)],
+        "text_bytes": [len(text)],
+        "compressed": [False],
+        "form": ["outputs"],
+        "event_count": [0],
+        "rank": [rank_checked],
+        "label": [label],
+        "tags": [pairs],
+        "job_id": [job_id],
+        **_context_columns(context),
+    }
+    write_partition(store.location, TRACE_SOURCES, {"source_id": source_id}, _sources_row(row))
+    return TraceSource(source_id, folder, 0, rank_checked, "outputs", True, job_id)
 
 
 SOURCE_PREFIX_MIN = 4

@@ -288,6 +288,10 @@ TRACE_SOURCES = TableSpec(
             ("last_ts_ns", pa.int64()),
             ("rounded_count", pa.int64()),
             ("layout", pa.string()),
+            ("job_id", pa.string()),
+            ("device", pa.int32()),
+            ("parallel", pa.string()),
+            ("profiler_outputs", pa.string()),
         ]
     ),
     partition_by=("source_id",),
@@ -297,7 +301,15 @@ TRACE_SOURCES = TableSpec(
 SHA-256 of its bytes): where it came from, its form (``object`` or bare ``array``),
 its top-level fields other than ``traceEvents`` as JSON text (``metadata``), its rank
 (given, else ``distributedInfo.rank``), and the byte layout of its text that fusion
-streams it by (``layout``)."""
+streams it by (``layout``). ``job_id`` names the job whose ranks it is one of (the ranks of
+one ``ingest-trace`` call or one ``--job``; a trace alone is its own job, its source id),
+``device`` the rank's device where the profiler wrote it, ``parallel`` the job's parallel
+layout as the profiler wrote it (JSON text: ``distributed_args`` and
+``parallel_group_info`` of torch_npu's ``profiler_metadata.json``), and
+``profiler_outputs`` the profiler's own per-rank tables beside the trace (JSON text:
+msprof's ``step_trace_time`` rows and ``communication`` ops). A rank whose output holds
+those tables but no trace (msprof's simplified export) has a row with no events (form
+``outputs``). Files written before these four columns existed read them as NULL."""
 
 TABLES = {
     spec.name: spec

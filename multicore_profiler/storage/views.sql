@@ -90,9 +90,10 @@ SELECT * FROM raw_tasks
 QUALIFY row_number() OVER (PARTITION BY run_id, rank, config_id, task_id) = 1;
 
 -- One row per outer trace (torch.profiler / kineto, torch_npu) in the store: the first
--- committed ingest of the file (its sources row is written after its events).
+-- committed ingest of the file (its sources row is written after its events). A trace
+-- ingested before jobs were recorded is a job of its own, named by its source id.
 CREATE OR REPLACE VIEW trace_sources AS
-SELECT * FROM raw_trace_sources
+SELECT * REPLACE (coalesce(job_id, source_id) AS job_id) FROM raw_trace_sources
 QUALIFY row_number() OVER (PARTITION BY source_id ORDER BY ingested_at, write_id) = 1;
 
 -- Whether an outer-trace event is device activity: a kernel, memcpy or memset (kineto's

@@ -1,0 +1,89 @@
+"""The ranks of one job into the store: traces and profiler output folders.
+
+``ingest_job`` takes what a user names a job's ranks by: trace files, torch_npu output
+folders (a ``*_ascend_pt`` folder, or a folder holding one per rank) or both, and loads
+each as a rank of one job: the job named, else one named by the SHA-256 of the ranks'
+sources (the same files make the same job). Two sources may not claim one rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from multicore_profiler.errors import ArgumentError
+from multicore_profiler.ingest.ascend_output import RankFolder, rank_folders, read_rank_folder
+from multicore_profiler.ingest.outer_trace import (
+    TraceSource,
+    ingest_outputs,
+    ingest_trace,
+)
+from multicore_profiler.ingest.trace_reader import file_sha256
+from multicore_profiler.storage.store import Store
+
+
+def _ranks(items: Sequence[str | os.PathLike[str]]) -> list[Path | RankFolder]:
+    """Each item as a trace file or the rank folders it names, in order."""
+    ranks: list[Path | RankFolder] = []
+    for item in map(Path, items):
+        if item.is_dir():
+            ranks.extend(read_rank_folder(folder) for folder in rank_folders(item))
+        else:
+            ranks.append(item)
+    return ranks
+
+
+def _job_name(ranks: Sequence[Path | RankFolder]) -> str:
+    """A job named by its ranks' contents: ``job-`` and 16 hex digits of the SHA-256 of
+    their files' digests, in order of the digests."""
+    digests = []
+    for rank in ranks:
+        if isinstance(rank, RankFolder):
+            files = [rank.trace] if rank.trace else sorted(rank.path.rglob("*"))
+            digests.extend(file_sha256(f) for f in files if f is not None and f.is_file())
+        else:
+            digests.append(file_sha256(rank))
+    return "job-" + hashlib.sha256("\n".join(sorted(digests)).encode()).hexdigest()[:16]
+
+
+def ingest_job(
+    store: Store,
+    items: Sequence[str | os.PathLike[str]],
+    *,
+    job: str | None = None,
+    rank: int | None = None,
+    label: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> list[TraceSource]:
+    """Load every trace and output folder of ``items`` as the ranks of one job (``job``,
+    else one named by their contents; a single trace file is a job of its own, named by
+    its source id); return their sources in order. ``rank`` is for a single trace whose
+    rank the file does not say. Raises what ``ingest_trace`` raises, and
+    ``TraceFormatError`` for a folder that is no profiler output; the ranks loaded before
+    a refusal stay in the store."""
+    ranks = _ranks(items)
+    if rank is not None and len(ranks) > 1:
+        raise ArgumentError(f"rank {rank} was given for {len(ranks)} traces: give it for one")
+    if job is None and (len(ranks) > 1 or isinstance(ranks[0], RankFolder)):
+        job = _job_name(ranks)
+    sources = []
+    for one in ranks:
+        if isinstance(one, Path):
+            sources.append(ingest_trace(store, one, rank=rank, label=label, tags=tags, job=job))
+        elif one.trace is not None:
+            sources.append(
+                ingest_trace(
+                    store, one.trace, rank=one.rank, label=label, tags=tags, job=job,
+                    context=one.context,
+                )
+            )  # fmt: skip
+        else:
+            sources.append(
+                ingest_outputs(
+                    store, one.path, rank=one.rank, context=one.context, label=label, tags=tags,
+                    job=job,
+                )
+            )  # fmt: skip
+    return sources
