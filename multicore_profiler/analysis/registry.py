@@ -133,3 +133,13 @@ register(
         needs=("outer_kernel_rules", "outer_kernels.steps", "outer_kernels.breakdown"),
     ),
 )
+
+# Cross-rank analyses: the ranks of one job (trace_sources.job_id) set side by side.
+register(
+    SqlModule(
+        "cross_rank.communication",
+        _sql("cross_rank/communication.sql"),
+        needs=("outer_kernels.steps", "outer_kernels.collectives"),
+        on_demand=True,
+    ),
+)
