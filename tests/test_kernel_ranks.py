@@ -25,7 +25,7 @@ from multicore_profiler.storage.store import Store
 
 JOB4, JOB2 = "ranks-job4", "ranks-job2"
 CONFIG = "ranks-config"
-KERNEL = "RankMoe"
+KERNEL, OTHER = "RankMoe", "OtherMoe"
 LAYOUT = BufferLayout(aic_slots=1, aiv_slots=1, aic_capacity=16, aiv_capacity=16)
 DISPATCH, GMM1, COMBINE = 1, 2, 5
 STAGES = {DISPATCH: "Dispatch", GMM1: "GMM1", COMBINE: "Combine"}
@@ -102,8 +102,13 @@ JOBS: dict[str, dict[tuple[int, int], list[tuple[int, int, int, int]]]] = {
         # Rank 1: Combine 70 longer and AIC 4 late.
         (0, 0): [(1_000, 100, 50, 0)],
         (1, 0): [(7_000, 100, 120, 4)],
+        # Step 1: rank 1 runs another kernel (KERNELS): nothing aligns.
+        (0, 1): [(10_000, 100, 50, 0)],
+        (1, 1): [(20_000, 100, 50, 0)],
     },
 }
+KERNELS = {(JOB2, 1, 1): OTHER}
+"""The kernel of a job's rank and step where it is not ``KERNEL``."""
 
 
 @pytest.fixture
@@ -119,7 +124,11 @@ def jobs(store: Store) -> Store:
                 LAYOUT,
                 frequency_hz=1e9,
                 run_id=job,
-                kernel=KernelInfo(kernel_name=KERNEL, stage_names=STAGES, config_id=CONFIG),
+                kernel=KernelInfo(
+                    kernel_name=KERNELS.get((job, rank, step), KERNEL),
+                    stage_names=STAGES,
+                    config_id=CONFIG,
+                ),
                 launches=Launches(rank=rank, step=step),
             )
         for rank in sorted({rank for rank, _ in launches}):
@@ -154,11 +163,14 @@ def test_each_rank_invocation_has_its_makespan_kinds_and_top_stage(jobs: Store) 
         # Combine 123 outweighs GMM1 102 on the slow rank of the 2-rank job.
         (JOB2, 0, 0, 0, KERNEL, "forward", 0, 167, "GMM1", 102),
         (JOB2, 0, 0, 1, KERNEL, "forward", 0, 241, "Combine", 123),
+        (JOB2, 1, 0, 0, KERNEL, "forward", 1, 167, "GMM1", 102),
+        (JOB2, 1, 0, 1, OTHER, "forward", 1, 167, "GMM1", 102),
     ]
     shares = jobs.sql(
         f"""SELECT compute_share, trigger_share, control_share, wait_share, data_wait_share,
                    core_wait_share, front_gap_share
-            FROM kernel_rank_invocations WHERE job_id = '{JOB2}' AND rank = 1"""
+            FROM kernel_rank_invocations
+            WHERE job_id = '{JOB2}' AND step = 0 AND rank = 1"""
     ).to_pylist()
     # compute 10 + 100 + 120, triggers 2 + 2, data_wait 3, front gap 4, of 241.
     assert shares == [
@@ -181,7 +193,7 @@ def test_the_spread_names_the_slowest_rank_and_what_the_median_would_recover(
         jobs,
         """SELECT job_id, step, invocation_order, kernel_name, direction, ranks, max_ns,
                   median_ns, min_ns, spread_ns, slowest_rank, recoverable_ns
-           FROM kernel_rank_spread ORDER BY job_id DESC, step, invocation_order""",
+           FROM kernel_rank_spread ORDER BY job_id DESC, step, invocation_order, kernel_name""",
     ) == [
         # 167 167 177 192: the lower median is the 2nd.
         (JOB4, 0, 0, KERNEL, "forward", 4, 192, 167, 167, 25, 1, 25),
@@ -192,6 +204,9 @@ def test_the_spread_names_the_slowest_rank_and_what_the_median_would_recover(
         (JOB4, 1, 1, KERNEL, "forward", 1, 167, 167, 167, 0, 0, 0),
         # Of 2 ranks the median is the faster.
         (JOB2, 0, 0, KERNEL, "forward", 2, 241, 167, 167, 74, 1, 74),
+        # Different kernels at the same order are not compared.
+        (JOB2, 1, 0, OTHER, "forward", 1, 167, 167, 167, 0, 1, 0),
+        (JOB2, 1, 0, KERNEL, "forward", 1, 167, 167, 167, 0, 0, 0),
     ]
 
 
@@ -208,6 +223,7 @@ def test_the_steps_sum_each_rank_and_the_recoverable_time(jobs: Store) -> None:
         # by its extra invocation, which no other rank waits for (recoverable 20 + 0).
         (JOB4, 1, 3, 334, 187, 167, 0, 147, 20),
         (JOB2, 0, 2, 241, 167, 167, 1, 74, 74),
+        (JOB2, 1, 2, 167, 167, 167, 0, 0, 0),
     ]
 
 
@@ -245,8 +261,10 @@ def test_the_gaps_name_the_ranks_an_invocation_lacks(jobs: Store) -> None:
     assert rows(
         jobs,
         """SELECT job_id, step, invocation_order, kernel_name, direction, missing_ranks
-           FROM kernel_rank_gaps ORDER BY job_id, step, invocation_order""",
+           FROM kernel_rank_gaps ORDER BY job_id, step, invocation_order, kernel_name""",
     ) == [
+        (JOB2, 1, 0, OTHER, "forward", [0]),
+        (JOB2, 1, 0, KERNEL, "forward", [1]),
         (JOB4, 1, 0, KERNEL, "forward", [3]),
         (JOB4, 1, 1, KERNEL, "forward", [1, 2, 3]),
     ]

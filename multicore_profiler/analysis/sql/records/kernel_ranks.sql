@@ -24,6 +24,10 @@
 -- The lower median of a group's values (see above).
 CREATE OR REPLACE MACRO _rank_median(ns) AS quantile_disc(ns, 0.5);
 
+-- How far a group's largest value lies above its median: the time recoverable were every
+-- rank as fast as the median one.
+CREATE OR REPLACE MACRO _over_median(ns) AS max(ns) - _rank_median(ns);
+
 -- The rank of a group's largest value, ties to the lowest rank.
 CREATE OR REPLACE MACRO _slowest_rank(rank, ns) AS arg_max(rank, (ns, -rank::BIGINT));
 
@@ -101,8 +105,8 @@ LEFT JOIN top t
 -- direction) over the ranks that ran it (ranks: how many; a rank without it is absent,
 -- see kernel_rank_gaps): the largest, median and smallest makespan, spread_ns = max -
 -- median, the slowest rank, and recoverable_ns = max - median, the time the job's
--- invocation would take less if every rank ran it in the median rank's time (the ranks
--- wait for the slowest at the next collective).
+-- invocation would take less if every rank ran it in the median rank's time (where the
+-- ranks wait for the slowest after it, at a collective).
 CREATE OR REPLACE VIEW kernel_rank_spread AS
 SELECT
     job_id, step, invocation_order, kernel_name, direction,
@@ -110,9 +114,9 @@ SELECT
     max(makespan_ns) AS max_ns,
     _rank_median(makespan_ns) AS median_ns,
     min(makespan_ns) AS min_ns,
-    max(makespan_ns) - _rank_median(makespan_ns) AS spread_ns,
+    _over_median(makespan_ns) AS spread_ns,
     _slowest_rank(rank, makespan_ns) AS slowest_rank,
-    max(makespan_ns) - _rank_median(makespan_ns) AS recoverable_ns
+    _over_median(makespan_ns) AS recoverable_ns
 FROM kernel_rank_invocations
 GROUP BY ALL;
 
@@ -122,14 +126,19 @@ GROUP BY ALL;
 -- the slowest rank and its excess_ns over the median rank (max - median);
 -- recoverable_ns is the sum of kernel_rank_spread's recoverable_ns over the step's
 -- invocations: the time the step would take less if, at every invocation, every rank ran
--- in that invocation's median time.
+-- in that invocation's median time. (Both from one reading of kernel_rank_invocations:
+-- each reading walks every critical path.)
 CREATE OR REPLACE VIEW kernel_rank_steps AS
-WITH totals AS (
-    SELECT job_id, step, rank, sum(makespan_ns)::BIGINT AS step_ns
+WITH made AS MATERIALIZED (
+    SELECT job_id, step, invocation_order, kernel_name, direction, rank, makespan_ns
     FROM kernel_rank_invocations
+),
+totals AS (
+    SELECT job_id, step, rank, sum(makespan_ns)::BIGINT AS step_ns
+    FROM made
     GROUP BY ALL
 ),
-ranks AS (
+over_ranks AS (
     SELECT
         job_id, step,
         count(*) AS ranks,
@@ -137,17 +146,22 @@ ranks AS (
         _rank_median(step_ns) AS median_ns,
         min(step_ns) AS min_ns,
         _slowest_rank(rank, step_ns) AS slowest_rank,
-        max(step_ns) - _rank_median(step_ns) AS excess_ns
+        _over_median(step_ns) AS excess_ns
     FROM totals
     GROUP BY ALL
 ),
+spread AS (
+    SELECT job_id, step, _over_median(makespan_ns) AS recoverable_ns
+    FROM made
+    GROUP BY job_id, step, invocation_order, kernel_name, direction
+),
 recoverable AS (
     SELECT job_id, step, sum(recoverable_ns)::BIGINT AS recoverable_ns
-    FROM kernel_rank_spread
+    FROM spread
     GROUP BY ALL
 )
 SELECT r.*, v.recoverable_ns
-FROM ranks r
+FROM over_ranks r
 JOIN recoverable v ON v.job_id = r.job_id AND v.step = r.step;
 
 -- One row per stage on the critical path of any rank of a job's invocation (job_id, step,
@@ -169,7 +183,7 @@ WITH times AS MATERIALIZED (
         AND s.write_id = o.write_id
     GROUP BY ALL
 ),
-ranks AS (
+spans AS (
     SELECT
         job_id, step, invocation_order, kernel_name, direction, rank,
         any_value(makespan_ns) AS makespan_ns
@@ -180,7 +194,7 @@ slowest AS (
     SELECT
         job_id, step, invocation_order, kernel_name, direction,
         count(*) AS ranks, _slowest_rank(rank, makespan_ns) AS slowest_rank
-    FROM ranks
+    FROM spans
     GROUP BY ALL
     HAVING count(*) >= 2
 ),
@@ -199,7 +213,7 @@ compared AS (
         ON w.job_id = g.job_id AND w.step = g.step AND w.invocation_order = g.invocation_order
         AND w.kernel_name IS NOT DISTINCT FROM g.kernel_name
         AND w.direction IS NOT DISTINCT FROM g.direction
-    JOIN ranks r
+    JOIN spans r
         ON r.job_id = g.job_id AND r.step = g.step AND r.invocation_order = g.invocation_order
         AND r.kernel_name IS NOT DISTINCT FROM g.kernel_name
         AND r.direction IS NOT DISTINCT FROM g.direction
