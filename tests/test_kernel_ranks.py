@@ -225,6 +225,9 @@ def test_the_steps_sum_each_rank_and_the_recoverable_time(jobs: Store) -> None:
         (JOB2, 0, 2, 241, 167, 167, 1, 74, 74),
         (JOB2, 1, 2, 167, 167, 167, 0, 0, 0),
     ]
+    # Scoped to one job, as ``mcprof query --run`` scopes every view.
+    scoped = jobs.sql("SELECT job_id, step FROM kernel_rank_steps ORDER BY step", runs=[JOB2])
+    assert scoped.to_pylist() == [{"job_id": JOB2, "step": 0}, {"job_id": JOB2, "step": 1}]
 
 
 def test_the_slow_ranks_stages_are_ranked_by_their_excess_over_the_others(
