@@ -55,6 +55,7 @@ bench: $(DEV)
 	$(BIN)/python bench/kineto.py --scale 10 --repeat 1
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/compact.py
+	$(BIN)/python bench/cross_rank.py
 
 clean:
 	rm -rf $(VENV) mcprof-store mcprof-store-torch

@@ -11,7 +11,9 @@ cycles converted with each invocation's own frequency.
 At level ``critical`` a sample is the share of one invocation's makespan that a group
 (default: kernel and stage) holds on the invocation's critical path; its change is in
 points (head median - base median), and a share that grew by more than the threshold
-(default 0.05: 5 points), significantly, is ``regressed``. Its rows name their values
+(default 0.05: 5 points), significantly, is ``regressed``. At level ``ranks`` a sample is
+the slowest rank's share of one aligned invocation of a multi-rank run (its makespan above
+the median rank's, over its makespan), compared in points too. Their rows name their values
 ``*_share`` where the other levels' are ``*_ns`` (``result_columns``).
 
 ``compare`` composes three pieces: ``compare_samples`` (what a sample is at each level, and

@@ -105,9 +105,23 @@ LEVELS = {
         pooled=("run_id", "rank", "invocation_id", "write_id"),
         value="sum(dur_ns) / any_value(makespan_ns)",
     ),
+    # The slowest rank's share of each aligned invocation of a multi-rank run: the part of
+    # the slowest rank's makespan above the median rank's (kernel_rank_spread), 0 when the
+    # ranks are even; one sample per step and invocation order.
+    "ranks": Level(
+        """SELECT job_id AS id, kernel_name, direction, step, invocation_order,
+                  recoverable_ns / max_ns AS value
+           FROM kernel_rank_spread WHERE ranks > 1 AND max_ns > 0""",
+        "SELECT job_id AS id FROM kernel_rank_spread WHERE ranks > 1",
+        ("kernel_name", "direction", "step", "invocation_order"),
+        ("kernel_name",),
+        "runs",
+        unit="share",
+    ),
 }
 """What a comparison compares: device records, kernel invocations, the kernels of outer
-(torch / torch_npu) traces, or the stages' shares of the invocations' critical paths."""
+(torch / torch_npu) traces, the stages' shares of the invocations' critical paths, or the
+slowest rank's share of each aligned invocation of a multi-rank run."""
 
 METRICS = ("duration", "share")
 """What is compared: durations in ns (of a record, an invocation or a trace kernel) or

@@ -81,6 +81,12 @@ register(
             "critical_path_tolerance",
         ),
     ),
+    SqlModule(
+        "records.kernel_ranks",
+        _sql("records/kernel_ranks.sql"),
+        needs=("records.critical_path",),
+        on_demand=True,
+    ),
 )
 
 # Outer-kernel analyses: the rules (a setting per store), then one module per topic. The

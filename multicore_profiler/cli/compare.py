@@ -72,6 +72,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         base=args.base,
         invocation=args.invocation,
         traces=args.traces,
+        job=args.job,
     )
     print(f"{written}: report of {args.run}" + (f" against {args.base}" if args.base else ""))
 
@@ -95,20 +96,22 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         choices=sorted(LEVELS),
         default="records",
         help="records (default), invocations (wall time of each launch), kernels (of the "
-        "outer traces in the store; the selectors then choose traces), or critical (each "
-        "invocation's share of its makespan on the critical path, per stage)",
+        "outer traces in the store; the selectors then choose traces), critical (each "
+        "invocation's share of its makespan on the critical path, per stage), or ranks (the "
+        "slowest rank's share of each invocation of a multi-rank run: its time above the "
+        "median rank's, in points)",
     )
     compare.add_argument(
         "--by",
         help="group columns (default: kernel_name,stage,phase for records, kernel_name for "
-        "invocations, family for kernels, kernel_name,stage for critical; add kind there "
-        "for compute, wait, trigger... apart)",
+        "invocations, family for kernels, kernel_name,stage for critical (add kind there for "
+        "compute, wait, trigger... apart), kernel_name for ranks)",
     )
     compare.add_argument(
         "--threshold",
         type=in_range(THRESHOLD),
         default=0.05,
-        help="relative change of the median (0.05); at --level critical, change of the "
+        help="relative change of the median (0.05); at --level critical or ranks, change of the "
         "median share in points (0.05: 5 points)",
     )
     compare.add_argument(
@@ -144,6 +147,11 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         "--traces",
         metavar="SELECTOR",
         help="also draw the step time breakdown of these outer traces (e.g. label:nightly)",
+    )
+    report.add_argument(
+        "--job",
+        metavar="JOB",
+        help="also draw step x rank heatmaps of this job's step time and communication wait",
     )
     report.add_argument("-o", "--output", type=path, required=True, help="the page (.html)")
     report.set_defaults(func=cmd_report)

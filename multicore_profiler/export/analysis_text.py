@@ -199,7 +199,7 @@ def _heading(report: AnalysisReport) -> str:
     )
 
 
-def _cell(name: str, value: Any) -> str:
+def cell_text(name: str, value: Any) -> str:
     """A value as the summary shows it: ns as us (three decimals: to the ns), shares, imbalances and
     errors as percentages, ratios with four decimals, booleans as yes/no, text escaped for a
     terminal (``printable``)."""
@@ -217,7 +217,8 @@ def _cell(name: str, value: Any) -> str:
     return printable(str(value))
 
 
-def _header(name: str) -> str:
+def header_text(name: str) -> str:
+    """A column's name as the summary shows it: ``_ns`` columns in us."""
     if name.endswith("_ns"):
         return name.removesuffix("_ns") + "_us"
     return name
@@ -233,16 +234,16 @@ def _displayed(name: str, table: pa.Table) -> tuple[list[str], list[list[str]]]:
         stages = list(dict.fromkeys(row["stage"] for row in rows))
         header = ["stage", *(f"{s:.0%} faster" for s in speedups)]
         cells = [
-            [printable(stage), *(_cell("ratio", ratios.get((stage, s))) for s in speedups)]
+            [printable(stage), *(cell_text("ratio", ratios.get((stage, s))) for s in speedups)]
             for stage in stages
         ]
         return header, cells
     names = table.column_names
-    cells = [[_cell(n, row[n]) for n in names] for row in table.to_pylist()]
-    return [_header(n) for n in names], cells
+    cells = [[cell_text(n, row[n]) for n in names] for row in table.to_pylist()]
+    return [header_text(n) for n in names], cells
 
 
-def _text_table(header: list[str], cells: list[list[str]]) -> list[str]:
+def text_table(header: list[str], cells: list[list[str]]) -> list[str]:
     """Columns padded to their widest cell; text left-aligned, numbers right-aligned."""
 
     def numeric(column: int) -> bool:
@@ -269,7 +270,7 @@ def analysis_table(report: AnalysisReport) -> str:
     lines = [_heading(report), *check_lines(report.analysis)]
     for name, table in summary_tables(report).items():
         header, cells = _displayed(name, table)
-        lines += ["", f"{_TITLES[name]}:", *(_text_table(header, cells) if cells else ["(none)"])]
+        lines += ["", f"{_TITLES[name]}:", *(text_table(header, cells) if cells else ["(none)"])]
     return "\n".join(lines) + "\n"
 
 
@@ -287,11 +288,11 @@ def analysis_markdown(report: AnalysisReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def analysis_csv(report: AnalysisReport) -> str:
-    """The summary tables as CSV, with their values as computed (ns, fractions): each
-    after a ``# <name>`` line, separated by an empty line."""
+def tables_csv(tables: dict[str, pa.Table]) -> str:
+    """Tables as CSV, with their values as computed (ns, fractions): each after a
+    ``# <name>`` line, separated by an empty line."""
     out = io.StringIO()
-    for index, (name, table) in enumerate(summary_tables(report).items()):
+    for index, (name, table) in enumerate(tables.items()):
         if index:
             out.write("\n")
         out.write(f"# {name}\n")
@@ -300,6 +301,11 @@ def analysis_csv(report: AnalysisReport) -> str:
         for row in table.to_pylist():
             writer.writerow(["" if v is None else v for v in row.values()])
     return out.getvalue()
+
+
+def analysis_csv(report: AnalysisReport) -> str:
+    """The summary tables as CSV (``tables_csv``)."""
+    return tables_csv(summary_tables(report))
 
 
 def analysis_json(report: AnalysisReport) -> bytes:

@@ -113,6 +113,7 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
 <h2>What a faster stage buys</h2><p id="curves-title"></p><div id="curves"></div>
 <div id="comparison-section"></div>
 <div id="breakdown-section"></div>
+<div id="ranks-section"></div>
 <script type="application/json" id="data">__DATA__</script>
 <script>
 (function () {
@@ -395,6 +396,55 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
     part.appendChild(swatches("breakdown-legend", b.parts, function (name) {
       return b.colors[name]; }));
   }
+  if (data.ranks) {
+    var ranksPart = document.getElementById("ranks-section");
+    var ranksHeading = document.createElement("h2");
+    ranksHeading.textContent = "Across ranks";
+    ranksPart.appendChild(ranksHeading);
+    var ranksText = document.createElement("p");
+    ranksText.textContent = data.ranks.title;
+    ranksPart.appendChild(ranksText);
+    data.ranks.maps.forEach(function (m) {
+      var caption = document.createElement("p"); caption.textContent = m.title;
+      ranksPart.appendChild(caption);
+      var cellW = 46, cellH = 20, left = 90, top = 18;
+      var grid = document.createElementNS(SVG, "svg");
+      grid.setAttribute("class", "heatmap"); grid.setAttribute("data-map", m.name);
+      grid.setAttribute("width", left + m.ranks.length * cellW + 10);
+      grid.setAttribute("height", top + m.steps.length * cellH + 6);
+      m.ranks.forEach(function (rank, j) {
+        var t = document.createElementNS(SVG, "text");
+        t.setAttribute("class", "lane-label"); t.setAttribute("x", left + j * cellW + 4);
+        t.setAttribute("y", 12); t.textContent = "rank " + rank; grid.appendChild(t);
+      });
+      m.steps.forEach(function (step, i) {
+        var row = m.values[i];
+        var known = row.filter(function (v) { return v !== null; });
+        var lo = Math.min.apply(null, known), hi = Math.max.apply(null, known);
+        var label = document.createElementNS(SVG, "text");
+        label.setAttribute("class", "lane-label"); label.setAttribute("x", 0);
+        label.setAttribute("y", top + i * cellH + 14); label.textContent = "step " + step;
+        grid.appendChild(label);
+        row.forEach(function (v, j) {
+          var rect = document.createElementNS(SVG, "rect");
+          rect.setAttribute("class", "cell");
+          rect.setAttribute("data-step", step); rect.setAttribute("data-rank", m.ranks[j]);
+          rect.setAttribute("x", left + j * cellW); rect.setAttribute("y", top + i * cellH);
+          rect.setAttribute("width", cellW - 2); rect.setAttribute("height", cellH - 2);
+          var level = v === null || hi === lo ? 0 : (v - lo) / (hi - lo);
+          rect.setAttribute("fill", v === null ? "#eeeeee"
+            : "rgb(" + Math.round(255 - 59 * level) + "," + Math.round(255 - 177 * level) + ","
+              + Math.round(255 - 173 * level) + ")");
+          var tip = document.createElementNS(SVG, "title");
+          tip.textContent = "step " + step + ", rank " + m.ranks[j] + ": "
+            + (v === null ? "no data" : (v / 1e3).toFixed(1) + " us");
+          rect.appendChild(tip);
+          grid.appendChild(rect);
+        });
+      });
+      ranksPart.appendChild(grid);
+    });
+  }
   document.documentElement.dataset.ready = "1";
 })();
 </script></body></html>
@@ -451,6 +501,63 @@ def _breakdown(store: Store, traces: RunSelector | str) -> dict[str, Any]:
     for row in rows:
         row["label"] = f"{row['source_id'][:8]} {row['step_name']}"
     return {"parts": list(_BREAKDOWN_PARTS), "colors": _BREAKDOWN_PARTS, "rows": rows}
+
+
+_JOB_MAPS = {
+    "step": (
+        "Step time per rank (stage + preparing, us): the darker, the slower in its step",
+        """SELECT step, rank, stage_ns + preparing_ns AS value FROM rank_steps
+           WHERE job_id = $id""",
+    ),
+    "wait": (
+        "Communication waiting for the last arrival per rank (us; collective_waits)",
+        "SELECT step, rank, wait_ns AS value FROM collective_waits WHERE job_id = $id",
+    ),
+}
+_RUN_MAPS = {
+    "kernel": (
+        "MegaKernel time per rank (the sum of its invocations' makespans, us)",
+        """SELECT step, rank, sum(makespan_ns)::BIGINT AS value FROM kernel_rank_invocations
+           WHERE job_id = $id GROUP BY ALL""",
+    ),
+}
+"""The heatmaps of the report's cross-rank section: (title, SQL of step, rank, value)."""
+
+
+def _heatmap(store: Store, name: str, title: str, query: str, where: str) -> dict[str, Any]:
+    """One step x rank grid of the values ``query`` gives for ``where`` (a job or run)."""
+    rows = store.sql(query, {"id": where}).to_pylist()
+    steps = sorted({row["step"] for row in rows})
+    ranks = sorted({row["rank"] for row in rows})
+    at = {(row["step"], row["rank"]): row["value"] for row in rows}
+    values = [[at.get((step, rank)) for rank in ranks] for step in steps]
+    return {"name": name, "title": title, "steps": steps, "ranks": ranks, "values": values}
+
+
+def _ranks(store: Store, job: str | None, run: str) -> dict[str, Any] | None:
+    """The cross-rank heatmaps: of the outer traces' ``job`` where given, and of the
+    latest run where it has two ranks or more; ``None`` when there is neither."""
+    maps, said = [], []
+    if job is not None:
+        if not store.sql("SELECT 1 FROM trace_sources WHERE job_id = $id", {"id": job}).num_rows:
+            raise ExportError(f"no job {job!r} in {store.uri}")
+        maps += [_heatmap(store, n, t, q, job) for n, (t, q) in _JOB_MAPS.items()]
+        said.append(f"job {job}")
+    ranks = (
+        store.sql(
+            "SELECT count(DISTINCT rank) AS n FROM invocations WHERE run_id = $id",
+            {"id": run},
+            runs=[run],
+        )
+        .column("n")[0]
+        .as_py()
+    )
+    if ranks > 1:
+        maps += [_heatmap(store, n, t, q, run) for n, (t, q) in _RUN_MAPS.items()]
+        said.append(f"run {run} ({ranks} ranks)")
+    if not maps:
+        return None
+    return {"title": "Ranks of " + " and ".join(said) + " (see mcprof ranks)", "maps": maps}
 
 
 _CAPTURE = f"""SELECT run_id, {", ".join(CAPTURE_COLUMNS)} FROM runs
@@ -561,14 +668,17 @@ def write_report(
     base: RunSelector | str | None = None,
     invocation: int | None = None,
     traces: RunSelector | str | None = None,
+    job: str | None = None,
 ) -> Path:
     """Write the report of the selected runs to ``output``: their stages, the timeline of
     ``invocation`` of the latest run (default: its first), with ``base`` the comparison of
-    those runs against the base runs, and with ``traces`` (a selector of outer traces) a
-    stacked bar of each of their steps' time breakdown."""
+    those runs against the base runs, with ``traces`` (a selector of outer traces) a
+    stacked bar of each of their steps' time breakdown, and step x rank heatmaps of the
+    latest run's kernel time where it has several ranks and, with ``job``, of that job's
+    step time and communication wait."""
     output = Path(output)
     with written_aside(output, ExportError, "the report") as aside:
-        page = _page(store, runs, base, invocation, traces)
+        page = _page(store, runs, base, invocation, traces, job)
         aside.write_text(page, encoding="utf-8")
     return output
 
@@ -592,6 +702,7 @@ def _page(
     base: RunSelector | str | None,
     invocation: int | None,
     traces: RunSelector | str | None,
+    job: str | None = None,
 ) -> str:
     """The report's HTML: the data of the selected runs in the page's script."""
     selected = store.select_runs(runs)
@@ -634,6 +745,7 @@ def _page(
         "curves": curves,
         "comparison": None if base is None else _comparison(store.compare(base, runs)),
         "breakdown": None if traces is None else _breakdown(store, traces),
+        "ranks": _ranks(store, job, latest),
     }
     page = _PAGE.replace("__TITLE__", f"{len(selected)} run(s)")
     return page.replace("__DATA__", script_json(data))

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import csv
 import re
+import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,6 +193,104 @@ def _communication_rows(path: Path) -> Iterator[dict[str, Any]]:
                 yield row
 
 
+_DB_STEP_COLUMNS = {
+    "computing": "computing_us",
+    "communication_not_overlapped": "communication_not_overlapped_us",
+    "overlapped": "overlapped_us",
+    "communication": "communication_us",
+    "free": "free_us",
+    "stage": "stage_us",
+    "bubble": "bubble_us",
+    "communication_not_overlapped_and_exclude_receive": (
+        "communication_not_overlapped_exclude_receive_us"
+    ),
+    "preparing": "preparing_us",
+}
+"""``analysis.db``'s ``StepTraceTime`` columns and the stored names (as the csv's)."""
+_DB_TIME_COLUMNS = {
+    "start_timestamp": "start_us",
+    "elapse_time": "elapse_ms",
+    "transit_time": "transit_ms",
+    "wait_time": "wait_ms",
+    "synchronization_time": "sync_ms",
+    "idle_time": "idle_ms",
+}
+"""``analysis.db``'s ``CommAnalyzerTime`` columns and the stored names (as the json's)."""
+
+
+def _query(path: Path, sql: str) -> list[dict[str, Any]]:
+    """The rows of a query of an SQLite file, opened read-only and immutable (a plain
+    read-only open of a WAL-mode file writes side files next to it); none where the file
+    lacks the query's table."""
+    try:
+        with closing(
+            sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro&immutable=1", uri=True)
+        ) as db:
+            db.row_factory = sqlite3.Row
+            return [dict(row) for row in db.execute(sql)]
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise TraceFormatError(f"{path}: cannot read it as msprof's database: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise TraceFormatError(f"{path}: cannot read it as msprof's database: {exc}") from None
+
+
+def _db_outputs(output: Path) -> tuple[dict[str, Any], int | None, int | None]:
+    """msprof's tables of a DB export: ``StepTraceTime`` and ``CommAnalyzerTime`` of
+    ``analysis.db``, and ``COMMUNICATION_OP`` of ``ascend_pytorch_profiler_N.db`` (each op's
+    exact start and end, its step from ``STEP_TIME``); and the rank and device its
+    ``RANK_DEVICE_MAP`` names."""
+    outputs: dict[str, Any] = {}
+    analysis = output / "analysis.db"
+    if analysis.is_file():
+        steps = _query(analysis, "SELECT * FROM StepTraceTime")
+        if steps:
+            outputs["step_trace_time"] = [
+                {
+                    "step": str(row["step"]),
+                    **{to: row.get(of) for of, to in _DB_STEP_COLUMNS.items()},
+                }
+                for row in steps
+            ]
+        times = _query(analysis, "SELECT * FROM CommAnalyzerTime")
+    else:
+        times = []
+    ops: dict[str, dict[str, Any]] = {
+        row["hccl_op_name"]: {
+            "step": row["step"],
+            "type": row["type"],
+            "op_name": row["hccl_op_name"],
+            "group_name": row["group_name"],
+            **{to: row[of] for of, to in _DB_TIME_COLUMNS.items()},
+        }
+        for row in times
+    }
+    rank = device = None
+    profiler = sorted(output.glob("ascend_pytorch_profiler*.db"))
+    if profiler:
+        for row in _query(
+            profiler[0],
+            "SELECT o.startNs AS start_ns, o.endNs AS end_ns, n.value AS op_name, "
+            "g.value AS group_name, s.id AS step FROM COMMUNICATION_OP o "
+            "JOIN STRING_IDS n ON n.id = o.opName JOIN STRING_IDS g ON g.id = o.groupName "
+            "LEFT JOIN STEP_TIME s ON o.startNs >= s.startNs AND o.startNs < s.endNs "
+            "ORDER BY o.startNs",
+        ):
+            step = f"step{row['step']}" if row["step"] is not None else None
+            op = ops.setdefault(
+                row["op_name"],
+                {"step": step, "op_name": row["op_name"], "group_name": row["group_name"]},
+            )
+            op.update(start_ns=row["start_ns"], end_ns=row["end_ns"])
+        mapped = _query(profiler[0], "SELECT rankId, deviceId FROM RANK_DEVICE_MAP")
+        if len(mapped) == 1:
+            rank, device = mapped[0]["rankId"], mapped[0]["deviceId"]
+    if ops:
+        outputs["communication"] = list(ops.values())
+    return outputs, rank, device
+
+
 def read_rank_folder(folder: Path) -> RankFolder:
     """What one rank's output folder holds. The rank comes from ``profiler_info_N.json``,
     else ``profiler_metadata.json``; the two must agree. Refused with the folder named when
@@ -198,11 +298,6 @@ def read_rank_folder(folder: Path) -> RankFolder:
     output = folder / OUTPUT_DIR
     info_rank = _info_rank(folder)
     parallel, metadata_rank = _parallel(folder)
-    if info_rank is not None and metadata_rank is not None and info_rank != metadata_rank:
-        raise TraceFormatError(
-            f"{folder}: profiler_info says rank {info_rank}, profiler_metadata.json's "
-            f"distributed_args rank {metadata_rank}"
-        )
     trace = next((output / name for name in TRACES if (output / name).is_file()), None)
     outputs: dict[str, Any] = {}
     device = None
@@ -210,13 +305,23 @@ def read_rank_folder(folder: Path) -> RankFolder:
         outputs["step_trace_time"], device = _step_rows(output / "step_trace_time.csv")
     if (output / "communication.json").is_file():
         outputs["communication"] = list(_communication_rows(output / "communication.json"))
+    db_rank = None
+    if not outputs and output.is_dir():
+        outputs, db_rank, db_device = _db_outputs(output)
+        device = device if device is not None else db_device
     if trace is None and not outputs:
         raise TraceFormatError(
             f"{folder}: holds neither {' nor '.join(TRACES)} nor msprof's step_trace_time.csv "
-            f"or communication.json under {OUTPUT_DIR} (a DB-only export is not read: export "
-            "text as well)"
+            f"or communication.json under {OUTPUT_DIR}, as text or in its analysis.db and "
+            "ascend_pytorch_profiler_N.db"
         )
-    rank = info_rank if info_rank is not None else metadata_rank
+    ranks = {r for r in (info_rank, metadata_rank, db_rank) if r is not None}
+    if len(ranks) > 1:
+        raise TraceFormatError(
+            f"{folder}: its files name several ranks {sorted(ranks)} (profiler_info, "
+            "profiler_metadata.json, RANK_DEVICE_MAP)"
+        )
+    rank = ranks.pop() if ranks else None
     if rank is None and trace is None:
         raise TraceFormatError(
             f"{folder}: no rank: neither profiler_info_N.json nor profiler_metadata.json names it"
