@@ -41,3 +41,25 @@ def rank_copy(
             event["ts"] += shift_us
     target.write_bytes(gzip.compress(json.dumps(trace).encode(), compresslevel=1))
     return target
+
+
+def nccl_trace(target: Path, *, rank: int, kernels: list[tuple[str, int, int, dict]]) -> Path:
+    """Write a small kineto trace of rank ``rank`` to ``target``: one step annotation
+    (ProfilerStep#7, 0-10 ms) launching each kernel of ``kernels`` (name, ts µs, dur µs,
+    args such as ``Process Group Name`` and ``Seq``) on stream 7; return ``target``."""
+    events: list[dict] = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "pid": 1, "tid": 1,
+         "ts": 0, "dur": 10_000},
+    ]  # fmt: skip
+    for correlation, (name, ts, dur, args) in enumerate(kernels, start=1):
+        events.append(
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+             "ts": 1 + correlation, "dur": 1, "args": {"correlation": correlation}}
+        )  # fmt: skip
+        events.append(
+            {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+             "args": {"correlation": correlation, "stream": 7, "device": 0, **args}}
+        )  # fmt: skip
+    trace = {"distributedInfo": {"backend": "nccl", "rank": rank}, "traceEvents": events}
+    target.write_text(json.dumps(trace))
+    return target

@@ -6,12 +6,18 @@ kineto trace with known skews."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kineto_ranks import nccl_kernels, rank_copy
+from kineto_ranks import nccl_kernels, nccl_trace, rank_copy
 from shared_fixtures import shared_fixture
 
 from multicore_profiler.ingest.jobs import ingest_job
@@ -311,3 +317,115 @@ def nccl_kernels_of_rank0() -> list[int]:
     """The NCCL kernels of the A100 trace, as the test helper numbers them."""
     trace = json.loads(gzip.decompress(shared_fixture(A100).read_bytes()))
     return nccl_kernels(trace["traceEvents"])
+
+
+RING = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+TREE = "ncclDevKernel_AllReduce_Sum_f32_TREE_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def test_kineto_collectives_pair_by_process_group_and_seq(store: Store, tmp_path: Path) -> None:
+    # The two ranks chose different algorithms (kernel names) and ran group "1"'s Seq 5
+    # before group "0"'s Seq 3 on rank 1 only: (process group, Seq) still pairs them.
+    def pg(group: str, seq: int) -> dict:
+        return {"Process Group Name": group, "Seq": seq}
+
+    rank0 = [(RING, 100, 50, pg("0", 3)), (RING, 300, 40, pg("1", 5))]
+    rank1 = [(TREE, 280, 20, pg("1", 5)), (TREE, 120, 35, pg("0", 3))]
+    paths = [
+        nccl_trace(tmp_path / "r0.json", rank=0, kernels=rank0),
+        nccl_trace(tmp_path / "r1.json", rank=1, kernels=rank1),
+    ]
+    ingest_job(store, paths, job="pg")
+    assert rows(
+        store,
+        "SELECT group_name, instance, rank, step, start_ns, end_ns, keyed_by, complete "
+        "FROM collective_instances ORDER BY ALL",
+    ) == [
+        ("0", "seq 3", 0, 7, 100_000, 150_000, "seq", True),
+        ("0", "seq 3", 1, 7, 120_000, 155_000, "seq", True),
+        ("1", "seq 5", 0, 7, 300_000, 340_000, "seq", True),
+        ("1", "seq 5", 1, 7, 280_000, 300_000, "seq", True),
+    ]
+    assert rows(store, "SELECT * FROM collective_waits ORDER BY rank") == [
+        ("pg", 0, 7, 15_000 + 20_000, 35_000 + 20_000, 2, 0),
+        ("pg", 1, 7, 0, 35_000 + 20_000, 2, 0),
+    ]
+    # Ends differ by +5 µs (seq 3) and -40 µs (seq 5): median -17.5 µs.
+    assert rows(store, "SELECT * FROM rank_clock_offsets WHERE rank = 1") == [
+        ("pg", 1, 0, -17_500, 2, 45_000)
+    ]
+
+
+DB_LEVELS = {  # README: wait r0, r1 and transmit (ns), from COMMUNICATION_OP
+    0: (7_920, 4_121_202, 89_872_656),
+    1: (3_522_991, 5_081, 98_585_109),
+    2: (8_002, 6_258_006, 94_099_519),
+}
+"""The ascend-cluster README's derived cluster_time_summary values of the DB captures."""
+RECIPES = ("cluster_time_summary", "slow_rank")
+"""msprof-analyze's recipes the DB captures are checked against."""
+_RUN_RECIPES = """
+import sys
+from msprof_analyze.cli.entrance import msprof_analyze_cli
+for folder in sys.argv[2:]:
+    for recipe in sys.argv[1].split(","):
+        msprof_analyze_cli(["cluster", "-m", recipe, "-d", folder], standalone_mode=False)
+"""
+"""One process running every recipe on every folder: msprof-analyze imported once."""
+
+
+@pytest.fixture(scope="session")
+def msprof_analyze_db(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, list]]:
+    """msprof-analyze's own cluster_time_summary and slow_rank of each DB level, run once
+    on copies (it writes into its input): per level, the rows of its ClusterTimeSummary
+    and SlowRank tables (none where it wrote none)."""
+    if importlib.util.find_spec("msprof_analyze") is None:
+        pytest.skip("msprof-analyze is not installed (pip install msprof-analyze)")
+    base = shared_fixture("ascend-cluster/msinsight_imagenet_2rank_dp_db")
+    copies = tmp_path_factory.mktemp("msprof_analyze")
+    folders = {
+        level: shutil.copytree(base / f"level{level}", copies / f"level{level}")
+        for level in DB_LEVELS
+    }
+    subprocess.run(
+        [sys.executable, "-c", _RUN_RECIPES, ",".join(RECIPES), *map(str, folders.values())],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    found = {}
+    for level, folder in folders.items():
+        output = folder / "cluster_analysis_output/cluster_analysis.db"
+        with closing(sqlite3.connect(output)) as db:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+            found[level] = {
+                table: db.execute(f"SELECT * FROM {table}").fetchall() if table in tables else []
+                for table in ("ClusterTimeSummary", "SlowRank")
+            }
+    return found
+
+
+@pytest.mark.parametrize("level", sorted(DB_LEVELS))
+def test_db_captures_wait_as_msprof_analyze_says(
+    store: Store, level: int, msprof_analyze_db: dict[int, dict[str, list]]
+) -> None:
+    """The 2-rank ImageNet DB captures (COMMUNICATION_OP's exact times): the README's
+    values, and msprof-analyze's ClusterTimeSummary rounded to the ns; no slow rank."""
+    base = shared_fixture("ascend-cluster/msinsight_imagenet_2rank_dp_db")
+    ingest_job(store, [base / f"level{level}"], job="db")
+    wait0, wait1, transmit = DB_LEVELS[level]
+    ours = rows(store, "SELECT rank, step, wait_ns, transmit_ns FROM collective_waits ORDER BY 1")
+    assert ours == [(0, 50, wait0, transmit), (1, 50, wait1, transmit)]
+    summary = msprof_analyze_db[level]["ClusterTimeSummary"]
+    # rank, step, ..., communicationWaitStageTime, communicationTransmitStageTime (µs)
+    theirs = [(r[0], r[1], round(r[8] * 1000), round(r[9] * 1000)) for r in summary]
+    # Level 0 has no analysis.db CommAnalyzerTime, from which msprof-analyze 26.2.0 maps
+    # groups to ranks: it finds no group and writes no ClusterTimeSummary at all.
+    assert theirs == ([] if level == 0 else ours)
+    assert msprof_analyze_db[level]["SlowRank"] == []
+    assert rows(store, "SELECT sum(votes) FROM slow_ranks") == [(0,)]
+    # Every op of a level ends 8-20 µs later on rank 1 (the README's clock skew).
+    offset, spread = rows(
+        store, "SELECT offset_ns, spread_ns FROM rank_clock_offsets WHERE rank = 1"
+    )[0]
+    assert (offset, spread) == {0: (17_942, 7_801), 1: (14_515, 5_861), 2: (15_860, 8_661)}[level]
