@@ -135,6 +135,30 @@ def test_op_times_of_the_level1_rank0_capture(store: Store) -> None:
     ]  # fmt: skip
 
 
+def test_a_single_plane_is_the_master_plane(store: Store) -> None:
+    # The 2024 Level1 capture's HCCL writes one plane (plane 0): its master plane, so each
+    # op's HCCS transit time over all planes is its transit time.
+    trace = "ascend/torchnpu_imagenet_2024_L1_rank0_trace_view.json.gz"
+    ingest_trace(store, shared_fixture(trace))
+    got = rows(
+        store,
+        "SELECT t.op_name, t.elapse_ns, t.transit_ns, t.wait_ns, t.sync_ns, t.idle_ns, "
+        "t.wait_ratio, t.sync_ratio, b.transit_ns AS hccs_ns FROM hccl_op_times t "
+        "JOIN hccl_op_bandwidth b USING (source_id, event_index) "
+        "WHERE b.transport_type = 'HCCS' ORDER BY t.start_ns",
+    )
+    assert [tuple(op.values()) for op in got] == [
+        ("hcom_allReduce__538_0_1", 53_398_483, 354_280, 52_219_420, 49_458_704, 824_783,
+         0.9933, 0.9929, 354_280),
+        ("hcom_allReduce__538_1_1", 5_820_818, 2_243_455, 2_913_839, 1_379_734, 663_524,
+         0.565, 0.3808, 2_243_455),
+        ("hcom_allReduce__538_2_1", 9_387_904, 5_493_536, 2_514_287, 792_278, 1_380_081,
+         0.314, 0.126, 5_493_536),
+        ("hcom_allReduce__538_3_1", 2_180_142, 735_566, 1_344_503, 20, 100_073, 0.6464, 0.0,
+         735_566),
+    ]  # fmt: skip
+
+
 def test_a_level0_capture_has_ops_but_no_tasks(store: Store) -> None:
     # Level0 records no plane tasks: each op keeps its own start and duration, and no
     # transit, wait or bandwidth (msprof writes no communication.json for it).
