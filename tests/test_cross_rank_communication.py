@@ -20,8 +20,9 @@ import pytest
 from kineto_ranks import nccl_kernels, nccl_trace, rank_copy
 from shared_fixtures import shared_fixture
 
+from multicore_profiler.ingest.ascend_output import read_rank_folder
 from multicore_profiler.ingest.jobs import ingest_job
-from multicore_profiler.ingest.outer_trace import RankContext, ingest_outputs
+from multicore_profiler.ingest.outer_trace import RankContext, ingest_outputs, ingest_trace
 from multicore_profiler.storage.store import Store
 
 
@@ -429,3 +430,30 @@ def test_db_captures_wait_as_msprof_analyze_says(
         store, "SELECT offset_ns, spread_ns FROM rank_clock_offsets WHERE rank = 1"
     )[0]
     assert (offset, spread) == {0: (17_942, 7_801), 1: (14_515, 5_861), 2: (15_860, 8_661)}[level]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_traced_ranks_wait_as_their_msprof_outputs_say(store: Store, level: int) -> None:
+    """The 2025 ImageNet traces (hccl_op_times) and msprof's communication.json of the
+    same captures (their rank folders, loaded alone as another job) give the same waits."""
+    text = shared_fixture(f"ascend-cluster/msinsight_imagenet_2rank_dp_text/level{level}")
+    for rank in (0, 1):
+        trace = shared_fixture(
+            f"ascend/torchnpu_imagenet_2025_L{level}_rank{rank}_trace_view.json.gz"
+        )
+        context = read_rank_folder(text / f"rank{rank}_ascend_pt").context
+        ingest_trace(store, trace, rank=rank, job="traced", context=context)
+    ingest_job(store, [text], job="text")
+    bases = rows(
+        store, "SELECT job_id, list(DISTINCT basis) FROM communication_ops GROUP BY 1 ORDER BY 1"
+    )
+    assert bases == [("text", ["msprof"]), ("traced", ["trace"])]
+    waits = rows(
+        store,
+        "SELECT * EXCLUDE (job_id) FROM collective_waits WHERE job_id = 'traced' ORDER BY ALL",
+    )
+    assert waits == rows(
+        store, "SELECT * EXCLUDE (job_id) FROM collective_waits WHERE job_id = 'text' ORDER BY ALL"
+    )
+    assert len(waits) == 2
+    assert waits[0][:2] == (0, 50)

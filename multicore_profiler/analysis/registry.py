@@ -150,7 +150,7 @@ register(
     SqlModule(
         "cross_rank.communication",
         _sql("cross_rank/communication.sql"),
-        needs=("outer_kernels.steps", "outer_kernels.collectives"),
+        needs=("outer_kernels.steps", "outer_kernels.collectives", "outer_kernels.hccl_ops"),
         on_demand=True,
     ),
 )

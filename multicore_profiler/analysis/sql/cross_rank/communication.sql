@@ -1,9 +1,9 @@
 -- Communication across the ranks of a job: communication_ops, collective_instances,
 -- collective_waits, slow_ranks, rank_clock_offsets, and the macros hccl_group_hash,
 -- dixon_critical_995 and is_p2p_op_name they use.
--- Needs: outer_kernels.steps (step_periods, kernels), outer_kernels.collectives (collectives).
--- Reads the store's trace_sources (job_id, rank, parallel, profiler_outputs) and
--- trace_events (the args of NCCL kernels).
+-- Needs: outer_kernels.steps (step_periods, kernels), outer_kernels.collectives (collectives),
+-- outer_kernels.hccl_ops (hccl_op_times). Reads the store's trace_sources (job_id, rank,
+-- parallel, profiler_outputs) and trace_events (the args of NCCL kernels).
 --
 -- Times are the ranks' own clocks, raw: rank_clock_offsets estimates how far apart they
 -- are and nothing here applies it. A job is the ranks of one ingest (trace_sources.job_id).
@@ -38,14 +38,22 @@ CREATE OR REPLACE MACRO dixon_critical_995(n) AS CASE WHEN n BETWEEN 3 AND 100 T
 CREATE OR REPLACE MACRO is_p2p_op_name(name) AS
 contains(name, 'send') OR contains(name, 'receive');
 
--- One row per communication op and rank of torch_npu's ranks: msprof's communication.json
--- rows (profiler_outputs.communication) of the ranks loaded from output folders without a
--- trace (form 'outputs'). step is the step number ("step13" gives 13); times are ns,
--- rounded from msprof's µs (start) and ms (the rest), but for a row that carries exact
--- start_ns and end_ns (the DB export's COMMUNICATION_OP), whose elapse is end - start.
--- basis says where the row comes from ('msprof').
+-- One row per communication op and rank of torch_npu's ranks, with basis saying where it
+-- comes from:
+-- - 'trace': the ranks loaded from a trace, their hcom ops' times from the HCCL task stream
+--   (hccl_op_times; group_name as it names the group);
+-- - 'msprof': the ranks loaded from output folders without a trace (form 'outputs'),
+--   msprof's communication.json rows (profiler_outputs.communication): times in ns rounded
+--   from msprof's µs (start) and ms (the rest), but for a row that carries exact start_ns
+--   and end_ns (the DB export's COMMUNICATION_OP), whose elapse is end - start.
+-- step is the step number (msprof's "step13" gives 13).
 CREATE OR REPLACE VIEW communication_ops AS
-WITH rows AS (
+WITH traced AS (
+    SELECT s.job_id, h.rank, h.step_number AS step, h.group_name, h.op_name, h.start_ns,
+        h.elapse_ns, h.transit_ns, h.wait_ns, h.sync_ns, h.idle_ns, h.wait_ratio,
+        h.sync_ratio, 'trace' AS basis
+    FROM hccl_op_times h JOIN trace_sources s USING (source_id)
+), rows AS (
     SELECT job_id, rank, unnest(json_extract(profiler_outputs, '$.communication[*]')) AS op
     FROM trace_sources
     WHERE form = 'outputs' AND profiler_outputs IS NOT NULL
@@ -65,6 +73,8 @@ WITH rows AS (
         TRY_CAST(op->>'sync_ratio' AS DOUBLE) AS sync_ratio
     FROM rows
 )
+SELECT * FROM traced
+UNION ALL
 SELECT job_id, rank, step, group_name, op_name, start_ns, elapse_ns, transit_ns, wait_ns,
     sync_ns, idle_ns, wait_ratio, sync_ratio, 'msprof' AS basis
 FROM ms;
