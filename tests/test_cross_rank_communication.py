@@ -69,6 +69,7 @@ def test_two_ranks_split_wait_and_transmit_by_rank_not_device(store: Store) -> N
     outputs_rank(
         store, "two", 1, [op("A", "g", 1300, 0.21), op("B", "g", 1899.5, 0.4105)], device=5
     )  # fmt: skip
+    assert rows(store, "SELECT rank, device FROM trace_sources ORDER BY rank") == [(0, 4), (1, 5)]
     assert rows(
         store,
         "SELECT rank, step, group_name, op_name, start_ns, elapse_ns, basis "

@@ -86,8 +86,8 @@ FROM ms;
 --   name within its step: '<step>/<op_name>'.
 -- - kineto (the NCCL kernels of collectives; group_name the kernel's args
 --   "Process Group Name"): 'seq <Seq>' where the kernel's args carry "Seq" (keyed_by
---   'seq'), else the kernel's name and its place among the kernels of that name in its
---   step: '<step>/<name>#<k>', k from 0 in order of start (keyed_by 'order').
+--   'seq'), else the kernel's name and its place among the kernels of that name and group
+--   in its step: '<step>/<name>#<k>', k from 0 in order of start (keyed_by 'order').
 -- The group's ranks (group_ranks) are those of its parallel_group_info entry in any rank's
 -- profiler_metadata.json (the entry whose key is the group name or hashes to it, see
 -- hccl_group_hash), else the ranks of the job that hold any op of the group. An instance is
@@ -117,7 +117,7 @@ WITH ascend AS (
         CASE WHEN seq IS NOT NULL THEN 'seq ' || seq
              ELSE coalesce(step::VARCHAR, '') || '/' || name || '#'
                  || row_number() OVER (
-                     PARTITION BY source_id, step_index, name, seq IS NULL
+                     PARTITION BY source_id, step_index, group_name, name, seq IS NULL
                      ORDER BY ts_ns, event_index) - 1
         END AS instance,
         CASE WHEN seq IS NOT NULL THEN 'seq' ELSE 'order' END AS keyed_by,
@@ -128,11 +128,10 @@ WITH ascend AS (
 ), declared AS (
     -- Each group of the job's parallel_group_info (from any rank) with its global ranks.
     SELECT DISTINCT job_id, group_key,
-        unnest(from_json(json_extract(parallel,
-            '$.parallel_group_info."' || group_key || '".global_ranks'), '["INTEGER"]'))
+        unnest(from_json(json_extract(info, group_key) -> 'global_ranks', '["INTEGER"]'))
             AS rank
     FROM (
-        SELECT job_id, parallel,
+        SELECT job_id, parallel -> 'parallel_group_info' AS info,
             unnest(json_keys(parallel, '$.parallel_group_info')) AS group_key
         FROM trace_sources
         WHERE parallel IS NOT NULL
@@ -153,7 +152,7 @@ WITH ascend AS (
 ), sizes AS (
     SELECT job_id, group_name, count(*) AS group_ranks FROM members GROUP BY ALL
 ), counted AS (
-    SELECT p.*, m.rank IS NOT NULL AS member, z.group_ranks,
+    SELECT p.*, z.group_ranks,
         count(*) OVER i AS parts,
         count(*) FILTER (m.rank IS NOT NULL) OVER i AS member_parts,
         count(DISTINCT p.rank) FILTER (m.rank IS NOT NULL) OVER i AS member_ranks
