@@ -376,19 +376,65 @@ for folder in sys.argv[2:]:
 """One process running every recipe on every folder: msprof-analyze imported once."""
 
 
+DIXON_STRETCH_NS = {
+    1: [0, 300_000, 310_000, 320_000, 330_000],  # r = 298919 / 330000 > 0.823: rank 0 votes
+    3: [40_000, 0, 10_000, 20_000, 400_000],  # r = 10299 / 400000: no outlier
+}
+"""The 5-rank DB job: per op index k (hcom_allReduce__210_k_1), how much later each rank
+0..4 ends it than the capture's rank r % 2 did."""
+
+
+def writable_copy(source: Path, target: Path) -> Path:
+    """``source`` copied to ``target`` with every folder and file writable (the fixtures
+    are read-only, and msprof-analyze writes into its input)."""
+    shutil.copytree(source, target, copy_function=shutil.copyfile)
+    for folder in [target, *(p for p in target.rglob("*") if p.is_dir())]:
+        folder.chmod(0o755)
+    return target
+
+
+def five_db_ranks(level: Path, target: Path) -> Path:
+    """A 5-rank DB job from a 2-rank one: rank r is a copy of rank r % 2 renamed as rank r
+    (profiler_info_r.json and its rank_id, ascend_pytorch_profiler_r.db and its
+    RANK_DEVICE_MAP), each op of DIXON_STRETCH_NS ending that much later."""
+    for rank in range(5):
+        folder = writable_copy(
+            level / f"rank{rank % 2}_ascend_pt", target / f"rank{rank}_ascend_pt"
+        )
+        info = folder / f"profiler_info_{rank % 2}.json"
+        text = json.loads(info.read_text())
+        info.unlink()
+        (folder / f"profiler_info_{rank}.json").write_text(json.dumps({**text, "rank_id": rank}))
+        output = folder / "ASCEND_PROFILER_OUTPUT"
+        db = (output / f"ascend_pytorch_profiler_{rank % 2}.db").rename(
+            output / f"ascend_pytorch_profiler_{rank}.db"
+        )
+        with closing(sqlite3.connect(db)) as con, con:
+            con.execute("UPDATE RANK_DEVICE_MAP SET rankId = ?", [rank])
+            for k, later in DIXON_STRETCH_NS.items():
+                con.execute(
+                    "UPDATE COMMUNICATION_OP SET endNs = endNs + ? WHERE opName = "
+                    "(SELECT id FROM STRING_IDS WHERE value = ?)",
+                    [later[rank], f"hcom_allReduce__210_{k}_1"],
+                )
+    return target
+
+
 @pytest.fixture(scope="session")
-def msprof_analyze_db(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, list]]:
-    """msprof-analyze's own cluster_time_summary and slow_rank of each DB level, run once
-    on copies (it writes into its input): per level, the rows of its ClusterTimeSummary
-    and SlowRank tables (none where it wrote none)."""
+def msprof_analyze_db(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """msprof-analyze's own cluster_time_summary and slow_rank, run once on copies (it
+    writes into its input) of each DB level ("level0" ...) and of a 5-rank job made from
+    Level 1 ("five", five_db_ranks): per job, its folder and the rows of its
+    ClusterTimeSummary and SlowRank tables (none where it wrote none)."""
     if importlib.util.find_spec("msprof_analyze") is None:
         pytest.skip("msprof-analyze is not installed (pip install msprof-analyze)")
     base = shared_fixture("ascend-cluster/msinsight_imagenet_2rank_dp_db")
     copies = tmp_path_factory.mktemp("msprof_analyze")
     folders = {
-        level: shutil.copytree(base / f"level{level}", copies / f"level{level}")
+        f"level{level}": writable_copy(base / f"level{level}", copies / f"level{level}")
         for level in DB_LEVELS
     }
+    folders["five"] = five_db_ranks(base / "level1", copies / "five")
     subprocess.run(
         [sys.executable, "-c", _RUN_RECIPES, ",".join(RECIPES), *map(str, folders.values())],
         check=True,
@@ -396,20 +442,21 @@ def msprof_analyze_db(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dic
         timeout=300,
     )
     found = {}
-    for level, folder in folders.items():
+    for name, folder in folders.items():
         output = folder / "cluster_analysis_output/cluster_analysis.db"
         with closing(sqlite3.connect(output)) as db:
             tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
-            found[level] = {
+            found[name] = {
                 table: db.execute(f"SELECT * FROM {table}").fetchall() if table in tables else []
                 for table in ("ClusterTimeSummary", "SlowRank")
             }
+        found[name]["folder"] = folder
     return found
 
 
 @pytest.mark.parametrize("level", sorted(DB_LEVELS))
 def test_db_captures_wait_as_msprof_analyze_says(
-    store: Store, level: int, msprof_analyze_db: dict[int, dict[str, list]]
+    store: Store, level: int, msprof_analyze_db: dict[str, dict[str, Any]]
 ) -> None:
     """The 2-rank ImageNet DB captures (COMMUNICATION_OP's exact times): the README's
     values, and msprof-analyze's ClusterTimeSummary rounded to the ns; no slow rank."""
@@ -418,13 +465,13 @@ def test_db_captures_wait_as_msprof_analyze_says(
     wait0, wait1, transmit = DB_LEVELS[level]
     ours = rows(store, "SELECT rank, step, wait_ns, transmit_ns FROM collective_waits ORDER BY 1")
     assert ours == [(0, 50, wait0, transmit), (1, 50, wait1, transmit)]
-    summary = msprof_analyze_db[level]["ClusterTimeSummary"]
+    summary = msprof_analyze_db[f"level{level}"]["ClusterTimeSummary"]
     # rank, step, ..., communicationWaitStageTime, communicationTransmitStageTime (µs)
     theirs = [(r[0], r[1], round(r[8] * 1000), round(r[9] * 1000)) for r in summary]
     # Level 0 has no analysis.db CommAnalyzerTime, from which msprof-analyze 26.2.0 maps
     # groups to ranks: it finds no group and writes no ClusterTimeSummary at all.
     assert theirs == ([] if level == 0 else ours)
-    assert msprof_analyze_db[level]["SlowRank"] == []
+    assert msprof_analyze_db[f"level{level}"]["SlowRank"] == []
     assert rows(store, "SELECT sum(votes) FROM slow_ranks") == [(0,)]
     # Every op of a level ends 8-20 µs later on rank 1 (the README's clock skew).
     offset, spread = rows(
@@ -458,3 +505,21 @@ def test_traced_ranks_wait_as_their_msprof_outputs_say(store: Store, level: int)
     )
     assert len(waits) == 2
     assert waits[0][:2] == (0, 50)
+
+
+def test_five_db_ranks_vote_and_wait_as_msprof_analyze_says(
+    store: Store, msprof_analyze_db: dict[str, dict[str, Any]]
+) -> None:
+    """Five ranks made of the Level 1 DB capture, two ops ending later on some ranks
+    (DIXON_STRETCH_NS): msprof-analyze's slow_rank votes and cluster_time_summary."""
+    five = msprof_analyze_db["five"]
+    ingest_job(store, [five["folder"]], job="five")
+    # SlowRank: rankId, slowAffectCount.
+    assert five["SlowRank"] == [(0, 1)]
+    assert rows(store, "SELECT rank, votes FROM slow_ranks WHERE votes > 0") == [(0, 1)]
+    assert rows(store, "SELECT count(*) FROM slow_ranks") == [(5,)]
+    summary = five["ClusterTimeSummary"]
+    theirs = [(r[0], r[1], round(r[8] * 1000), round(r[9] * 1000)) for r in summary]
+    ours = rows(store, "SELECT rank, step, wait_ns, transmit_ns FROM collective_waits ORDER BY 1")
+    assert theirs == ours
+    assert len(ours) == 5
