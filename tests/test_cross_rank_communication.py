@@ -523,3 +523,10 @@ def test_five_db_ranks_vote_and_wait_as_msprof_analyze_says(
     ours = rows(store, "SELECT rank, step, wait_ns, transmit_ns FROM collective_waits ORDER BY 1")
     assert theirs == ours
     assert len(ours) == 5
+
+
+def test_group_hash_is_msprof_analyzes_double_hash(store: Store) -> None:
+    utils = pytest.importorskip("msprof_analyze.cluster_analyse.common_func.utils")
+    names = ["group_name_0", "90.91.105.46%enp189s0f0_60000_0_1736407029972691", "dp组ü", ""]
+    ours = rows(store, "SELECT list_transform($1, lambda n: hccl_group_hash(n))", names)
+    assert ours == [([str(utils.double_hash(name)) for name in names],)]
