@@ -132,8 +132,9 @@ def imagenet(store: Store) -> dict[str, Any]:
     return row
 
 
-def step_trace_time() -> dict[str, float]:
-    with shared_fixture(IMAGENET_STEPS).open(newline="") as handle:
+def step_trace_time(name: str = IMAGENET_STEPS) -> dict[str, float]:
+    """The one row of a capture's step_trace_time.csv, in float µs."""
+    with shared_fixture(name).open(newline="") as handle:
         (row,) = csv.DictReader(handle)
     return {column: float(value) for column, value in row.items()}
 
@@ -144,12 +145,14 @@ def test_step_time_breakdown_is_msprof_analyzes_step_trace_time(imagenet: dict[s
     for column, name in CSV_COLUMNS.items():
         assert abs(imagenet[name] / US - expected[column]) <= 1, column
     # The exact ns: msprof's csv holds float µs of epoch timestamps (0.25 µs steps).
+    # Communication is the hcom ops' union, as the Overlap Analysis slices' (an SDMA task
+    # ends 1 ns after its op).
     assert {name: imagenet[name] for name in CSV_COLUMNS.values()} == {
         "computing_ns": 8_827_459,
-        "communication_not_overlapped_ns": 81_515_618,
+        "communication_not_overlapped_ns": 81_515_617,
         "overlapped_ns": 4_001_272,
-        "communication_ns": 85_516_890,
-        "free_ns": 25_908_106,
+        "communication_ns": 85_516_889,
+        "free_ns": 25_908_107,
         "stage_ns": 116_251_183,
         "bubble_ns": 0,
         "preparing_ns": 19_358_190,
@@ -173,6 +176,78 @@ def test_overlap_analysis_slices_agree_with_the_breakdown_and_the_csv(
     ) == (8_827_473, 85_516_889, 81_515_607, 25_908_102)  # fmt: skip
     for column in ("Computing", "Communication", "Communication(Not Overlapped)", "Free"):
         assert abs(slices[CSV_COLUMNS[column]] / US - expected[column]) <= 1, column
+
+
+IMAGENET_2024 = {
+    # level: the exact ns of each breakdown column (CSV_COLUMNS' order).
+    "L0": (9_882_831, 31_347_494, 4_215_813, 35_563_307, 3_870_986, 45_101_311, 0, 13_839_980),
+    "L1": (9_847_652, 66_526_552, 4_260_795, 70_787_347, 7_268_631, 83_642_835, 0, 14_344_315),
+}
+"""The 2024 ImageNet captures (rank 0), whose device tasks all carry the Task Type "Other":
+runtime tasks are named by their type (NOTIFY_WAIT, EVENT_RECORD, MEMCPY_ASYNC,
+REDUCE_ASYNC_V2, L0) or "Other" (HCCL's helper streams, L1), kernels by their op."""
+
+
+@pytest.mark.parametrize("level", sorted(IMAGENET_2024))
+def test_the_2024_captures_breakdowns_are_their_step_trace_time(store: Store, level: str) -> None:
+    prefix = f"ascend/torchnpu_imagenet_2024_{level}_rank0"
+    trace = f"{prefix}_trace_view.json" + (".gz" if level == "L1" else "")
+    ingest_trace(store, shared_fixture(trace))
+    (got,) = rows(store, "SELECT * FROM step_time_breakdown")
+    expected = step_trace_time(f"{prefix}_step_trace_time.csv")
+    assert got["step_name"] == f"ProfilerStep#{int(expected['Step'])}" == "ProfilerStep#50"
+    for column, name in CSV_COLUMNS.items():
+        assert abs(got[name] / US - expected[column]) <= 1, column
+    assert tuple(got[name] for name in CSV_COLUMNS.values()) == IMAGENET_2024[level]
+    # The trace's own Overlap Analysis slices (summing to the csv) agree to the µs too.
+    (slices,) = rows(store, "SELECT * FROM overlap_analysis")
+    for name in ("computing_ns", "communication_ns", "communication_not_overlapped_ns", "free_ns"):
+        assert abs(slices[name] - got[name]) <= US, name
+
+
+def kernel_details(name: str) -> set[tuple[str, int]]:
+    """(name, start ns) of the kernels (not the HCCL ops) a capture's kernel_details.csv lists."""
+    with shared_fixture(name).open(newline="") as handle:
+        return {
+            # Start Time(us): µs with 3 decimals (and a trailing tab): its digits are the ns.
+            (row["Name"], int(row["Start Time(us)"].strip().replace(".", "")))
+            for row in csv.DictReader(handle)
+            if row["Accelerator Core"] != "HCCL"
+        }
+
+
+@pytest.mark.parametrize(
+    ("level", "others"),
+    [
+        # L0 names HCCL's tasks by their runtime type, on its master stream 3 and its helper
+        # streams 11, 12 and 13; event records and waits synchronize streams.
+        ("L0", [("communication", "communication", 4, [0]),
+                ("communication_task", "communication", 1272, [3, 11, 12, 13]),
+                ("kernel", "memory", 24, [1]), ("kernel", "other", 17, [1, 3])]),
+        # L1 names the helper streams' tasks "Other", its Task Type: no op runs in them.
+        ("L1", [("communication", "communication", 4, [0]),
+                ("communication_task", "communication", 352, [3]),
+                ("kernel", "memory", 24, [1]), ("kernel", "other", 941, [1, 2, 3, 11, 12, 13])]),
+    ],
+)  # fmt: skip
+def test_the_2024_compute_ops_are_the_kernels_of_kernel_details(
+    store: Store, level: str, others: list[tuple[str, str, int, list[int]]]
+) -> None:
+    prefix = f"ascend/torchnpu_imagenet_2024_{level}_rank0"
+    trace = f"{prefix}_trace_view.json" + (".gz" if level == "L1" else "")
+    ingest_trace(store, shared_fixture(trace))
+    compute = rows(store, "SELECT name, ts_ns FROM breakdown_ops WHERE class = 'compute'")
+    assert {(op["name"], op["ts_ns"]) for op in compute} == kernel_details(
+        f"{prefix}_kernel_details.csv"
+    )
+    assert len(compute) == 345
+    got = rows(
+        store,
+        "SELECT b.kind, b.class, count(*) AS ops, list_sort(list_distinct(list(d.tid))) AS tids "
+        "FROM breakdown_ops b JOIN device_ops d USING (source_id, event_index) "
+        "WHERE b.class <> 'compute' GROUP BY ALL ORDER BY ALL",
+    )
+    assert [tuple(row.values()) for row in got] == others
 
 
 def test_the_older_torch_npu_trace_agrees_with_its_overlap_analysis(store: Store) -> None:

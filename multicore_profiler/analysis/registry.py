@@ -134,6 +134,11 @@ register(
         needs=("outer_kernel_rules", "outer_kernels.steps"),
     ),
     SqlModule(
+        "outer_kernels.hccl_ops",
+        _sql("outer_kernels/hccl_ops.sql"),
+        needs=("outer_kernels.device_ops", "outer_kernels.steps"),
+    ),
+    SqlModule(
         "outer_kernels.overlap",
         _sql("outer_kernels/overlap.sql"),
         needs=("outer_kernel_rules", "outer_kernels.steps", "outer_kernels.breakdown"),

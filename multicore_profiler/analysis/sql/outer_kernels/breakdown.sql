@@ -9,23 +9,27 @@
 
 -- The class of a device op in a breakdown, as HTA classes kernels: 'communication' (the
 -- collectives: family 'collective'), 'memory' (HTA's memcpy / memset / dma kernels,
--- kineto's gpu_memcpy and gpu_memset, and Ascend's copies: MEMCPY_ASYNC tasks and the PCIe
--- DMA and SDMA tasks of a compute stream), 'other' (HTA's other kernels: a name holding
--- Memcpy or Sync; and Ascend's event record / wait and place-holder tasks, which only
--- synchronize streams) and 'compute', the rest. The tests are on literal prefixes and
--- substrings, not regexes: kernel names run to hundreds of characters, and a regex over
--- each of them cost milliseconds per query.
+-- kineto's gpu_memcpy and gpu_memset, and Ascend's copies: MEMCPY_ASYNC and MemcopyAsync
+-- tasks and the PCIe DMA and SDMA tasks of a compute stream), 'other' (HTA's other kernels:
+-- a name holding Memcpy or Sync; and Ascend's tasks that run no op: event record / wait and
+-- place-holder tasks, which only synchronize streams, by their runtime type
+-- device_task_type, and the tasks torch_npu names by their Task Type alone, such as the
+-- "Other" tasks of HCCL's streams in its 2024 captures) and 'compute', the rest. The tests
+-- are on literal prefixes and substrings, not regexes: kernel names run to hundreds of
+-- characters, and a regex over each of them cost milliseconds per query.
 CREATE OR REPLACE MACRO breakdown_class(name, kind, family, task_type) AS
 CASE
     WHEN family = 'collective' THEN 'communication'
     WHEN kind IN ('memcpy', 'memset')
         OR starts_with(name, 'Memcpy') OR starts_with(name, 'Memset') OR starts_with(name, 'dma')
-        OR name = 'MEMCPY_ASYNC'
+        OR name IN ('MEMCPY_ASYNC', 'MemcopyAsync')
         OR coalesce(task_type IN ('PCIE_DMA_SQE', 'SDMA_SQE', 'PCIE_DMA'), false)
         THEN 'memory'
     WHEN contains(name, 'Memcpy') OR contains(name, 'Sync')
-        OR coalesce(starts_with(task_type, 'EVENT_RECORD') OR starts_with(task_type, 'EVENT_WAIT')
-            OR starts_with(task_type, 'PLACE_HOLDER'), false)
+        OR coalesce(name = task_type, false)
+        OR coalesce(starts_with(device_task_type(name, task_type), 'EVENT_RECORD')
+            OR starts_with(device_task_type(name, task_type), 'EVENT_WAIT')
+            OR starts_with(device_task_type(name, task_type), 'PLACE_HOLDER'), false)
         THEN 'other'
     ELSE 'compute'
 END;
@@ -50,7 +54,10 @@ WHERE ph = 'X' AND cat = 'cuda_sync' AND ts_ns IS NOT NULL AND dur_ns > 0;
 -- the device ops clipped to the step's period [start_ns, end_ns). Computing is the union
 -- of the compute ops, Communication the union of the collectives, Communication(Not
 -- Overlapped) the part of that union outside the compute union, Overlapped the rest of
--- it. As in msprof's Overlap Analysis, the stage runs from the first compute or
+-- it. The collectives are the communication ops, not the tasks HCCL issues for them (kind
+-- communication_task): msprof counts an op's time, and a task of a helper stream may
+-- outlast its op (a notify wait of torch_npu's 2024 captures ends up to 0.8 ms after it).
+-- As in msprof's Overlap Analysis, the stage runs from the first compute or
 -- communication op in the period to the end of the last (stage_start_ns, stage_end_ns);
 -- Free is the part of it outside both unions (memory copies and stream synchronization
 -- count as free), Bubble the union of the hcom_receive ops, Stage its length less the
@@ -63,7 +70,7 @@ WITH clipped AS (
     FROM breakdown_ops o
     JOIN step_periods p
         ON o.source_id = p.source_id AND o.ts_ns < p.end_ns AND o.end_ns > p.start_ns
-    WHERE o.class IN ('compute', 'communication')
+    WHERE o.class IN ('compute', 'communication') AND o.kind <> 'communication_task'
 ), grouped AS (
     SELECT source_id, step_index, lo, hi,
         unnest([class, 'busy', CASE WHEN receive THEN 'receive' END]) AS grp

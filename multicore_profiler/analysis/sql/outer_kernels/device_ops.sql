@@ -6,12 +6,23 @@
 -- in this order) when the committed traces change, so the views above them do not
 -- recompute them (DuckDB inlines a view at every reference).
 
--- Whether a torch_npu device task is part of a collective's transfer: its Task Type is one
--- HCCL issues (notify waits and records, value writes, SDMA / RDMA transfers, inline
--- reductions), in its Ascend Hardware form or the _SQE one.
+-- The runtime type of a torch_npu device task: its Task Type, or its name where the Task
+-- Type is the generic "Other" ("other"). Older captures (torch_npu of 2024) give every task
+-- that type, and name a runtime task by its type, an upper-case identifier (NOTIFY_WAIT,
+-- EVENT_RECORD, MEMCPY_ASYNC, REDUCE_ASYNC_V2), and a kernel by its op (trans_Cast_10,
+-- ReduceSum47), which keeps the type "Other".
+CREATE OR REPLACE MACRO device_task_type(name, task_type) AS
+CASE WHEN lower(task_type) = 'other' AND regexp_full_match(name, '[A-Z][A-Z0-9_]*') THEN name
+     ELSE task_type END;
+
+-- Whether a torch_npu device task is part of a collective's transfer: its runtime type
+-- (device_task_type) is one HCCL issues (notify waits and records, value writes, SDMA / RDMA
+-- transfers, memory copies, inline and asynchronous reductions), in its Ascend Hardware form
+-- or the _SQE one.
 CREATE OR REPLACE MACRO is_communication_task(task_type) AS
 coalesce(regexp_matches(upper(replace(task_type, ' ', '_')),
-    '^(NOTIFY_WAIT|NOTIFY_RECORD|WRITE_VALUE|SDMA|RDMA|REDUCE_INLINE)(_SQE)?$'), false);
+    '^(NOTIFY_WAIT|NOTIFY_RECORD|WRITE_VALUE|SDMA|RDMA|MEMCPY_ASYNC|REDUCE_INLINE'
+    || '|REDUCE_ASYNC(_V2)?)(_SQE)?$'), false);
 
 -- Device activity: kernels, memcpys and memsets (kineto) and device tasks (torch_npu's,
 -- which carry a Task Type), with their family; and torch_npu's communication ops, the
@@ -37,10 +48,12 @@ WITH hccl AS (
         OR (h.is_hccl AND starts_with(e.name, 'hcom_')))
 ), communication_streams AS (
     SELECT DISTINCT source_id, pid, tid FROM events
-    WHERE regexp_matches(upper(task_type), '^NOTIFY[ _](WAIT|RECORD)(_SQE)?$')
+    WHERE regexp_matches(upper(device_task_type(name, task_type)),
+        '^NOTIFY[ _](WAIT|RECORD)(_SQE)?$')
 ), ops AS (
     SELECT t.* REPLACE (
-        CASE WHEN is_communication_task(t.task_type) AND c.tid IS NOT NULL
+        CASE WHEN is_communication_task(device_task_type(t.name, t.task_type))
+            AND c.tid IS NOT NULL
              THEN 'communication_task' ELSE t.kind END AS kind)
     FROM events t LEFT JOIN communication_streams c USING (source_id, pid, tid)
 ), families AS (
