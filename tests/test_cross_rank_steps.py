@@ -377,11 +377,26 @@ def test_a_stage_with_a_rank_absent_keeps_its_ranks_and_the_gap_names_it(store: 
         {
             "job_id": "three", "kind": "absent_rank", "rank": 1, "step": None,
             "source_id": None,
-            "detail": "rank 1 of job three is not in the store, though parallel_group_info "
-            "group default, parallel_group_info group dp, parallel_group_info group pp, "
-            "world_size 4 lists it",
+            "detail": "rank 1 of job three is not in the store, though its parallel_group_info "
+            "groups default, dp, pp list it and its world_size 4 counts it",
         }
     ]  # fmt: skip
+
+
+def test_ranks_in_no_stage_make_the_empty_stage_as_msprofs_unnamed_one(store: Store) -> None:
+    # Rank 2 is in no group of the job's two stages: msprof-analyze's stage "()" holds it. Its
+    # three ranks are more than the layout's world of two: msprof writes no DP/PP/TP index.
+    rank_outputs(store, "extra", 0, {1: (100, 300, 50, 10)}, TWO_STAGES)
+    rank_outputs(store, "extra", 1, {1: (300, 100, 40, 20)}, TWO_STAGES)
+    rank_outputs(store, "extra", 2, {1: (200, 200, 60, 30)})
+    got = breakdown(store, "extra")
+    assert [(r["type"], r["index"], r["computing_ns"], r["dp_index"]) for r in got] == [
+        ("rank", [0], 100 * US, None), ("rank", [1], 300 * US, None),
+        ("rank", [2], 200 * US, None), ("stage", [], 200 * US, None),
+        ("stage", [0], 100 * US, None), ("stage", [1], 300 * US, None),
+    ]  # fmt: skip
+    # Every rank the layout lists (0 and 1) is in the store: no gap.
+    assert rows(store, "SELECT * FROM rank_gaps") == []
 
 
 def test_mismatched_steps_are_gaps_and_compared_where_present(store: Store) -> None:

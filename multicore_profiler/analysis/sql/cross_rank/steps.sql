@@ -221,7 +221,8 @@ WITH dimensions AS (
         unnest([computing_ns, communication_not_overlapped_ns, free_ns]) AS ns
     FROM rank_steps
 ), spread AS (
-    SELECT *, max(ns) OVER w AS max_ns, min(ns) OVER w AS min_ns, avg(step_ns) OVER w AS mean_step_ns
+    SELECT *, max(ns) OVER w AS max_ns, min(ns) OVER w AS min_ns,
+        avg(step_ns) OVER w AS mean_step_ns
     FROM dimensions
     WINDOW w AS (PARTITION BY job_id, step, dimension)
 )
@@ -267,24 +268,25 @@ JOIN medians m ON m.job_id = s.job_id AND m.step IS NOT DISTINCT FROM s.step;
 -- What a job lacks for its ranks to be compared: one row per gap, for callers to warn or
 -- refuse, naming it. kind 'missing_step': a rank of the job in the store has no row in
 -- rank_steps for a step that other ranks of the job have (step and the rank's source_id
--- given). kind 'absent_rank': a rank that the job's parallel_group_info lists, or that lies
--- below its distributed_args' world_size, has no source in the job. detail says it in words.
+-- given). kind 'absent_rank': a rank that the job's parallel_group_info groups list, or that
+-- lies below its distributed_args' world_size, has no source in the job. detail says it in
+-- words.
 CREATE OR REPLACE VIEW rank_gaps AS
 WITH ranks AS (
     SELECT job_id, rank, source_id FROM trace_sources WHERE rank IS NOT NULL
 ), steps AS (
     SELECT job_id, step, list(rank ORDER BY rank) AS ranks FROM rank_steps GROUP BY ALL
+), world AS (
+    SELECT job_id, TRY_CAST(parallel->>'$.distributed_args.world_size' AS BIGINT) AS world_size
+    FROM trace_sources
+    WHERE rank IS NOT NULL AND json_type(parallel, '$.distributed_args') = 'OBJECT'
+    QUALIFY row_number() OVER (PARTITION BY job_id ORDER BY rank) = 1
 ), listed AS (
-    SELECT job_id, unnest(ranks) AS rank, 'parallel_group_info group ' || pg_name AS place
-    FROM job_groups
+    SELECT job_id, unnest(ranks) AS rank, pg_name, NULL AS world_size FROM job_groups
     UNION ALL
-    SELECT job_id, unnest(range(w)) AS rank, 'world_size ' || w AS place
-    FROM (
-        SELECT job_id, TRY_CAST(parallel->>'$.distributed_args.world_size' AS BIGINT) AS w
-        FROM trace_sources WHERE rank IS NOT NULL
-        QUALIFY row_number() OVER (PARTITION BY job_id ORDER BY rank) = 1
-    )
-    WHERE w > 0
+    SELECT job_id, unnest(range(world_size)) AS rank, NULL AS pg_name, world_size
+    FROM world
+    WHERE world_size > 0
 )
 SELECT r.job_id, 'missing_step' AS kind, r.rank, s.step, r.source_id,
     format('rank {} (source {}) has no step {}, which ranks {} of job {} have', r.rank,
@@ -296,8 +298,10 @@ WHERE NOT EXISTS (
     WHERE x.job_id = r.job_id AND x.rank = r.rank AND x.step IS NOT DISTINCT FROM s.step)
 UNION ALL
 SELECT job_id, 'absent_rank' AS kind, rank, NULL AS step, NULL AS source_id,
-    format('rank {} of job {} is not in the store, though {} lists it', rank, job_id,
-        string_agg(DISTINCT place, ', ' ORDER BY place)) AS detail
+    format('rank {} of job {} is not in the store, though {}', rank, job_id, concat_ws(' and ',
+        'its parallel_group_info groups ' || string_agg(DISTINCT pg_name, ', ' ORDER BY pg_name)
+            || ' list it',
+        'its world_size ' || max(world_size) || ' counts it')) AS detail
 FROM listed l
 WHERE NOT EXISTS (SELECT 1 FROM ranks r WHERE r.job_id = l.job_id AND r.rank = l.rank)
 GROUP BY job_id, rank;
