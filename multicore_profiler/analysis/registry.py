@@ -144,3 +144,14 @@ register(
         needs=("outer_kernel_rules", "outer_kernels.steps", "outer_kernels.breakdown"),
     ),
 )
+
+# Cross-rank analyses: the ranks of one job side by side. Views only, each waiting for a
+# query naming it.
+register(
+    SqlModule(
+        "cross_rank.steps",
+        _sql("cross_rank/steps.sql"),
+        needs=("outer_kernels.steps", "outer_kernels.breakdown"),
+        on_demand=True,
+    ),
+)
