@@ -61,12 +61,20 @@ class CrossRank:
         }
 
 
-def _scoped(query: str, key: str, steps: Sequence[int] | None) -> str:
-    """``query`` kept to the ids in ``$ids`` (by ``key``) and the steps in ``$steps``."""
-    where = f"list_contains($ids, {key})"
-    if steps is not None:
+_STEPLESS = ("rank_clock_offsets",)
+"""The tables whose rows hold for a whole job, not one step."""
+
+
+def _read(
+    store: Store, name: str, query: str, ids: list[str], steps: Sequence[int] | None, **scope
+) -> pa.Table:
+    """The rows of ``query`` (the table ``name``) of the jobs or runs ``ids``, and of
+    ``steps`` where given and the table has steps."""
+    where, params = "list_contains($ids, job_id)", {"ids": ids}
+    if steps is not None and name not in _STEPLESS:
         where += " AND list_contains($steps, step)"
-    return f"SELECT * FROM ({query}) WHERE {where} ORDER BY ALL"
+        params["steps"] = list(steps)
+    return store.sql(f"SELECT * FROM ({query}) WHERE {where} ORDER BY ALL", params, **scope)
 
 
 def _warnings(store: Store, jobs: list[str], runs: list[str]) -> list[str]:
@@ -78,7 +86,7 @@ def _warnings(store: Store, jobs: list[str], runs: list[str]) -> list[str]:
             "SELECT * FROM rank_gaps WHERE list_contains($ids, job_id) ORDER BY ALL",
             {"ids": jobs},
         ).to_pylist():
-            lines.append(f"job {row['job_id']}: {row['problem']}")
+            lines.append(row["detail"])
     if runs:
         for row in store.sql(
             "SELECT * FROM kernel_rank_gaps WHERE list_contains($ids, job_id) ORDER BY ALL",
@@ -116,14 +124,10 @@ def cross_rank(
             shown = ", ".join(known) if known else "none"
             raise AnalysisError(f"no job {unknown[0]!r} in {store.uri} (its jobs: {shown})")
     picked = list(dict.fromkeys(runs or ()))
-    params = {"steps": list(steps)} if steps is not None else {}
-    tables = {
-        name: store.sql(_scoped(query, "job_id", steps), {"ids": chosen, **params})
-        for name, query in _OUTER.items()
-    }
+    tables = {name: _read(store, name, query, chosen, steps) for name, query in _OUTER.items()}
     tables.update(
         {
-            name: store.sql(_scoped(query, "job_id", steps), {"ids": picked, **params}, runs=picked)
+            name: _read(store, name, query, picked, steps, runs=picked)
             for name, query in _KERNEL.items()
         }
     )

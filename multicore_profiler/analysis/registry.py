@@ -145,8 +145,15 @@ register(
     ),
 )
 
-# Cross-rank analyses: the ranks of one job (trace_sources.job_id) set side by side.
+# Cross-rank analyses: the ranks of one job side by side. Views only, each waiting for a
+# query naming it.
 register(
+    SqlModule(
+        "cross_rank.steps",
+        _sql("cross_rank/steps.sql"),
+        needs=("outer_kernels.steps", "outer_kernels.breakdown"),
+        on_demand=True,
+    ),
     SqlModule(
         "cross_rank.communication",
         _sql("cross_rank/communication.sql"),
