@@ -157,7 +157,12 @@ register(
     SqlModule(
         "cross_rank.communication",
         _sql("cross_rank/communication.sql"),
-        needs=("outer_kernels.steps", "outer_kernels.collectives", "outer_kernels.hccl_ops"),
+        needs=(
+            "outer_kernels.steps",
+            "outer_kernels.collectives",
+            "outer_kernels.hccl_ops",
+            "cross_rank.steps",
+        ),
         on_demand=True,
     ),
 )

@@ -2,8 +2,8 @@
 -- collective_waits, slow_ranks, rank_clock_offsets, and the macros hccl_group_hash,
 -- dixon_critical_995 and is_p2p_op_name they use.
 -- Needs: outer_kernels.steps (step_periods, kernels), outer_kernels.collectives (collectives),
--- outer_kernels.hccl_ops (hccl_op_times). Reads the store's trace_sources (job_id, rank,
--- parallel, profiler_outputs) and trace_events (the args of NCCL kernels).
+-- outer_kernels.hccl_ops (hccl_op_times), cross_rank.steps (job_groups). Reads the store's
+-- trace_sources (job_id, rank, profiler_outputs) and trace_events (the args of NCCL kernels).
 --
 -- Times are the ranks' own clocks, raw: rank_clock_offsets estimates how far apart they
 -- are and nothing here applies it. A job is the ranks of one ingest (trace_sources.job_id).
@@ -88,9 +88,9 @@ FROM ms;
 --   "Process Group Name"): 'seq <Seq>' where the kernel's args carry "Seq" (keyed_by
 --   'seq'), else the kernel's name and its place among the kernels of that name and group
 --   in its step: '<step>/<name>#<k>', k from 0 in order of start (keyed_by 'order').
--- The group's ranks (group_ranks) are those of its parallel_group_info entry in any rank's
--- profiler_metadata.json (the entry whose key is the group name or hashes to it, see
--- hccl_group_hash), else the ranks of the job that hold any op of the group. An instance is
+-- The group's ranks (group_ranks) are those of its parallel_group_info entry (job_groups:
+-- the entry whose key is the group name or hashes to it, see hccl_group_hash), else the
+-- ranks of the job that hold any op of the group. An instance is
 -- complete when each of its group's ranks has exactly one part in it and no other rank has
 -- one; incomplete instances (a rank missing, or ops that do not pair one to one) are listed
 -- here and left out of collective_waits and rank_clock_offsets.
@@ -125,25 +125,14 @@ WITH ascend AS (
     FROM nccl
 ), parts AS (
     SELECT * FROM ascend UNION ALL SELECT * FROM kineto
-), declared AS (
-    -- Each group of the job's parallel_group_info (from any rank) with its global ranks.
-    SELECT DISTINCT job_id, group_key,
-        unnest(from_json(json_extract(info, group_key) -> 'global_ranks', '["INTEGER"]'))
-            AS rank
-    FROM (
-        SELECT job_id, parallel -> 'parallel_group_info' AS info,
-            unnest(json_keys(parallel, '$.parallel_group_info')) AS group_key
-        FROM trace_sources
-        WHERE parallel IS NOT NULL
-    )
 ), groups AS (
     SELECT DISTINCT job_id, group_name FROM parts
 ), declared_members AS (
-    SELECT DISTINCT g.job_id, g.group_name, d.rank
+    SELECT DISTINCT g.job_id, g.group_name, unnest(j.ranks) AS rank
     FROM groups g
-    JOIN declared d
-        ON d.job_id = g.job_id
-        AND (d.group_key = g.group_name OR hccl_group_hash(d.group_key) = g.group_name)
+    JOIN job_groups j
+        ON j.job_id = g.job_id
+        AND (j.group_key = g.group_name OR hccl_group_hash(j.group_key) = g.group_name)
 ), members AS (
     SELECT job_id, group_name, rank FROM declared_members
     UNION ALL
