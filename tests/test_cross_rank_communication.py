@@ -530,3 +530,15 @@ def test_group_hash_is_msprof_analyzes_double_hash(store: Store) -> None:
     names = ["group_name_0", "90.91.105.46%enp189s0f0_60000_0_1736407029972691", "dp组ü", ""]
     ours = rows(store, "SELECT list_transform($1, lambda n: hccl_group_hash(n))", names)
     assert ours == [([str(utils.double_hash(name)) for name in names],)]
+
+
+def test_instances_are_built_again_when_ranks_are_loaded(store: Store) -> None:
+    """collective_instances is a table of the store's committed traces: a rank loaded
+    after a query shows in the next one."""
+    outputs_rank(store, "late", 0, [op("A", "g", 0, 0.010)])
+    assert rows(store, "SELECT rank, parts, complete FROM collective_instances") == [(0, 1, True)]
+    outputs_rank(store, "late", 1, [op("A", "g", 1, 0.004)])
+    assert rows(store, "SELECT rank, wait_ns, transmit_ns FROM collective_waits ORDER BY 1") == [
+        (0, 6000, 4000),
+        (1, 0, 4000),
+    ]

@@ -163,6 +163,7 @@ register(
             "outer_kernels.hccl_ops",
             "cross_rank.steps",
         ),
-        on_demand=True,
+        materialized=("collective_instances",),
+        freshness=_TRACES_COMMITTED,
     ),
 )
