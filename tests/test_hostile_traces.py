@@ -371,7 +371,15 @@ def test_a_fifo_or_a_directory_is_refused_without_blocking(
     fifo = tmp_path / "trace.json"
     os.mkfifo(fifo)
     refused_both(capsys, store, fifo, str(fifo), "not a regular file")
-    refused_both(capsys, store, tmp_path, "not a regular file")
+    refused_api(store, tmp_path, TraceFormatError, "not a regular file")
+    # The command takes a folder as torch_npu's output: one that is none is refused so.
+    said = refused(
+        capsys, "ingest-trace", "--store", str(store.root), str(tmp_path), store=store.root
+    )
+    assert (
+        said == f"{tmp_path}: neither a profiler output folder (a *_ascend_pt folder holding "
+        "ASCEND_PROFILER_OUTPUT or profiler_info_N.json) nor a folder holding one per rank"
+    )
 
 
 def test_a_corrupt_gzip_stream_is_refused(capsys, store: Store, tmp_path: Path) -> None:
