@@ -54,7 +54,7 @@ def outputs_rank(
         info = {key: {"group_name": key, "global_ranks": ranks} for key, ranks in groups.items()}
         parallel = {"parallel_group_info": info}
     context = RankContext(device, parallel, {"communication": ops})
-    ingest_outputs(store, Path(f"/{job}/rank{rank}"), rank=rank, context=context, job=job)
+    ingest_outputs(store, [(Path(f"/{job}/rank{rank}"), rank, context)], job=job)
 
 
 def rows(store: Store, query: str, *params: Any) -> list[tuple]:

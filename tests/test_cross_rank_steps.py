@@ -182,7 +182,7 @@ def test_stage_rows_are_the_columnwise_max_of_the_16_rank_cluster_csv(store: Sto
         if line["Type"] == "rank":
             context = RankContext(parallel=parallel, outputs={"step_trace_time": step_rows([line])})
             rank = int(line["Index"])
-            ingest_outputs(store, folder, rank=rank, context=context, job="server16")
+            ingest_outputs(store, [(folder, rank, context)], job="server16")
     expected = [msprof_row(line) | {"dp_index": None, "pp_index": None, "tp_index": None}
                 for line in lines]  # fmt: skip
     for row in expected:
@@ -205,7 +205,7 @@ def test_slow_rank_advice_is_the_advisors_on_its_8_rank_input(store: Store, tmp_
              if line["Type"] == "rank"]  # fmt: skip
     for line in lines:
         context = RankContext(outputs={"step_trace_time": step_rows([line])})
-        ingest_outputs(store, folder, rank=int(line["Index"]), context=context, job="advisor")
+        ingest_outputs(store, [(folder, int(line["Index"]), context)], job="advisor")
     got = {r["dimension"]: r for r in rows(store, "SELECT * FROM slow_rank_advice")}
 
     # The advisor itself, on a copy laid out as it reads it.
@@ -300,7 +300,7 @@ def rank_outputs(
         for step, (c, n, f, p) in steps.items()
     ]  # fmt: skip
     context = RankContext(parallel=parallel, outputs={"step_trace_time": lines})
-    ingest_outputs(store, f"/{job}/rank{rank}", rank=rank, context=context, job=job)
+    ingest_outputs(store, [(f"/{job}/rank{rank}", rank, context)], job=job)
 
 
 def layout(args: Mapping[str, Any], groups: Mapping[str, list[int]]) -> dict[str, Any]:

@@ -144,6 +144,16 @@ def test_two_sources_claiming_one_rank_are_refused(tmp_path: Path, store: Store)
     assert len(sources(store)) == 1
 
 
+def test_two_folders_of_one_call_claiming_one_rank_load_neither(
+    tmp_path: Path, store: Store
+) -> None:
+    first, second = rank_folder(tmp_path / "a", 0), rank_folder(tmp_path / "b", 0)
+    (second / "ASCEND_PROFILER_OUTPUT" / "communication.json").write_text("{}")
+    with pytest.raises(ArgumentError, match=r"rank0_ascend_pt: rank 0 of job 'j' is already"):
+        ingest_job(store, [first, second], job="j")
+    assert sources(store) == []
+
+
 def kineto_rank(path: Path, rank: int | None) -> Path:
     """The Triton kineto trace with ``distributedInfo.rank`` set (or removed)."""
     with gzip.open(shared_fixture(TRITON)) as file:

@@ -62,28 +62,28 @@ def ingest_job(
     its source id); return their sources in order. ``rank`` is for a single trace whose
     rank the file does not say. Raises what ``ingest_trace`` raises, and
     ``TraceFormatError`` for a folder that is no profiler output; the ranks loaded before
-    a refusal stay in the store."""
+    a refusal stay in the store. The ranks without a trace are checked and loaded first, in
+    one pass."""
     ranks = _ranks(items)
     if rank is not None and len(ranks) > 1:
         raise ArgumentError(f"rank {rank} was given for {len(ranks)} traces: give it for one")
     if job is None and (len(ranks) > 1 or isinstance(ranks[0], RankFolder)):
         job = _job_name(ranks)
-    sources = []
-    for one in ranks:
+    loaded: dict[int, TraceSource] = {}
+    outputs = [
+        (i, one) for i, one in enumerate(ranks) if isinstance(one, RankFolder) and not one.trace
+    ]
+    batch = [(one.path, one.rank, one.context) for _, one in outputs]
+    for (index, _), source in zip(
+        outputs, ingest_outputs(store, batch, label=label, tags=tags, job=job), strict=True
+    ):
+        loaded[index] = source
+    for index, one in enumerate(ranks):
         if isinstance(one, Path):
-            sources.append(ingest_trace(store, one, rank=rank, label=label, tags=tags, job=job))
+            loaded[index] = ingest_trace(store, one, rank=rank, label=label, tags=tags, job=job)
         elif one.trace is not None:
-            sources.append(
-                ingest_trace(
-                    store, one.trace, rank=one.rank, label=label, tags=tags, job=job,
-                    context=one.context,
-                )
+            loaded[index] = ingest_trace(
+                store, one.trace, rank=one.rank, label=label, tags=tags, job=job,
+                context=one.context,
             )  # fmt: skip
-        else:
-            sources.append(
-                ingest_outputs(
-                    store, one.path, rank=one.rank, context=one.context, label=label, tags=tags,
-                    job=job,
-                )
-            )  # fmt: skip
-    return sources
+    return [loaded[index] for index in range(len(ranks))]

@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -302,27 +302,34 @@ def _known_in_job(row: Mapping[str, Any], job: str | None, path: Path) -> TraceS
     return _known_source(row)
 
 
-def _check_rank_free(store: Store, job: str, rank: int | None, source_id: str, path: Path) -> None:
-    """Refuse a second source claiming a rank its job already has, and a rank-less source
-    in a named job (its ranks are what the cross-rank views compare)."""
-    if rank is None:
-        if job != source_id:
+def _check_ranks_free(
+    store: Store, job: str, claims: Sequence[tuple[int | None, str, Path]]
+) -> None:
+    """Refuse a source claiming a rank its job already has (in the store or among
+    ``claims``, each a rank, source id and path), and a rank-less source in a named job
+    (its ranks are what the cross-rank views compare)."""
+    for rank, source_id, path in claims:
+        if rank is None and job != source_id:
             raise ArgumentError(
                 f"{path}: no rank for it in job {job!r}: the trace does not say it "
                 "(distributedInfo.rank); give its rank, load its profiler output folder, or load "
                 "traces of different jobs in separate calls"
             )
-        return
-    taken = store.sql(
-        "SELECT source_id, path FROM trace_sources WHERE job_id = $1 AND rank = $2 "
-        "AND source_id <> $3",
-        [job, rank, source_id],
-    ).to_pylist()
-    if taken:
-        raise ArgumentError(
-            f"{path}: rank {rank} of job {job!r} is already source {taken[0]['source_id']} "
-            f"({taken[0]['path']}); two traces cannot claim one rank of a job"
-        )
+    taken = {
+        row["rank"]: (row["source_id"], row["path"])
+        for row in store.sql(
+            "SELECT rank, source_id, path FROM trace_sources "
+            "WHERE job_id = $1 AND rank IS NOT NULL",
+            [job],
+        ).to_pylist()
+    }
+    for rank, source_id, path in claims:
+        other = taken.setdefault(rank, (source_id, str(path))) if rank is not None else None
+        if other is not None and other[0] != source_id:
+            raise ArgumentError(
+                f"{path}: rank {rank} of job {job!r} is already source {other[0]} ({other[1]}); "
+                "two traces cannot claim one rank of a job"
+            )
 
 
 def _sources_row(columns: Mapping[str, list[Any]]) -> pa.Table:
@@ -386,7 +393,7 @@ def ingest_trace(
             written = write_partition(store.location, TRACE_EVENTS, partition, tables)
         metadata = trace.fields
         rank = _rank(rank, metadata, path)
-        _check_rank_free(store, job_id, rank, source_id, path)
+        _check_ranks_free(store, job_id, [(rank, source_id, path)])
         row = {
             "write_id": [write_id],
             "ingested_at": [datetime.now(timezone.utc)],
@@ -418,45 +425,64 @@ def ingest_trace(
 
 def ingest_outputs(
     store: Store,
-    folder: str | os.PathLike[str],
+    ranks: Sequence[tuple[str | os.PathLike[str], int, RankContext]],
     *,
-    rank: int,
-    context: RankContext,
     label: str | None = None,
     tags: Mapping[str, str] | None = None,
     job: str | None = None,
-) -> TraceSource:
-    """Record a rank whose profiler output holds its own tables but no trace (msprof's
-    simplified export): a ``trace_sources`` row of form ``outputs`` with no events, its
-    id from the SHA-256 of the tables. Checked and refused as ``ingest_trace``."""
-    folder = Path(folder)
-    rank_checked, pairs = _checked_arguments(folder, rank, label, tags, job)
-    text = _json_text(context.outputs or {}).encode()
-    sha256 = hashlib.sha256(text).hexdigest()
-    source_id = source_id_of(sha256)
-    known = find_source(store, source_id)
-    if known is not None:
-        return _known_in_job(known, job, folder)
-    job_id = job or source_id
-    _check_rank_free(store, job_id, rank_checked, source_id, folder)
-    row = {
-        "write_id": [secrets.randbits(63)],
-        "ingested_at": [datetime.now(timezone.utc)],
-        "path": [str(folder.absolute())],
-        "sha256": [sha256],
-        "file_bytes": [len(text)],
-        "text_bytes": [len(text)],
-        "compressed": [False],
-        "form": ["outputs"],
-        "event_count": [0],
-        "rank": [rank_checked],
-        "label": [label],
-        "tags": [pairs],
-        "job_id": [job_id],
-        **_context_columns(context),
+) -> list[TraceSource]:
+    """Record ranks whose profiler output holds its own tables but no trace (msprof's
+    simplified export), each given as its folder, rank and context: a ``trace_sources``
+    row of form ``outputs`` with no events, its id from the SHA-256 of the tables. Checked
+    and refused as ``ingest_trace``, all before any is written; the store is asked once for
+    the whole batch (a job of many ranks loads in one pass)."""
+    rows, ids, sources, claims = [], [], [], []
+    for folder, rank, context in ranks:
+        folder = Path(folder)
+        rank_checked, pairs = _checked_arguments(folder, rank, label, tags, job)
+        text = _json_text(context.outputs or {}).encode()
+        sha256 = hashlib.sha256(text).hexdigest()
+        ids.append(source_id_of(sha256))
+        rows.append((folder, rank_checked, pairs, context, text, sha256))
+    known = {
+        row["source_id"]: row
+        for row in store.sql(
+            "SELECT * FROM trace_sources WHERE list_contains($1, source_id)", [ids]
+        ).to_pylist()
     }
-    write_partition(store.location, TRACE_SOURCES, {"source_id": source_id}, _sources_row(row))
-    return TraceSource(source_id, folder, 0, rank_checked, "outputs", True, job_id)
+    for source_id, (folder, rank, _pairs, _context, _text, _sha) in zip(ids, rows, strict=True):
+        if source_id in known:
+            sources.append(_known_in_job(known[source_id], job, folder))
+        else:
+            claims.append((rank, source_id, folder))
+            sources.append(
+                TraceSource(source_id, folder, 0, rank, "outputs", True, job or source_id)
+            )
+    if job is not None:
+        _check_ranks_free(store, job, claims)
+    for source, (folder, rank, pairs, context, text, sha256) in zip(sources, rows, strict=True):
+        if not source.new:
+            continue
+        row = {
+            "write_id": [secrets.randbits(63)],
+            "ingested_at": [datetime.now(timezone.utc)],
+            "path": [str(folder.absolute())],
+            "sha256": [sha256],
+            "file_bytes": [len(text)],
+            "text_bytes": [len(text)],
+            "compressed": [False],
+            "form": ["outputs"],
+            "event_count": [0],
+            "rank": [rank],
+            "label": [label],
+            "tags": [pairs],
+            "job_id": [source.job_id],
+            **_context_columns(context),
+        }
+        write_partition(
+            store.location, TRACE_SOURCES, {"source_id": source.source_id}, _sources_row(row)
+        )
+    return sources
 
 
 SOURCE_PREFIX_MIN = 4
