@@ -12,11 +12,14 @@ Combine c + 3, the gaps (stage NULL) late.
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 from golden import AIC, AIV, TRIGGER, WAIT, Slot, pack
 from task_graphs import tasks_table
 
+from multicore_profiler import cli
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
@@ -271,3 +274,24 @@ def test_the_gaps_name_the_ranks_an_invocation_lacks(jobs: Store) -> None:
         (JOB4, 1, 0, KERNEL, "forward", [3]),
         (JOB4, 1, 1, KERNEL, "forward", [1, 2, 3]),
     ]
+
+
+def test_mcprof_ranks_shows_a_runs_ranks_and_warns_of_the_missing(jobs: Store, capsys) -> None:
+    assert cli.main(["ranks", "--store", jobs.uri, "--run", JOB4, "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"mcprof: warning: run {JOB4} step 1: invocation 0 ({KERNEL}) has no records of rank(s) 3",
+        f"mcprof: warning: run {JOB4} step 1: invocation 1 ({KERNEL}) has no records of "
+        "rank(s) 1, 2, 3",
+    ]
+    tables = json.loads(captured.out)["tables"]
+    assert [
+        (r["step"], r["slowest_rank"], r["excess_ns"], r["recoverable_ns"])
+        for r in tables["kernel_rank_steps"]
+    ] == [(0, 1, 15, 35), (1, 0, 147, 20)]
+    # Each aligned invocation's top stage: the stage that makes its slowest rank slow.
+    assert [
+        (r["step"], r["invocation_order"], r["slowest_rank"], r["stage"], r["excess_ns"])
+        for r in tables["kernel_slow_rank_stages"]
+    ] == [(0, 0, 1, "GMM1", 30), (0, 1, 0, "GMM1", 10), (1, 0, 2, "Combine", 20)]
+    assert tables["rank_step_breakdown"] == []

@@ -1,6 +1,7 @@
 """The HTML report, opened in a real headless Chromium: it draws without script errors and
 shows the stages, one lane per worker of the invocation with its critical path, a bar per
-core of where its time goes, the speed-up curves, and the comparison."""
+core of where its time goes, the speed-up curves, the comparison, and the step x rank
+heatmaps of a job's and a run's ranks."""
 
 from __future__ import annotations
 
@@ -422,3 +423,64 @@ def test_report_page_stays_small_for_a_run_of_many_invocations(
         assert len(data["cores"]["core"]) == 3
         assert len(data["timeline"]["ts_ns"]) == 9
     assert abs(sizes[0] - sizes[1]) < 300
+
+
+def test_report_draws_step_by_rank_heatmaps_of_a_job_and_a_runs_ranks(
+    store: Store, tmp_path: Path, capsys
+) -> None:
+    from test_kernel_ranks import CONFIG, KERNEL, LAYOUT, STAGES, invocation, tasks
+
+    # A MegaKernel run of two ranks: rank 1's GMM1 30 cycles longer in step 0 (makespan
+    # 197 against 167 ns at 1 GHz), even in step 1.
+    run = RunInfo.begin(run_id="ranks-report", label="ranks")
+    store.write_run(run)
+    for rank, step, g in ((0, 0, 100), (1, 0, 130), (0, 1, 100), (1, 1, 100)):
+        ingest_buffers(
+            store, [invocation(1_000 + 1_000 * step, g, 50)], LAYOUT, frequency_hz=1e9,
+            run_id=run.run_id,
+            kernel=KernelInfo(kernel_name=KERNEL, stage_names=STAGES, config_id=CONFIG),
+            launches=Launches(rank=rank, step=step),
+        )  # fmt: skip
+    for rank in (0, 1):
+        store.write_tasks(run.run_id, tasks(rank))
+    store.write_run(run.finish())
+    cli.main(["ingest-trace", "--store", str(store.root), "--job", "qwen3",
+              str(shared_fixture("ascend-cluster/msinsight_st_qwen3_4rank_pp2_dp2"))])  # fmt: skip
+    out = tmp_path / "r.html"
+    argv = ["report", "--store", str(store.root), "--run", "label:ranks", "-o", str(out)]
+    assert cli.main([*argv, "--job", "qwen3"]) == 0
+    capsys.readouterr()
+    dom = rendered(out)
+    assert 'data-ready="1"' in dom
+    assert "data-error" not in dom
+    assert "Ranks of job qwen3 and run ranks-report (2 ranks) (see mcprof ranks)" in dom
+    maps = re.findall(r'<svg class="heatmap" data-map="(\w+)"', dom)
+    assert maps == ["step", "wait", "kernel"]
+    cells = re.findall(
+        r'<rect class="cell" data-step="(\d+)" data-rank="(\d+)"[^>]*fill="([^"]+)"[^>]*>'
+        r"<title>([^<]+)</title>",
+        dom,
+    )
+    by_map = dict(zip(maps, (cells[0:4], cells[4:8], cells[8:12]), strict=True))
+    # The Qwen3 step: stage + preparing per rank; the wait: collective_waits (exact ns).
+    assert [c[3] for c in by_map["step"]] == [
+        "step 13, rank 0: 810228.500 us", "step 13, rank 1: 809636.750 us",
+        "step 13, rank 2: 809992.250 us", "step 13, rank 3: 810429.000 us",
+    ]  # fmt: skip
+    assert [c[3] for c in by_map["wait"]] == [
+        "step 13, rank 0: 318340.040 us", "step 13, rank 1: 339938.620 us",
+        "step 13, rank 2: 175781.800 us", "step 13, rank 3: 159695.100 us",
+    ]  # fmt: skip
+    # Each cell's shade is its place between the step's fastest (white) and slowest.
+    assert [c[2] for c in by_map["wait"]] == [
+        "rgb(203,99,103)", "rgb(196,78,82)", "rgb(250,239,240)", "rgb(255,255,255)",
+    ]  # fmt: skip
+    # The run's kernel time: rank 1 the slower in step 0; an even step is all white.
+    assert [(c[0], c[1], c[2], c[3]) for c in by_map["kernel"]] == [
+        ("0", "0", "rgb(255,255,255)", "step 0, rank 0: 0.167 us"),
+        ("0", "1", "rgb(196,78,82)", "step 0, rank 1: 0.197 us"),
+        ("1", "0", "rgb(255,255,255)", "step 1, rank 0: 0.167 us"),
+        ("1", "1", "rgb(255,255,255)", "step 1, rank 1: 0.167 us"),
+    ]
+    with pytest.raises(ExportError, match="no job 'nope'"):
+        write_report(store, "label:ranks", out, job="nope")

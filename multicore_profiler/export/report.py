@@ -437,7 +437,7 @@ tr.regressed td { background: #fde2e2; } tr.improved td { background: #e2f5e6; }
               + Math.round(255 - 173 * level) + ")");
           var tip = document.createElementNS(SVG, "title");
           tip.textContent = "step " + step + ", rank " + m.ranks[j] + ": "
-            + (v === null ? "no data" : (v / 1e3).toFixed(1) + " us");
+            + (v === null ? "no data" : (v / 1e3).toFixed(3) + " us");
           rect.appendChild(tip);
           grid.appendChild(rect);
         });
