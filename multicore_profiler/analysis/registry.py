@@ -166,4 +166,10 @@ register(
         materialized=("collective_instances",),
         freshness=_TRACES_COMMITTED,
     ),
+    SqlModule(
+        "cross_rank.bandwidth",
+        _sql("cross_rank/bandwidth.sql"),
+        needs=("outer_kernels.hccl_ops",),
+        on_demand=True,
+    ),
 )
