@@ -145,14 +145,16 @@ register(
     ),
 )
 
-# Cross-rank analyses: the ranks of one job side by side. Views only, each waiting for a
-# query naming it.
+# Cross-rank analyses: the ranks of one job side by side, each waiting for a query naming it.
+# Their materialized tables (the steps and parallel layout of each rank, the collective
+# instances) are built on install and again when the committed traces change.
 register(
     SqlModule(
         "cross_rank.steps",
         _sql("cross_rank/steps.sql"),
         needs=("outer_kernels.steps", "outer_kernels.breakdown"),
-        on_demand=True,
+        materialized=("rank_steps", "job_groups", "job_stages", "rank_parallel_indices"),
+        freshness=_TRACES_COMMITTED,
     ),
     SqlModule(
         "cross_rank.communication",

@@ -7,6 +7,11 @@
 --
 -- A job's ranks are its sources with a rank (a source without one is no rank of a job and is
 -- left out). Times are integer ns; msprof's µs become round(µs * 1000).
+--
+-- rank_steps, job_groups, job_stages and rank_parallel_indices are tables, each built here
+-- from its _live_ view (in that order: each reads the tables before it) and rebuilt when the
+-- committed traces change: the views above them, and cross_rank.communication, read them
+-- instead of parsing every source's JSON again (and binding views over views).
 
 -- One row per job, rank and step: msprof-analyze's step_trace_time columns in ns. A source
 -- with trace events takes them from step_time_breakdown (basis 'trace'; step: the step
@@ -15,7 +20,7 @@
 -- msprof's tables alone (form 'outputs') from its profiler_outputs.step_trace_time rows
 -- (basis 'msprof'; step: the row's Step as an integer, NULL where msprof wrote none;
 -- preparing_ns NULL where the table has no Preparing column, as older msprof writes it).
-CREATE OR REPLACE VIEW rank_steps AS
+CREATE OR REPLACE VIEW _live_rank_steps AS
 WITH sources AS (
     SELECT source_id, job_id, rank, device, form, profiler_outputs
     FROM trace_sources
@@ -55,11 +60,12 @@ SELECT job_id, rank, TRY_CAST(trim(r.step) AS BIGINT) AS step, source_id, device
         AS communication_not_overlapped_exclude_receive_ns,
     round(r.preparing_us * 1000)::BIGINT AS preparing_ns
 FROM written;
+CREATE OR REPLACE TABLE rank_steps AS SELECT * FROM _live_rank_steps;
 
 -- The communication groups of each job's parallel_group_info (torch_npu's
 -- profiler_metadata.json): its key, its name (pg_name: 'dp', 'pp', ...) and its global
 -- ranks, sorted. A group is taken from the lowest rank whose metadata lists it.
-CREATE OR REPLACE VIEW job_groups AS
+CREATE OR REPLACE VIEW _live_job_groups AS
 SELECT job_id, group_key, pg_name, ranks
 FROM (
     SELECT s.job_id, s.rank, g.key AS group_key, g.value->>'$.group_name' AS pg_name,
@@ -69,6 +75,7 @@ FROM (
     WHERE s.rank IS NOT NULL AND json_type(s.parallel, '$.parallel_group_info') = 'OBJECT'
 )
 QUALIFY row_number() OVER (PARTITION BY job_id, group_key ORDER BY rank) = 1;
+CREATE OR REPLACE TABLE job_groups AS SELECT * FROM _live_job_groups;
 
 -- The pipeline chains as msprof-analyze builds them: the groups named pp... (any case) of
 -- two ranks or more, merged where they share a rank. One row per rank of a chain, its chain
@@ -101,7 +108,7 @@ SELECT job_id, rank, label AS chain FROM labels;
 -- groups, in a job with pipeline chains (none without): the groups holding at most one rank
 -- of each chain, merged where they share a rank. One row per rank of a stage, with the
 -- stage's ranks (sorted).
-CREATE OR REPLACE VIEW job_stages AS
+CREATE OR REPLACE VIEW _live_job_stages AS
 WITH RECURSIVE members AS (
     SELECT m.job_id, m.group_key, m.ranks, m.rank, c.chain
     FROM (SELECT *, unnest(ranks) AS rank FROM job_groups) AS m
@@ -126,6 +133,7 @@ WITH RECURSIVE members AS (
 )
 SELECT job_id, list(rank ORDER BY rank) OVER (PARTITION BY job_id, label) AS stage, rank
 FROM labels;
+CREATE OR REPLACE TABLE job_stages AS SELECT * FROM _live_job_stages;
 
 -- A size of a job's distributed_args (the JSON object args): its integer value, 1 where
 -- absent, NULL where it is anything but an integer (msprof-analyze refuses the layout then).
@@ -144,7 +152,7 @@ END;
 -- NULL where msprof writes none or fails: a size that is not an integer or is below 1, C
 -- other than 1, W other than T*P*D, D or D*C not a multiple of E, more ranks than W, a rank
 -- of W or above.
-CREATE OR REPLACE VIEW rank_parallel_indices AS
+CREATE OR REPLACE VIEW _live_rank_parallel_indices AS
 WITH args AS (
     SELECT job_id, parallel->'$.distributed_args' AS a FROM trace_sources
     WHERE rank IS NOT NULL AND json_type(parallel, '$.distributed_args') = 'OBJECT'
@@ -176,6 +184,7 @@ LATERAL (
     SELECT least(l.t, l.p, l.d, l.e) >= 1 AND l.c = 1 AND l.w = l.t * l.p * l.d
         AND l.d % l.e = 0 AND (l.d * l.c) % l.e = 0 AND r.ranks <= l.w AND r.rank < l.w AS valid
 );
+CREATE OR REPLACE TABLE rank_parallel_indices AS SELECT * FROM _live_rank_parallel_indices;
 
 -- msprof-analyze's cluster_step_trace_time, in ns: per job and step, a 'rank' row per rank of
 -- rank_steps, and where the job has pipeline stages (job_stages) a 'stage' row per stage,
