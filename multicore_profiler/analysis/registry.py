@@ -153,7 +153,13 @@ register(
         "cross_rank.steps",
         _sql("cross_rank/steps.sql"),
         needs=("outer_kernels.steps", "outer_kernels.breakdown"),
-        materialized=("rank_steps", "job_groups", "job_stages", "rank_parallel_indices"),
+        materialized=(
+            "job_sources",
+            "rank_steps",
+            "job_groups",
+            "job_stages",
+            "rank_parallel_indices",
+        ),
         freshness=_TRACES_COMMITTED,
     ),
     SqlModule(
