@@ -91,7 +91,7 @@ register(
 
 # Outer-kernel analyses: the rules (a setting per store), then one module per topic. The
 # materialized tables are built in this order: device_ops, op_launches, step_periods,
-# kernels, step_islands; each again when the committed traces change.
+# kernels, step_islands, hccl_op_times; each again when the committed traces change.
 _TRACES_COMMITTED = "SELECT source_id, write_id FROM trace_sources ORDER BY ALL"
 register(
     SqlModule(
@@ -137,6 +137,8 @@ register(
         "outer_kernels.hccl_ops",
         _sql("outer_kernels/hccl_ops.sql"),
         needs=("outer_kernels.device_ops", "outer_kernels.steps"),
+        materialized=("hccl_op_times",),
+        freshness=_TRACES_COMMITTED,
     ),
     SqlModule(
         "outer_kernels.overlap",
