@@ -15,12 +15,14 @@ from dataclasses import dataclass, fields
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from multicore_profiler.errors import AnalysisError, QueryError
 from multicore_profiler.storage.connection import extension_refusal
 from multicore_profiler.storage.store import Store
 
-_JOBS = "SELECT DISTINCT job_id FROM trace_sources ORDER BY job_id"
+_JOBS = "SELECT job_id, count(*) AS sources FROM job_sources GROUP BY job_id ORDER BY job_id"
+"""The store's jobs, each with its count of trace sources (cross_rank.steps' job_sources)."""
 
 _OUTER = {
     "slow_rank_causes": "SELECT * FROM slow_rank_causes",
@@ -138,13 +140,10 @@ def cross_rank(
     them: the modules are installed, and their tables checked for freshness, once each."""
     picked = list(dict.fromkeys(runs or ()))
     with _reading(store, _OUTER_MODULES) as con:
-        known = _fetch(con, _JOBS).column("job_id").to_pylist()
+        counted = _fetch(con, _JOBS)
+        known = counted.column("job_id").to_pylist()
         if jobs is None:
-            counted = _fetch(
-                con,
-                "SELECT job_id FROM trace_sources GROUP BY job_id HAVING count(*) > 1 ORDER BY 1",
-            )
-            chosen = counted.column("job_id").to_pylist()
+            chosen = counted.filter(pc.field("sources") > 1).column("job_id").to_pylist()
         else:
             chosen = list(dict.fromkeys(jobs))
             unknown = [job for job in chosen if job not in known]
