@@ -148,8 +148,9 @@ register(
 )
 
 # Cross-rank analyses: the ranks of one job side by side, each waiting for a query naming it.
-# Their materialized tables (the steps and parallel layout of each rank, the collective
-# instances) are built on install and again when the committed traces change.
+# Their materialized tables (each source's JSON parsed, the steps and parallel layout of
+# each rank, the collective instances) are built on install and again when the committed
+# traces change.
 register(
     SqlModule(
         "cross_rank.steps",
