@@ -9,15 +9,21 @@ missing from a step or a group, ops that do not pair) into warnings. See docs/cr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
+import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from multicore_profiler.errors import AnalysisError
+from multicore_profiler.errors import AnalysisError, QueryError
+from multicore_profiler.storage.connection import extension_refusal
+from multicore_profiler.storage.sql_text import sql_identifier
 from multicore_profiler.storage.store import Store
 
-_JOBS = "SELECT DISTINCT job_id FROM trace_sources ORDER BY job_id"
+_JOBS = "SELECT job_id, count(*) AS sources FROM job_sources GROUP BY job_id ORDER BY job_id"
+"""The store's jobs, each with its count of trace sources (cross_rank.steps' job_sources)."""
 
 _OUTER = {
     "slow_rank_causes": "SELECT * FROM slow_rank_causes",
@@ -63,10 +69,32 @@ class CrossRank:
 
 _STEPLESS = ("rank_clock_offsets",)
 """The tables whose rows hold for a whole job, not one step."""
+_OUTER_MODULES = ("cross_rank.steps", "cross_rank.communication")
+_KERNEL_MODULES = ("records.kernel_ranks",)
+
+
+@contextmanager
+def _reading(
+    store: Store, modules: Sequence[str], runs: Sequence[str] | None = None
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``store.reading``'s cursor, DuckDB's errors raised as ``store.sql`` raises them."""
+    try:
+        with store.reading(modules=modules, runs=runs) as con:
+            yield con
+    except duckdb.Error as exc:
+        raise QueryError(f"query failed: {extension_refusal(exc) or exc}") from exc
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, query: str, params: dict | None = None) -> pa.Table:
+    return con.sql(query, params=params).to_arrow_table()
 
 
 def _read(
-    store: Store, name: str, query: str, ids: list[str], steps: Sequence[int] | None, **scope
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    query: str,
+    ids: list[str],
+    steps: Sequence[int] | None,
 ) -> pa.Table:
     """The rows of ``query`` (the table ``name``) of the jobs or runs ``ids``, and of
     ``steps`` where given and the table has steps."""
@@ -74,31 +102,45 @@ def _read(
     if steps is not None and name not in _STEPLESS:
         where += " AND list_contains($steps, step)"
         params["steps"] = list(steps)
-    return store.sql(f"SELECT * FROM ({query}) WHERE {where} ORDER BY ALL", params, **scope)
+    return _fetch(con, f"SELECT * FROM ({query}) WHERE {where} ORDER BY ALL", params)
 
 
-def _warnings(store: Store, jobs: list[str], runs: list[str]) -> list[str]:
-    """A line per gap the gap views find: a rank missing from a step of its job, or from
-    an invocation the other ranks of a run ran."""
-    lines = []
-    if jobs:
-        for row in store.sql(
-            "SELECT * FROM rank_gaps WHERE list_contains($ids, job_id) ORDER BY ALL",
-            {"ids": jobs},
-        ).to_pylist():
-            lines.append(row["detail"])
-    if runs:
-        for row in store.sql(
-            "SELECT * FROM kernel_rank_gaps WHERE list_contains($ids, job_id) ORDER BY ALL",
-            {"ids": runs},
-            runs=runs,
-        ).to_pylist():
-            missing = ", ".join(str(rank) for rank in row["missing_ranks"])
-            lines.append(
-                f"run {row['job_id']} step {row['step']}: invocation {row['invocation_order']} "
-                f"({row['kernel_name']}) has no records of rank(s) {missing}"
-            )
-    return lines
+def _no_rows(con: duckdb.DuckDBPyConnection, view: str) -> pa.Table:
+    """The columns of ``view`` at the types the catalog holds for them, and no rows: a table
+    that asks for no job or run, without binding the view (tens of ms for a view over views)."""
+    columns = _fetch(
+        con,
+        "SELECT column_name, data_type FROM duckdb_columns() "
+        "WHERE table_name = $view AND schema_name = current_schema() ORDER BY column_index",
+        {"view": view},
+    )
+    names, types = (
+        columns.column("column_name").to_pylist(),
+        columns.column("data_type").to_pylist(),
+    )
+    select = ", ".join(
+        f"NULL::{t} AS {sql_identifier(n)}" for n, t in zip(names, types, strict=True)
+    )
+    return _fetch(con, f"SELECT {select} LIMIT 0")
+
+
+def _job_gaps(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> list[str]:
+    """A line per rank missing from a step of its job, or from its job's groups."""
+    if not jobs:
+        return []
+    query = "SELECT detail FROM rank_gaps WHERE list_contains($ids, job_id) ORDER BY ALL"
+    return _fetch(con, query, {"ids": jobs}).column("detail").to_pylist()
+
+
+def _run_gaps(con: duckdb.DuckDBPyConnection, runs: list[str]) -> list[str]:
+    """A line per rank missing from an invocation the other ranks of its run ran."""
+    query = "SELECT * FROM kernel_rank_gaps WHERE list_contains($ids, job_id) ORDER BY ALL"
+    return [
+        f"run {row['job_id']} step {row['step']}: invocation {row['invocation_order']} "
+        f"({row['kernel_name']}) has no records of rank(s) "
+        + ", ".join(str(rank) for rank in row["missing_ranks"])
+        for row in _fetch(con, query, {"ids": runs}).to_pylist()
+    ]
 
 
 def cross_rank(
@@ -110,30 +152,28 @@ def cross_rank(
 ) -> CrossRank:
     """The cross-rank tables of ``jobs`` (outer traces' jobs; default: every job of two
     ranks or more) and ``runs`` (MegaKernel runs; default: none), kept to ``steps`` where
-    given. Raises ``AnalysisError`` naming a job that is not in the store."""
-    known = store.sql(_JOBS).column("job_id").to_pylist()
-    if jobs is None:
-        counted = store.sql(
-            "SELECT job_id FROM trace_sources GROUP BY job_id HAVING count(*) > 1 ORDER BY 1"
-        )
-        chosen = counted.column("job_id").to_pylist()
-    else:
-        chosen = list(dict.fromkeys(jobs))
-        unknown = [job for job in chosen if job not in known]
-        if unknown:
-            shown = ", ".join(known) if known else "none"
-            raise AnalysisError(f"no job {unknown[0]!r} in {store.uri} (its jobs: {shown})")
+    given. Raises ``AnalysisError`` naming a job that is not in the store.
+
+    The outer tables are read through one cursor, and the runs' through another scoped to
+    them: the modules are installed, and their tables checked for freshness, once each."""
     picked = list(dict.fromkeys(runs or ()))
-    tables = {name: _read(store, name, query, chosen, steps) for name, query in _OUTER.items()}
-    tables.update(
-        {
-            name: _read(store, name, query, picked, steps, runs=picked)
-            for name, query in _KERNEL.items()
-        }
-    )
-    return CrossRank(
-        jobs=tuple(chosen),
-        runs=tuple(picked),
-        warnings=tuple(_warnings(store, chosen, picked)),
-        **tables,
-    )
+    with _reading(store, _OUTER_MODULES) as con:
+        counted = _fetch(con, _JOBS)
+        known = counted.column("job_id").to_pylist()
+        if jobs is None:
+            chosen = counted.filter(pc.field("sources") > 1).column("job_id").to_pylist()
+        else:
+            chosen = list(dict.fromkeys(jobs))
+            unknown = [job for job in chosen if job not in known]
+            if unknown:
+                shown = ", ".join(known) if known else "none"
+                raise AnalysisError(f"no job {unknown[0]!r} in {store.uri} (its jobs: {shown})")
+        tables = {name: _read(con, name, query, chosen, steps) for name, query in _OUTER.items()}
+        warnings = _job_gaps(con, chosen)
+    with _reading(store, _KERNEL_MODULES, picked) as con:
+        if picked:
+            tables.update({name: _read(con, name, q, picked, steps) for name, q in _KERNEL.items()})
+            warnings += _run_gaps(con, picked)
+        else:
+            tables.update({name: _no_rows(con, name) for name in _KERNEL})
+    return CrossRank(jobs=tuple(chosen), runs=tuple(picked), warnings=tuple(warnings), **tables)

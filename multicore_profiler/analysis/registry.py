@@ -91,7 +91,7 @@ register(
 
 # Outer-kernel analyses: the rules (a setting per store), then one module per topic. The
 # materialized tables are built in this order: device_ops, op_launches, step_periods,
-# kernels, step_islands; each again when the committed traces change.
+# kernels, step_islands, hccl_op_times; each again when the committed traces change.
 _TRACES_COMMITTED = "SELECT source_id, write_id FROM trace_sources ORDER BY ALL"
 register(
     SqlModule(
@@ -137,6 +137,8 @@ register(
         "outer_kernels.hccl_ops",
         _sql("outer_kernels/hccl_ops.sql"),
         needs=("outer_kernels.device_ops", "outer_kernels.steps"),
+        materialized=("hccl_op_times",),
+        freshness=_TRACES_COMMITTED,
     ),
     SqlModule(
         "outer_kernels.overlap",
@@ -145,14 +147,23 @@ register(
     ),
 )
 
-# Cross-rank analyses: the ranks of one job side by side. Views only, each waiting for a
-# query naming it.
+# Cross-rank analyses: the ranks of one job side by side, each waiting for a query naming it.
+# Their materialized tables (each source's JSON parsed, the steps and parallel layout of
+# each rank, the collective instances) are built on install and again when the committed
+# traces change.
 register(
     SqlModule(
         "cross_rank.steps",
         _sql("cross_rank/steps.sql"),
         needs=("outer_kernels.steps", "outer_kernels.breakdown"),
-        on_demand=True,
+        materialized=(
+            "job_sources",
+            "rank_steps",
+            "job_groups",
+            "job_stages",
+            "rank_parallel_indices",
+        ),
+        freshness=_TRACES_COMMITTED,
     ),
     SqlModule(
         "cross_rank.communication",

@@ -2,8 +2,9 @@
 -- collective_waits, slow_ranks, rank_clock_offsets, and the macros hccl_group_hash,
 -- dixon_critical_995 and is_p2p_op_name they use.
 -- Needs: outer_kernels.steps (step_periods, kernels), outer_kernels.collectives (collectives),
--- outer_kernels.hccl_ops (hccl_op_times), cross_rank.steps (job_groups). Reads the store's
--- trace_sources (job_id, rank, profiler_outputs) and trace_events (the args of NCCL kernels).
+-- outer_kernels.hccl_ops (hccl_op_times), cross_rank.steps (job_sources: job_id, rank and
+-- the communication rows of each source; job_groups). Reads the store's trace_events (the
+-- args of NCCL kernels).
 --
 -- Times are the ranks' own clocks, raw: rank_clock_offsets estimates how far apart they
 -- are and nothing here applies it. A job is the ranks of one ingest (trace_sources.job_id).
@@ -54,11 +55,11 @@ WITH traced AS (
     SELECT s.job_id, h.rank, h.step_number AS step, h.group_name, h.op_name, h.start_ns,
         h.elapse_ns, h.transit_ns, h.wait_ns, h.sync_ns, h.idle_ns, h.wait_ratio,
         h.sync_ratio, 'trace' AS basis
-    FROM hccl_op_times h JOIN trace_sources s USING (source_id)
+    FROM hccl_op_times h JOIN job_sources s USING (source_id)
 ), rows AS (
-    SELECT job_id, rank, unnest(json_extract(profiler_outputs, '$.communication[*]')) AS op
-    FROM trace_sources
-    WHERE form = 'outputs' AND profiler_outputs IS NOT NULL
+    SELECT job_id, rank, unnest(communication) AS op
+    FROM job_sources
+    WHERE form = 'outputs'
 ), ms AS (
     SELECT job_id, rank,
         TRY_CAST(regexp_extract(op->>'step', '(\d+)$', 1) AS BIGINT) AS step,
@@ -110,7 +111,7 @@ WITH ascend AS (
     FROM collectives c
     SEMI JOIN (SELECT source_id, event_index FROM kernels WHERE kind = 'kernel') k
         USING (source_id, event_index)
-    JOIN trace_sources s USING (source_id)
+    JOIN job_sources s USING (source_id)
     JOIN step_periods p USING (source_id, step_index)
     JOIN (SELECT source_id, event_index, args FROM trace_events WHERE cat = 'kernel') e
         USING (source_id, event_index)
@@ -244,7 +245,7 @@ GROUP BY ALL;
 -- far the instances disagree). A rank sharing none has a NULL offset. Shown, never applied.
 CREATE OR REPLACE VIEW rank_clock_offsets AS
 WITH ranks AS (
-    SELECT DISTINCT job_id, rank FROM trace_sources WHERE rank IS NOT NULL
+    SELECT DISTINCT job_id, rank FROM job_sources WHERE rank IS NOT NULL
 ), reference AS (
     SELECT job_id, min(rank) AS reference_rank FROM ranks GROUP BY ALL
 ), complete AS (

@@ -3,10 +3,39 @@
 -- (the job's parallel layout), rank_step_breakdown (cluster_step_trace_time), slow_rank_advice
 -- (the advisor's slow-rank rule), slow_rank_causes and rank_gaps.
 -- Needs: outer_kernels.steps (step_periods), outer_kernels.breakdown (step_time_breakdown).
--- Reads the store's trace_sources: job_id, rank, device, parallel, profiler_outputs.
+-- Reads the store's trace_sources (job_id, rank, device, form, parallel, profiler_outputs)
+-- once, into job_sources.
 --
 -- A job's ranks are its sources with a rank (a source without one is no rank of a job and is
 -- left out). Times are integer ns; msprof's µs become round(µs * 1000).
+--
+-- job_sources, rank_steps, job_groups, job_stages and rank_parallel_indices are tables, each
+-- built here from its _live_ view (in that order: each reads the tables before it) and
+-- rebuilt when the committed traces change: the views above them, and
+-- cross_rank.communication, read them instead of scanning trace_sources and parsing every
+-- source's JSON again (and binding views over views).
+
+-- One row per trace source (with a rank or not): its ids, device and form, and the parts of
+-- its JSON that the cross-rank views read, each parsed once: step_trace_time (msprof's
+-- step_trace_time rows of a source of form 'outputs', as a list of structs: NULL for the
+-- others), communication (its profiler_outputs' communication rows, JSON[]),
+-- parallel_group_info and distributed_args (those of its parallel, each where it is a JSON
+-- object, else NULL).
+CREATE OR REPLACE VIEW _live_job_sources AS
+SELECT source_id, job_id, rank, device, form,
+    CASE WHEN form = 'outputs' THEN from_json(profiler_outputs->'$.step_trace_time', '[{
+        "step": "VARCHAR", "computing_us": "DOUBLE",
+        "communication_not_overlapped_us": "DOUBLE", "overlapped_us": "DOUBLE",
+        "communication_us": "DOUBLE", "free_us": "DOUBLE", "stage_us": "DOUBLE",
+        "bubble_us": "DOUBLE", "communication_not_overlapped_exclude_receive_us": "DOUBLE",
+        "preparing_us": "DOUBLE"}]') END AS step_trace_time,
+    json_extract(profiler_outputs, '$.communication[*]') AS communication,
+    CASE WHEN json_type(parallel, '$.parallel_group_info') = 'OBJECT'
+        THEN parallel->'$.parallel_group_info' END AS parallel_group_info,
+    CASE WHEN json_type(parallel, '$.distributed_args') = 'OBJECT'
+        THEN parallel->'$.distributed_args' END AS distributed_args
+FROM trace_sources;
+CREATE OR REPLACE TABLE job_sources AS SELECT * FROM _live_job_sources;
 
 -- One row per job, rank and step: msprof-analyze's step_trace_time columns in ns. A source
 -- with trace events takes them from step_time_breakdown (basis 'trace'; step: the step
@@ -15,19 +44,13 @@
 -- msprof's tables alone (form 'outputs') from its profiler_outputs.step_trace_time rows
 -- (basis 'msprof'; step: the row's Step as an integer, NULL where msprof wrote none;
 -- preparing_ns NULL where the table has no Preparing column, as older msprof writes it).
-CREATE OR REPLACE VIEW rank_steps AS
+CREATE OR REPLACE VIEW _live_rank_steps AS
 WITH sources AS (
-    SELECT source_id, job_id, rank, device, form, profiler_outputs
-    FROM trace_sources
+    SELECT source_id, job_id, rank, device, form, step_trace_time
+    FROM job_sources
     WHERE rank IS NOT NULL
 ), written AS (
-    SELECT job_id, rank, source_id, device,
-        unnest(from_json(profiler_outputs->'$.step_trace_time', '[{
-            "step": "VARCHAR", "computing_us": "DOUBLE",
-            "communication_not_overlapped_us": "DOUBLE", "overlapped_us": "DOUBLE",
-            "communication_us": "DOUBLE", "free_us": "DOUBLE", "stage_us": "DOUBLE",
-            "bubble_us": "DOUBLE", "communication_not_overlapped_exclude_receive_us": "DOUBLE",
-            "preparing_us": "DOUBLE"}]')) AS r
+    SELECT job_id, rank, source_id, device, unnest(step_trace_time) AS r
     FROM sources
     WHERE form = 'outputs'
 )
@@ -55,20 +78,22 @@ SELECT job_id, rank, TRY_CAST(trim(r.step) AS BIGINT) AS step, source_id, device
         AS communication_not_overlapped_exclude_receive_ns,
     round(r.preparing_us * 1000)::BIGINT AS preparing_ns
 FROM written;
+CREATE OR REPLACE TABLE rank_steps AS SELECT * FROM _live_rank_steps;
 
 -- The communication groups of each job's parallel_group_info (torch_npu's
 -- profiler_metadata.json): its key, its name (pg_name: 'dp', 'pp', ...) and its global
 -- ranks, sorted. A group is taken from the lowest rank whose metadata lists it.
-CREATE OR REPLACE VIEW job_groups AS
+CREATE OR REPLACE VIEW _live_job_groups AS
 SELECT job_id, group_key, pg_name, ranks
 FROM (
     SELECT s.job_id, s.rank, g.key AS group_key, g.value->>'$.group_name' AS pg_name,
         list_sort(list_distinct(list_filter(
             from_json(g.value->'$.global_ranks', '["INTEGER"]'), lambda x: x IS NOT NULL))) AS ranks
-    FROM trace_sources s, json_each(s.parallel, '$.parallel_group_info') g
-    WHERE s.rank IS NOT NULL AND json_type(s.parallel, '$.parallel_group_info') = 'OBJECT'
+    FROM job_sources s, json_each(s.parallel_group_info) g
+    WHERE s.rank IS NOT NULL AND s.parallel_group_info IS NOT NULL
 )
 QUALIFY row_number() OVER (PARTITION BY job_id, group_key ORDER BY rank) = 1;
+CREATE OR REPLACE TABLE job_groups AS SELECT * FROM _live_job_groups;
 
 -- The pipeline chains as msprof-analyze builds them: the groups named pp... (any case) of
 -- two ranks or more, merged where they share a rank. One row per rank of a chain, its chain
@@ -101,7 +126,7 @@ SELECT job_id, rank, label AS chain FROM labels;
 -- groups, in a job with pipeline chains (none without): the groups holding at most one rank
 -- of each chain, merged where they share a rank. One row per rank of a stage, with the
 -- stage's ranks (sorted).
-CREATE OR REPLACE VIEW job_stages AS
+CREATE OR REPLACE VIEW _live_job_stages AS
 WITH RECURSIVE members AS (
     SELECT m.job_id, m.group_key, m.ranks, m.rank, c.chain
     FROM (SELECT *, unnest(ranks) AS rank FROM job_groups) AS m
@@ -126,6 +151,7 @@ WITH RECURSIVE members AS (
 )
 SELECT job_id, list(rank ORDER BY rank) OVER (PARTITION BY job_id, label) AS stage, rank
 FROM labels;
+CREATE OR REPLACE TABLE job_stages AS SELECT * FROM _live_job_stages;
 
 -- A size of a job's distributed_args (the JSON object args): its integer value, 1 where
 -- absent, NULL where it is anything but an integer (msprof-analyze refuses the layout then).
@@ -144,10 +170,10 @@ END;
 -- NULL where msprof writes none or fails: a size that is not an integer or is below 1, C
 -- other than 1, W other than T*P*D, D or D*C not a multiple of E, more ranks than W, a rank
 -- of W or above.
-CREATE OR REPLACE VIEW rank_parallel_indices AS
+CREATE OR REPLACE VIEW _live_rank_parallel_indices AS
 WITH args AS (
-    SELECT job_id, parallel->'$.distributed_args' AS a FROM trace_sources
-    WHERE rank IS NOT NULL AND json_type(parallel, '$.distributed_args') = 'OBJECT'
+    SELECT job_id, distributed_args AS a FROM job_sources
+    WHERE rank IS NOT NULL AND distributed_args IS NOT NULL
     QUALIFY row_number() OVER (PARTITION BY job_id ORDER BY rank) = 1
 ), written AS (
     SELECT job_id,
@@ -176,6 +202,7 @@ LATERAL (
     SELECT least(l.t, l.p, l.d, l.e) >= 1 AND l.c = 1 AND l.w = l.t * l.p * l.d
         AND l.d % l.e = 0 AND (l.d * l.c) % l.e = 0 AND r.ranks <= l.w AND r.rank < l.w AS valid
 );
+CREATE OR REPLACE TABLE rank_parallel_indices AS SELECT * FROM _live_rank_parallel_indices;
 
 -- msprof-analyze's cluster_step_trace_time, in ns: per job and step, a 'rank' row per rank of
 -- rank_steps, and where the job has pipeline stages (job_stages) a 'stage' row per stage,
@@ -273,13 +300,13 @@ JOIN medians m ON m.job_id = s.job_id AND m.step IS NOT DISTINCT FROM s.step;
 -- words.
 CREATE OR REPLACE VIEW rank_gaps AS
 WITH ranks AS (
-    SELECT job_id, rank, source_id FROM trace_sources WHERE rank IS NOT NULL
+    SELECT job_id, rank, source_id FROM job_sources WHERE rank IS NOT NULL
 ), steps AS (
     SELECT job_id, step, list(rank ORDER BY rank) AS ranks FROM rank_steps GROUP BY ALL
 ), world AS (
-    SELECT job_id, TRY_CAST(parallel->>'$.distributed_args.world_size' AS BIGINT) AS world_size
-    FROM trace_sources
-    WHERE rank IS NOT NULL AND json_type(parallel, '$.distributed_args') = 'OBJECT'
+    SELECT job_id, TRY_CAST(distributed_args->>'$.world_size' AS BIGINT) AS world_size
+    FROM job_sources
+    WHERE rank IS NOT NULL AND distributed_args IS NOT NULL
     QUALIFY row_number() OVER (PARTITION BY job_id ORDER BY rank) = 1
 ), listed AS (
     SELECT job_id, unnest(ranks) AS rank, pg_name, NULL AS world_size FROM job_groups
