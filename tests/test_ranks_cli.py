@@ -33,6 +33,8 @@ def test_the_json_document_holds_every_table(qwen3: Store, capsys, tmp_path: Pat
     document = json.loads(out.read_text())
     assert (document["jobs"], document["runs"], document["warnings"]) == (["qwen3"], [], [])
     tables = document["tables"]
+    (straggler,) = tables["step_stragglers"]
+    assert (straggler["last_arrival_rank"], straggler["most_waiting_rank"]) == (3, 1)
     (slowest,) = tables["slow_rank_causes"]
     # Rank 3's step: stage 810 150 250 + preparing 278 750 ns; the median of the four
     # ranks' 810 228 500, 809 636 750, 809 992 250 and 810 429 000 is 810 110 375.
@@ -58,6 +60,7 @@ def test_the_table_and_markdown_show_the_tables_with_rows(qwen3: Store, capsys) 
     assert lines[0] == "mcprof ranks: jobs qwen3; MegaKernel runs none"
     titles = [line for line in lines if line.endswith(":") and not line.startswith(" ")]
     assert titles == [
+        "Who holds each step back: the last arrival at its collectives:",
         "Slowest rank of each step, and where its extra time went:",
         "Step time breakdown per rank and pipeline stage:",
         "Communication per rank and step: waiting for the last arrival:",
@@ -94,8 +97,9 @@ def test_csv_holds_each_table_after_its_name(qwen3: Store, capsys) -> None:
     out = capsys.readouterr().out
     names = [line[2:] for line in out.splitlines() if line.startswith("# ")]
     assert names == [
-        "slow_rank_causes", "rank_step_breakdown", "collective_waits", "slow_ranks",
-        "slow_rank_advice", "rank_clock_offsets", "kernel_rank_steps", "kernel_slow_rank_stages",
+        "step_stragglers", "slow_rank_causes", "rank_step_breakdown", "collective_waits",
+        "slow_ranks", "slow_rank_advice", "rank_clock_offsets", "kernel_rank_steps",
+        "kernel_slow_rank_stages",
     ]  # fmt: skip
     assert "\nqwen3,3,13,159695100,101803340,23,0\n" in out  # collective_waits of rank 3
 

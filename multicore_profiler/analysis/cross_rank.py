@@ -26,6 +26,7 @@ _JOBS = "SELECT job_id, count(*) AS sources FROM job_sources GROUP BY job_id ORD
 """The store's jobs, each with its count of trace sources (cross_rank.steps' job_sources)."""
 
 _OUTER = {
+    "step_stragglers": "SELECT * FROM step_stragglers",
     "slow_rank_causes": "SELECT * FROM slow_rank_causes",
     "rank_step_breakdown": "SELECT * FROM rank_step_breakdown",
     "collective_waits": "SELECT * FROM collective_waits",
@@ -48,6 +49,7 @@ class CrossRank:
 
     jobs: tuple[str, ...]
     runs: tuple[str, ...]
+    step_stragglers: pa.Table
     slow_rank_causes: pa.Table
     rank_step_breakdown: pa.Table
     collective_waits: pa.Table
@@ -69,7 +71,7 @@ class CrossRank:
 
 _STEPLESS = ("rank_clock_offsets",)
 """The tables whose rows hold for a whole job, not one step."""
-_OUTER_MODULES = ("cross_rank.steps", "cross_rank.communication")
+_OUTER_MODULES = ("cross_rank.steps", "cross_rank.communication", "cross_rank.stragglers")
 _KERNEL_MODULES = ("records.kernel_ranks",)
 
 

@@ -180,7 +180,13 @@ register(
     SqlModule(
         "cross_rank.bandwidth",
         _sql("cross_rank/bandwidth.sql"),
-        needs=("outer_kernels.hccl_ops",),
+        needs=("outer_kernels.hccl_ops", "cross_rank.steps"),
+        on_demand=True,
+    ),
+    SqlModule(
+        "cross_rank.stragglers",
+        _sql("cross_rank/stragglers.sql"),
+        needs=("cross_rank.steps", "cross_rank.communication"),
         on_demand=True,
     ),
 )

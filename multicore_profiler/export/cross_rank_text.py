@@ -20,6 +20,7 @@ from multicore_profiler.export.markdown import markdown_table
 from multicore_profiler.export.terminal_text import printable
 
 TITLES = {
+    "step_stragglers": "Who holds each step back: the last arrival at its collectives",
     "slow_rank_causes": "Slowest rank of each step, and where its extra time went",
     "rank_step_breakdown": "Step time breakdown per rank and pipeline stage",
     "collective_waits": "Communication per rank and step: waiting for the last arrival",

@@ -1,7 +1,7 @@
 -- Communication bandwidth across the ranks of a job: communication_bandwidth, msprof's
 -- "Communication Bandwidth Info" per op, rank and transport, for every rank of a job.
--- Needs: outer_kernels.hccl_ops (hccl_op_bandwidth). Reads the store's trace_sources
--- (job_id, rank, form, profiler_outputs).
+-- Needs: outer_kernels.hccl_ops (hccl_op_bandwidth), cross_rank.steps (job_sources: each
+-- source's communication rows, parsed once).
 --
 -- Traced torch_npu ranks: hccl_op_bandwidth, computed from the HCCL task stream (basis
 -- 'trace'). Ranks loaded without a trace: msprof's own rows of communication.json (basis
@@ -18,9 +18,9 @@ WITH traced AS (
         b.large_packet_ratio, b.size_distribution, 'trace' AS basis
     FROM hccl_op_bandwidth b JOIN trace_sources s USING (source_id)
 ), ops AS (
-    SELECT job_id, rank, unnest(json_extract(profiler_outputs, '$.communication[*]')) AS op
-    FROM trace_sources
-    WHERE form = 'outputs' AND profiler_outputs IS NOT NULL
+    SELECT job_id, rank, unnest(communication) AS op
+    FROM job_sources
+    WHERE form = 'outputs' AND communication IS NOT NULL
 ), transports AS (
     SELECT job_id, rank, op, unnest(json_keys(op, '$.bandwidth')) AS transport_type
     FROM ops

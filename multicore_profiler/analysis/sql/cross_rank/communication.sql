@@ -1,6 +1,6 @@
--- Communication across the ranks of a job: communication_ops, collective_instances,
--- collective_waits, slow_ranks, rank_clock_offsets, and the macros hccl_group_hash,
--- dixon_critical_995 and is_p2p_op_name they use.
+-- Communication across the ranks of a job: communication_ops, communication_totals,
+-- collective_instances, collective_waits, slow_ranks, rank_clock_offsets, and the macros
+-- hccl_group_hash, dixon_critical_995 and is_p2p_op_name they use.
 -- Needs: outer_kernels.steps (step_periods, kernels), outer_kernels.collectives (collectives),
 -- outer_kernels.hccl_ops (hccl_op_times), cross_rank.steps (job_sources: job_id, rank and
 -- the communication rows of each source; job_groups). Reads the store's trace_events (the
@@ -81,6 +81,25 @@ UNION ALL
 SELECT job_id, rank, step, group_name, op_name, start_ns, elapse_ns, transit_ns, wait_ns,
     sync_ns, idle_ns, wait_ratio, sync_ratio, 'msprof' AS basis
 FROM ms;
+
+-- msprof's "Total Op Info" of each rank's communication per group and step: the ops
+-- counted, their elapse, transit, wait, synchronization and idle summed, and the ratios
+-- recomputed from the sums (wait / (wait + transit), sync / (sync + transit), rounded to 4
+-- places, 0 where the denominator is 0), as msprof sums them; NULL sums where no op of the
+-- group has them (a Level0 capture's ops).
+CREATE OR REPLACE VIEW communication_totals AS
+SELECT job_id, rank, step, group_name, count(*) AS ops,
+    sum(elapse_ns)::BIGINT AS elapse_ns, sum(transit_ns)::BIGINT AS transit_ns,
+    sum(wait_ns)::BIGINT AS wait_ns, sum(sync_ns)::BIGINT AS sync_ns,
+    sum(idle_ns)::BIGINT AS idle_ns,
+    CASE WHEN count(wait_ns) > 0 THEN
+        round(coalesce(sum(wait_ns) / nullif(sum(wait_ns) + sum(transit_ns), 0), 0), 4)
+    END AS wait_ratio,
+    CASE WHEN count(sync_ns) > 0 THEN
+        round(coalesce(sum(sync_ns) / nullif(sum(sync_ns) + sum(transit_ns), 0), 0), 4)
+    END AS sync_ratio
+FROM communication_ops
+GROUP BY ALL;
 
 -- Every collective op of every rank of a job, as one rank's part of a collective instance,
 -- keyed as msprof-analyze's cluster_time_summary keys them: instance is unique within
