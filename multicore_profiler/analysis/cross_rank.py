@@ -19,7 +19,6 @@ import pyarrow.compute as pc
 
 from multicore_profiler.errors import AnalysisError, QueryError
 from multicore_profiler.storage.connection import extension_refusal
-from multicore_profiler.storage.sql_text import sql_identifier
 from multicore_profiler.storage.store import Store
 
 _JOBS = "SELECT job_id, count(*) AS sources FROM job_sources GROUP BY job_id ORDER BY job_id"
@@ -56,16 +55,18 @@ class CrossRank:
     slow_ranks: pa.Table
     slow_rank_advice: pa.Table
     rank_clock_offsets: pa.Table
-    kernel_rank_steps: pa.Table
-    kernel_slow_rank_stages: pa.Table
     warnings: tuple[str, ...]
+    kernel_rank_steps: pa.Table | None = None
+    kernel_slow_rank_stages: pa.Table | None = None
+    """The MegaKernel runs' tables: ``None`` where no run was asked for."""
 
     def tables(self) -> dict[str, pa.Table]:
-        """Every table by its view's name, in the order a report shows them."""
+        """Every table by its view's name, in the order a report shows them (the
+        MegaKernel runs' where runs were asked for)."""
         return {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if f.name not in ("jobs", "runs", "warnings")
+            if f.name not in ("jobs", "runs", "warnings") and getattr(self, f.name) is not None
         }
 
 
@@ -105,25 +106,6 @@ def _read(
         where += " AND list_contains($steps, step)"
         params["steps"] = list(steps)
     return _fetch(con, f"SELECT * FROM ({query}) WHERE {where} ORDER BY ALL", params)
-
-
-def _no_rows(con: duckdb.DuckDBPyConnection, view: str) -> pa.Table:
-    """The columns of ``view`` at the types the catalog holds for them, and no rows: a table
-    that asks for no job or run, without binding the view (tens of ms for a view over views)."""
-    columns = _fetch(
-        con,
-        "SELECT column_name, data_type FROM duckdb_columns() "
-        "WHERE table_name = $view AND schema_name = current_schema() ORDER BY column_index",
-        {"view": view},
-    )
-    names, types = (
-        columns.column("column_name").to_pylist(),
-        columns.column("data_type").to_pylist(),
-    )
-    select = ", ".join(
-        f"NULL::{t} AS {sql_identifier(n)}" for n, t in zip(names, types, strict=True)
-    )
-    return _fetch(con, f"SELECT {select} LIMIT 0")
 
 
 def _job_gaps(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> list[str]:
@@ -172,10 +154,8 @@ def cross_rank(
                 raise AnalysisError(f"no job {unknown[0]!r} in {store.uri} (its jobs: {shown})")
         tables = {name: _read(con, name, query, chosen, steps) for name, query in _OUTER.items()}
         warnings = _job_gaps(con, chosen)
-    with _reading(store, _KERNEL_MODULES, picked) as con:
-        if picked:
+    if picked:
+        with _reading(store, _KERNEL_MODULES, picked) as con:
             tables.update({name: _read(con, name, q, picked, steps) for name, q in _KERNEL.items()})
             warnings += _run_gaps(con, picked)
-        else:
-            tables.update({name: _no_rows(con, name) for name in _KERNEL})
     return CrossRank(jobs=tuple(chosen), runs=tuple(picked), warnings=tuple(warnings), **tables)
