@@ -22,7 +22,8 @@ $(BASE): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
 	touch $(BASE)
 
-# What the checks and benchmarks add: pytest, ruff, import-linter, Spark, the S3 server, HTA.
+# What the checks and benchmarks add: pytest, ruff, import-linter, Spark, the S3 server, HTA,
+# msprof-analyze.
 $(DEV): $(BASE) pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(DEV)
