@@ -160,6 +160,7 @@ register(
             "job_sources",
             "rank_steps",
             "job_groups",
+            "pipeline_chains",
             "job_stages",
             "rank_parallel_indices",
         ),

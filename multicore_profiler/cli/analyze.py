@@ -19,6 +19,7 @@ from multicore_profiler.cli.arguments import (
     selection_arguments,
     text,
 )
+from multicore_profiler.cli.output import write_rendered
 from multicore_profiler.errors import ArgumentError, ProfileError
 from multicore_profiler.export.analysis_text import RENDERERS, AnalysisReport
 from multicore_profiler.limits import INT64, Range
@@ -63,14 +64,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         from multicore_profiler.export.analysis_plot import plot_speedup_curves  # matplotlib
 
         print(f"mcprof: picture: {plot_speedup_curves(report.curves, args.plot)}", file=sys.stderr)
-    rendered = RENDERERS[args.format](report)
-    data = rendered.encode() if isinstance(rendered, str) else rendered
-    if args.output is None:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    else:
-        args.output.write_bytes(data)
+    write_rendered(RENDERERS[args.format](report), args.output)
 
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:

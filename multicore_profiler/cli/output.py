@@ -55,6 +55,18 @@ def warn(warnings: Iterable[object]) -> None:
         print(f"mcprof: warning: {warning}", file=sys.stderr)
 
 
+def write_rendered(rendered: str | bytes, output: Path | None) -> None:
+    """Print a rendered report (text or bytes) to standard output, or write it to
+    ``output``."""
+    data = rendered.encode() if isinstance(rendered, str) else rendered
+    if output is None:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        output.write_bytes(data)
+
+
 def emit(table: pa.Table, fmt: str, output: Path | None) -> None:
     """Print or write query rows: a box table, CSV, a JSON array, or Parquet (to a file)."""
     if fmt == "table" and output is not None:

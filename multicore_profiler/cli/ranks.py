@@ -4,11 +4,10 @@ where its extra time went, and how much of each rank's communication waited."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from multicore_profiler.analysis.cross_rank import cross_rank
 from multicore_profiler.cli.arguments import Parents, in_range, open_given_store, path, text
-from multicore_profiler.cli.output import warn
+from multicore_profiler.cli.output import warn, write_rendered
 from multicore_profiler.errors import ProfileError
 from multicore_profiler.export.cross_rank_text import RENDERERS
 from multicore_profiler.limits import STEP
@@ -30,14 +29,7 @@ def cmd_ranks(args: argparse.Namespace) -> None:
         steps=args.step or None,
     )
     warn(report.warnings)
-    rendered = RENDERERS[args.format](report)
-    data = rendered.encode() if isinstance(rendered, str) else rendered
-    if args.output is None:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    else:
-        args.output.write_bytes(data)
+    write_rendered(RENDERERS[args.format](report), args.output)
 
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:

@@ -9,9 +9,9 @@
 -- A job's ranks are its sources with a rank (a source without one is no rank of a job and is
 -- left out). Times are integer ns; msprof's µs become round(µs * 1000).
 --
--- job_sources, rank_steps, job_groups, job_stages and rank_parallel_indices are tables, each
--- built here from its _live_ view (in that order: each reads the tables before it) and
--- rebuilt when the committed traces change: the views above them, and
+-- job_sources, rank_steps, job_groups, pipeline_chains, job_stages and rank_parallel_indices
+-- are tables, each built here from its _live_ view (in that order: each reads the tables
+-- before it) and rebuilt when the committed traces change: the views above them, and
 -- cross_rank.communication, read them instead of scanning trace_sources and parsing every
 -- source's JSON again (and binding views over views).
 
@@ -95,62 +95,66 @@ FROM (
 QUALIFY row_number() OVER (PARTITION BY job_id, group_key ORDER BY rank) = 1;
 CREATE OR REPLACE TABLE job_groups AS SELECT * FROM _live_job_groups;
 
--- The pipeline chains as msprof-analyze builds them: the groups named pp... (any case) of
--- two ranks or more, merged where they share a rank. One row per rank of a chain, its chain
--- named by its lowest rank. (msprof chains the p2p groups that communication.json shows ops
--- in and parallel_group_info names pp...; a pipeline group of one rank carries no p2p op.)
--- Both this view and job_stages find the connected components of a graph of ranks the same
--- way: every rank of a group linked both ways to the group's lowest rank, then each rank's
--- label, from its own rank, lowered to the lowest label of a rank linked to it until none
--- changes.
-CREATE OR REPLACE VIEW _pipeline_chains AS
-WITH RECURSIVE edges AS (
-    SELECT DISTINCT job_id, unnest([rank, ranks[1]]) AS a, unnest([ranks[1], rank]) AS b
-    FROM (
-        SELECT job_id, ranks, unnest(ranks) AS rank FROM job_groups
-        WHERE starts_with(lower(pg_name), 'pp') AND len(ranks) >= 2
-    )
+-- Connected components of an undirected graph per job (a graph walk, apart from the domain
+-- views): each node of the table or view named edges (job_id, a, b; both directions) with
+-- the least node it reaches, its label.
+CREATE OR REPLACE MACRO _components(edges) AS TABLE
+WITH RECURSIVE e AS (
+    SELECT job_id, a, b FROM query_table(edges)
 ), labels(job_id, rank, label) USING KEY (job_id, rank) AS (
-    SELECT DISTINCT job_id, a, a FROM edges
+    SELECT DISTINCT job_id, a, a FROM e
     UNION
     SELECT l.job_id, e.b, min(l.label)
     FROM labels l
-    JOIN edges e ON e.job_id = l.job_id AND e.a = l.rank
+    JOIN e ON e.job_id = l.job_id AND e.a = l.rank
     JOIN recurring.labels now ON now.job_id = l.job_id AND now.rank = e.b
     GROUP BY l.job_id, e.b, now.label
     HAVING min(l.label) < now.label
 )
-SELECT job_id, rank, label AS chain FROM labels;
+SELECT job_id, rank, label FROM labels;
+
+-- The pipeline chains as msprof-analyze builds them: the groups named pp... (any case) of
+-- two ranks or more, merged where they share a rank. One row per rank of a chain, its chain
+-- named by its lowest rank. (msprof chains the p2p groups that communication.json shows ops
+-- in and parallel_group_info names pp...; a pipeline group of one rank carries no p2p op.)
+-- Both pipeline_chains and job_stages find the connected components of a graph of ranks
+-- (_components): every rank of a group linked both ways to the group's first rank, then
+-- each rank's label, from its own rank, lowered to the lowest label of a rank linked to it
+-- until none changes. The edges: each rank of a pipeline group and the group's first rank.
+CREATE OR REPLACE VIEW _pipeline_edges AS
+SELECT DISTINCT job_id, unnest([rank, ranks[1]]) AS a, unnest([ranks[1], rank]) AS b
+FROM (
+    SELECT job_id, ranks, unnest(ranks) AS rank FROM job_groups
+    WHERE starts_with(lower(pg_name), 'pp') AND len(ranks) >= 2
+);
+
+-- pipeline_chains is a table, built before job_stages: DuckDB expands a table macro once
+-- per query, and job_stages walks its own graph with the same macro.
+CREATE OR REPLACE VIEW _live_pipeline_chains AS
+SELECT job_id, rank, label AS chain FROM _components('_pipeline_edges');
+CREATE OR REPLACE TABLE pipeline_chains AS SELECT * FROM _live_pipeline_chains;
 
 -- Each job's pipeline stages as msprof-analyze's StageInfoAnalysis derives them from its
 -- groups, in a job with pipeline chains (none without): the groups holding at most one rank
 -- of each chain, merged where they share a rank. One row per rank of a stage, with the
 -- stage's ranks (sorted).
-CREATE OR REPLACE VIEW _live_job_stages AS
-WITH RECURSIVE members AS (
+CREATE OR REPLACE VIEW _stage_edges AS
+WITH members AS (
     SELECT m.job_id, m.group_key, m.ranks, m.rank, c.chain
     FROM (SELECT *, unnest(ranks) AS rank FROM job_groups) AS m
-    LEFT JOIN _pipeline_chains c USING (job_id, rank)
-    WHERE m.job_id IN (SELECT job_id FROM _pipeline_chains)
+    LEFT JOIN pipeline_chains c USING (job_id, rank)
+    WHERE m.job_id IN (SELECT job_id FROM pipeline_chains)
 ), bounding AS (
     SELECT job_id, group_key FROM members
     GROUP BY ALL
     HAVING count(chain) = count(DISTINCT chain)
-), edges AS (
-    SELECT DISTINCT job_id, unnest([rank, ranks[1]]) AS a, unnest([ranks[1], rank]) AS b
-    FROM members SEMI JOIN bounding USING (job_id, group_key)
-), labels(job_id, rank, label) USING KEY (job_id, rank) AS (
-    SELECT DISTINCT job_id, a, a FROM edges
-    UNION
-    SELECT l.job_id, e.b, min(l.label)
-    FROM labels l
-    JOIN edges e ON e.job_id = l.job_id AND e.a = l.rank
-    JOIN recurring.labels now ON now.job_id = l.job_id AND now.rank = e.b
-    GROUP BY l.job_id, e.b, now.label
-    HAVING min(l.label) < now.label
 )
+SELECT DISTINCT job_id, unnest([rank, ranks[1]]) AS a, unnest([ranks[1], rank]) AS b
+FROM members SEMI JOIN bounding USING (job_id, group_key);
+
+CREATE OR REPLACE VIEW _live_job_stages AS
 SELECT job_id, list(rank ORDER BY rank) OVER (PARTITION BY job_id, label) AS stage, rank
-FROM labels;
+FROM _components('_stage_edges');
 CREATE OR REPLACE TABLE job_stages AS SELECT * FROM _live_job_stages;
 
 -- A size of a job's distributed_args (the JSON object args): its integer value, 1 where
