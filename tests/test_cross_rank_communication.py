@@ -6,7 +6,6 @@ kineto trace with known skews."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import shutil
 import sqlite3
@@ -426,8 +425,6 @@ def msprof_analyze_db(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dic
     writes into its input) of each DB level ("level0" ...) and of a 5-rank job made from
     Level 1 ("five", five_db_ranks): per job, its folder and the rows of its
     ClusterTimeSummary and SlowRank tables (none where it wrote none)."""
-    if importlib.util.find_spec("msprof_analyze") is None:
-        pytest.skip("msprof-analyze is not installed (pip install msprof-analyze)")
     base = shared_fixture("ascend-cluster/msinsight_imagenet_2rank_dp_db")
     copies = tmp_path_factory.mktemp("msprof_analyze")
     folders = {
@@ -526,7 +523,8 @@ def test_five_db_ranks_vote_and_wait_as_msprof_analyze_says(
 
 
 def test_group_hash_is_msprof_analyzes_double_hash(store: Store) -> None:
-    utils = pytest.importorskip("msprof_analyze.cluster_analyse.common_func.utils")
+    from msprof_analyze.cluster_analyse.common_func import utils
+
     names = ["group_name_0", "90.91.105.46%enp189s0f0_60000_0_1736407029972691", "dp组ü", ""]
     ours = rows(store, "SELECT list_transform($1, lambda n: hccl_group_hash(n))", names)
     assert ours == [([str(utils.double_hash(name)) for name in names],)]
