@@ -17,8 +17,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from multicore_profiler.errors import AnalysisError, QueryError
-from multicore_profiler.storage.connection import extension_refusal
+from multicore_profiler.errors import AnalysisError
+from multicore_profiler.storage.connection import query_error
 from multicore_profiler.storage.store import Store
 
 _JOBS = "SELECT job_id, count(*) AS sources FROM job_sources GROUP BY job_id ORDER BY job_id"
@@ -85,7 +85,7 @@ def _reading(
         with store.reading(modules=modules, runs=runs) as con:
             yield con
     except duckdb.Error as exc:
-        raise QueryError(f"query failed: {extension_refusal(exc) or exc}") from exc
+        raise query_error(exc) from exc
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, query: str, params: dict | None = None) -> pa.Table:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import duckdb
 
+from multicore_profiler.errors import QueryError
+
 REQUIRED_EXTENSIONS = ("parquet", "json", "icu")
 """The DuckDB extensions a store uses, all built into the ``duckdb`` package."""
 
@@ -64,3 +66,9 @@ def extension_refusal(exc: duckdb.Error) -> str | None:
                 f"extensions ({', '.join(REQUIRED_EXTENSIONS)}) come built into duckdb"
             )
     return None
+
+
+def query_error(exc: duckdb.Error) -> QueryError:
+    """DuckDB's failure of a store query as the ``QueryError`` it raises: DuckDB's reason,
+    or what a missing extension asked for."""
+    return QueryError(f"query failed: {extension_refusal(exc) or exc}")

@@ -33,7 +33,7 @@ from multicore_profiler.errors import IntegrityError, QueryError, SelectorError,
 from multicore_profiler.extension import Extensible
 from multicore_profiler.storage.catalog import FileCatalog
 from multicore_profiler.storage.compact import CompactionReport, compact
-from multicore_profiler.storage.connection import connection, extension_refusal
+from multicore_profiler.storage.connection import connection, query_error
 from multicore_profiler.storage.location import MARKER, StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     CorruptFileError,
@@ -456,7 +456,7 @@ class Store(Extensible, StoreWrites):
                 result = cursor.sql(query, params=params)
                 return pa.table({}) if result is None else result.to_arrow_table()
         except duckdb.Error as exc:
-            raise QueryError(f"query failed: {extension_refusal(exc) or exc}") from exc
+            raise query_error(exc) from exc
         except pa.ArrowException as exc:
             raise QueryError(f"query failed: {exc}") from exc
 
