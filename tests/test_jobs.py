@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,14 @@ def test_cli_ingests_a_folder_of_ranks(capsys: pytest.CaptureFixture[str], tmp_p
         "(loaded)"
         for r in range(4)
     ]
+
+
+def test_a_fifo_among_a_jobs_files_is_refused_without_blocking(
+    tmp_path: Path, store: Store
+) -> None:
+    # The job's name is made of its files' digests: a FIFO is refused before it is read.
+    fifo = tmp_path / "rank1.json"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceFormatError, match="not a regular file"):
+        ingest_job(store, [kineto_rank(tmp_path / "r0.json", 0), fifo])
+    assert sources(store) == []

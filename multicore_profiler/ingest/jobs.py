@@ -19,8 +19,8 @@ from multicore_profiler.ingest.outer_trace import (
     TraceSource,
     ingest_outputs,
     ingest_trace,
+    trace_digest,
 )
-from multicore_profiler.ingest.trace_reader import file_sha256
 from multicore_profiler.storage.store import Store
 
 
@@ -35,17 +35,25 @@ def _ranks(items: Sequence[str | os.PathLike[str]]) -> list[Path | RankFolder]:
     return ranks
 
 
-def _job_name(ranks: Sequence[Path | RankFolder]) -> str:
+def _digests(ranks: Sequence[Path | RankFolder]) -> list[tuple[Path, str]]:
+    """Each trace file, and every file of each rank folder without a trace, with its
+    SHA-256, in order."""
+    files: list[Path] = []
+    for rank in ranks:
+        if isinstance(rank, Path):
+            files.append(rank)
+        elif rank.trace is not None:
+            files.append(rank.trace)
+        else:
+            files.extend(f for f in sorted(rank.path.rglob("*")) if f.is_file())
+    return [(f, trace_digest(f)) for f in files]
+
+
+def _job_name(digests: Sequence[tuple[Path, str]]) -> str:
     """A job named by its ranks' contents: ``job-`` and 16 hex digits of the SHA-256 of
     their files' digests, in order of the digests."""
-    digests = []
-    for rank in ranks:
-        if isinstance(rank, RankFolder):
-            files = [rank.trace] if rank.trace else sorted(rank.path.rglob("*"))
-            digests.extend(file_sha256(f) for f in files if f is not None and f.is_file())
-        else:
-            digests.append(file_sha256(rank))
-    return "job-" + hashlib.sha256("\n".join(sorted(digests)).encode()).hexdigest()[:16]
+    text = "\n".join(sorted(digest for _, digest in digests))
+    return "job-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def ingest_job(
@@ -67,8 +75,11 @@ def ingest_job(
     ranks = _ranks(items)
     if rank is not None and len(ranks) > 1:
         raise ArgumentError(f"rank {rank} was given for {len(ranks)} traces: give it for one")
+    digests: dict[Path, str] = {}  # the traces' digests, computed once for the job's name
     if job is None and (len(ranks) > 1 or isinstance(ranks[0], RankFolder)):
-        job = _job_name(ranks)
+        named = _digests(ranks)
+        job = _job_name(named)
+        digests = dict(named)
     loaded: dict[int, TraceSource] = {}
     outputs = [
         (i, one) for i, one in enumerate(ranks) if isinstance(one, RankFolder) and not one.trace
@@ -80,10 +91,12 @@ def ingest_job(
         loaded[index] = source
     for index, one in enumerate(ranks):
         if isinstance(one, Path):
-            loaded[index] = ingest_trace(store, one, rank=rank, label=label, tags=tags, job=job)
+            loaded[index] = ingest_trace(
+                store, one, rank=rank, label=label, tags=tags, job=job, sha256=digests.get(one)
+            )
         elif one.trace is not None:
             loaded[index] = ingest_trace(
                 store, one.trace, rank=one.rank, label=label, tags=tags, job=job,
-                context=one.context,
+                context=one.context, sha256=digests.get(one.trace),
             )  # fmt: skip
     return [loaded[index] for index in range(len(ranks))]

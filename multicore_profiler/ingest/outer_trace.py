@@ -271,6 +271,16 @@ def _remove(store: Store, written: str | None, source_id: str) -> None:
             folder.rmdir()
 
 
+def trace_digest(path: Path) -> str:
+    """The SHA-256 of a trace file, read only if it is a regular file (a FIFO would block
+    the read); ``TraceFormatError`` naming the file where it cannot be read."""
+    regular_file(path)
+    try:
+        return file_sha256(path)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
 def find_source(store: Store, source_id: str) -> dict[str, Any] | None:
     """The ``trace_sources`` row of a source id, or ``None``."""
     rows = store.sql("SELECT * FROM trace_sources WHERE source_id = $1", [source_id]).to_pylist()
@@ -357,6 +367,7 @@ def ingest_trace(
     tags: Mapping[str, str] | None = None,
     job: str | None = None,
     context: RankContext | None = None,
+    sha256: str | None = None,
 ) -> TraceSource:
     """Load a Chrome trace (``.json`` or gzipped; an object with ``traceEvents`` or a bare
     array) into the store's ``trace_events`` and ``trace_sources``; return its source.
@@ -365,7 +376,8 @@ def ingest_trace(
     Times are exact integer ns (a string ``ts`` holding epoch microseconds included).
     ``rank`` defaults to the trace's ``distributedInfo.rank``. ``job`` names the job the
     trace is a rank of (default: a job of its own, named by its source id); ``context``
-    is what the profiler's output folder adds (see ``ingest/jobs.py``). A file already in
+    is what the profiler's output folder adds (see ``ingest/jobs.py``); ``sha256`` the
+    file's ``trace_digest`` where the caller has it already. A file already in
     the store (same SHA-256) is not loaded again. Raises ``ArgumentError`` for a rank
     outside ``limits.RANK``, a label, tag or job that is not a string, a rank its job
     already has from another trace, or a trace already in the store under another job,
@@ -375,10 +387,7 @@ def ingest_trace(
     path = Path(path)
     rank, pairs = _checked_arguments(path, rank, label, tags, job)
     file_bytes = regular_file(path).st_size
-    try:
-        sha256 = file_sha256(path)
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    sha256 = sha256 or trace_digest(path)
     source_id = source_id_of(sha256)
     known = find_source(store, source_id)
     if known is not None:
