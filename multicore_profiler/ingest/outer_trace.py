@@ -342,20 +342,39 @@ def _check_ranks_free(
             )
 
 
-def _sources_row(columns: Mapping[str, list[Any]]) -> pa.Table:
-    """A ``trace_sources`` row of ``columns``; a column not given is NULL."""
-    schema = TRACE_SOURCES.schema
-    return pa.table({name: columns.get(name, [None]) for name in schema.names}, schema)
-
-
-def _context_columns(context: RankContext | None) -> dict[str, list[Any]]:
-    """The ``trace_sources`` columns a rank's context fills (NULL without one)."""
+def _write_source(
+    store: Store,
+    source_id: str,
+    *,
+    path: Path,
+    sha256: str,
+    rank: int | None,
+    label: str | None,
+    pairs: list[tuple[str, str]],
+    job_id: str,
+    context: RankContext | None,
+    **columns: Any,
+) -> None:
+    """Commit a source: write its ``trace_sources`` row, of the columns every source has
+    (its identity, rank, job and the rank's context), ``columns`` (those of its form) and
+    NULL for the rest."""
     context = context or RankContext()
-    return {
-        "device": [context.device],
-        "parallel": [_json_text(context.parallel) if context.parallel else None],
-        "profiler_outputs": [_json_text(context.outputs) if context.outputs else None],
+    row = {
+        "ingested_at": datetime.now(timezone.utc),
+        "path": str(path.absolute()),
+        "sha256": sha256,
+        "rank": rank,
+        "label": label,
+        "tags": pairs,
+        "job_id": job_id,
+        "device": context.device,
+        "parallel": _json_text(context.parallel) if context.parallel else None,
+        "profiler_outputs": _json_text(context.outputs) if context.outputs else None,
+        **columns,
     }
+    schema = TRACE_SOURCES.schema
+    table = pa.table({name: [row.get(name)] for name in schema.names}, schema)
+    write_partition(store.location, TRACE_SOURCES, {"source_id": source_id}, table)
 
 
 def ingest_trace(
@@ -396,36 +415,37 @@ def ingest_trace(
     write_id = secrets.randbits(63)
     stats = _Stats()
     written = None
-    partition = {"source_id": source_id}
     try:
         with read_trace(path) as trace, closing(_tables(trace, path, write_id, stats)) as tables:
-            written = write_partition(store.location, TRACE_EVENTS, partition, tables)
+            written = write_partition(
+                store.location, TRACE_EVENTS, {"source_id": source_id}, tables
+            )
         metadata = trace.fields
         rank = _rank(rank, metadata, path)
         _check_ranks_free(store, job_id, [(rank, source_id, path)])
-        row = {
-            "write_id": [write_id],
-            "ingested_at": [datetime.now(timezone.utc)],
-            "path": [str(path.absolute())],
-            "sha256": [sha256],
-            "file_bytes": [file_bytes],
-            "text_bytes": [trace.text_bytes],
-            "compressed": [trace.compressed],
-            "form": [trace.form],
-            "event_count": [trace.events],
-            "rank": [rank],
-            "label": [label],
-            "tags": [pairs],
-            "metadata": [_json_text(metadata) if trace.form == "object" else None],
-            "base_time_ns": [_base_time(metadata, path)],
-            "first_ts_ns": [stats.first_ts],
-            "last_ts_ns": [stats.last_ts],
-            "rounded_count": [stats.rounded],
-            "layout": [orjson.dumps(text_layout(trace)).decode()],
-            "job_id": [job_id],
-            **_context_columns(context),
-        }
-        write_partition(store.location, TRACE_SOURCES, partition, _sources_row(row))
+        _write_source(
+            store,
+            source_id,
+            path=path,
+            sha256=sha256,
+            rank=rank,
+            label=label,
+            pairs=pairs,
+            job_id=job_id,
+            context=context,
+            write_id=write_id,
+            file_bytes=file_bytes,
+            text_bytes=trace.text_bytes,
+            compressed=trace.compressed,
+            form=trace.form,
+            event_count=trace.events,
+            metadata=_json_text(metadata) if trace.form == "object" else None,
+            base_time_ns=_base_time(metadata, path),
+            first_ts_ns=stats.first_ts,
+            last_ts_ns=stats.last_ts,
+            rounded_count=stats.rounded,
+            layout=orjson.dumps(text_layout(trace)).decode(),
+        )
     except BaseException:
         _remove(store, written, source_id)
         raise
@@ -472,24 +492,22 @@ def ingest_outputs(
     for source, (folder, rank, pairs, context, text, sha256) in zip(sources, rows, strict=True):
         if not source.new:
             continue
-        row = {
-            "write_id": [secrets.randbits(63)],
-            "ingested_at": [datetime.now(timezone.utc)],
-            "path": [str(folder.absolute())],
-            "sha256": [sha256],
-            "file_bytes": [len(text)],
-            "text_bytes": [len(text)],
-            "compressed": [False],
-            "form": ["outputs"],
-            "event_count": [0],
-            "rank": [rank],
-            "label": [label],
-            "tags": [pairs],
-            "job_id": [source.job_id],
-            **_context_columns(context),
-        }
-        write_partition(
-            store.location, TRACE_SOURCES, {"source_id": source.source_id}, _sources_row(row)
+        _write_source(
+            store,
+            source.source_id,
+            path=folder,
+            sha256=sha256,
+            rank=rank,
+            label=label,
+            pairs=pairs,
+            job_id=source.job_id,
+            context=context,
+            write_id=secrets.randbits(63),
+            file_bytes=len(text),
+            text_bytes=len(text),
+            compressed=False,
+            form="outputs",
+            event_count=0,
         )
     return sources
 
