@@ -199,7 +199,7 @@ def _heading(report: AnalysisReport) -> str:
     )
 
 
-def cell_text(name: str, value: Any) -> str:
+def _cell(name: str, value: Any) -> str:
     """A value as the summary shows it: ns as us (three decimals: to the ns), shares, imbalances and
     errors as percentages, ratios with four decimals, booleans as yes/no, text escaped for a
     terminal (``printable``)."""
@@ -217,14 +217,14 @@ def cell_text(name: str, value: Any) -> str:
     return printable(str(value))
 
 
-def header_text(name: str) -> str:
+def _header(name: str) -> str:
     """A column's name as the summary shows it: ``_ns`` columns in us."""
     if name.endswith("_ns"):
         return name.removesuffix("_ns") + "_us"
     return name
 
 
-def _displayed(name: str, table: pa.Table) -> tuple[list[str], list[list[str]]]:
+def displayed(name: str, table: pa.Table) -> tuple[list[str], list[list[str]]]:
     """A summary table's header and cells as shown, names escaped for a terminal
     (``printable``); the speed-up curves one row per stage, a column per speed-up."""
     if name == "speedup_curves":
@@ -234,13 +234,13 @@ def _displayed(name: str, table: pa.Table) -> tuple[list[str], list[list[str]]]:
         stages = list(dict.fromkeys(row["stage"] for row in rows))
         header = ["stage", *(f"{s:.0%} faster" for s in speedups)]
         cells = [
-            [printable(stage), *(cell_text("ratio", ratios.get((stage, s))) for s in speedups)]
+            [printable(stage), *(_cell("ratio", ratios.get((stage, s))) for s in speedups)]
             for stage in stages
         ]
         return header, cells
     names = table.column_names
-    cells = [[cell_text(n, row[n]) for n in names] for row in table.to_pylist()]
-    return [header_text(n) for n in names], cells
+    cells = [[_cell(n, row[n]) for n in names] for row in table.to_pylist()]
+    return [_header(n) for n in names], cells
 
 
 def text_table(header: list[str], cells: list[list[str]]) -> list[str]:
@@ -269,7 +269,7 @@ def analysis_table(report: AnalysisReport) -> str:
     under its title."""
     lines = [_heading(report), *check_lines(report.analysis)]
     for name, table in summary_tables(report).items():
-        header, cells = _displayed(name, table)
+        header, cells = displayed(name, table)
         lines += ["", f"{_TITLES[name]}:", *(text_table(header, cells) if cells else ["(none)"])]
     return "\n".join(lines) + "\n"
 
@@ -279,7 +279,7 @@ def analysis_markdown(report: AnalysisReport) -> str:
     checks as a list, each summary table under its title."""
     lines = [f"**{_heading(report)}**", "", *(f"- {line}" for line in check_lines(report.analysis))]
     for name, table in summary_tables(report).items():
-        header, cells = _displayed(name, table)
+        header, cells = displayed(name, table)
         lines += ["", f"### {_TITLES[name]}", ""]
         if not cells:
             lines.append("(none)")

@@ -10,12 +10,7 @@ import orjson
 import pyarrow as pa
 
 from multicore_profiler.analysis.cross_rank import CrossRank
-from multicore_profiler.export.analysis_text import (
-    cell_text,
-    header_text,
-    tables_csv,
-    text_table,
-)
+from multicore_profiler.export.analysis_text import displayed, tables_csv, text_table
 from multicore_profiler.export.markdown import markdown_table
 from multicore_profiler.export.terminal_text import printable
 
@@ -40,13 +35,6 @@ def _heading(report: CrossRank) -> str:
     return printable(f"mcprof ranks: jobs {jobs}; MegaKernel runs {runs}")
 
 
-def _cells(table: pa.Table) -> tuple[list[str], list[list[str]]]:
-    """A table's header and cells as shown (ns as us, shares as percentages)."""
-    names = table.column_names
-    cells = [[cell_text(n, row[n]) for n in names] for row in table.to_pylist()]
-    return [header_text(n) for n in names], cells
-
-
 def _shown(report: CrossRank) -> dict[str, pa.Table]:
     """The tables a summary shows: those with rows."""
     return {name: table for name, table in report.tables().items() if table.num_rows}
@@ -57,7 +45,7 @@ def ranks_table(report: CrossRank) -> str:
     under its title."""
     lines = [_heading(report), *(f"warning: {printable(w)}" for w in report.warnings)]
     for name, table in _shown(report).items():
-        header, cells = _cells(table)
+        header, cells = displayed(name, table)
         lines += ["", f"{TITLES[name]}:", *text_table(header, cells)]
     if not _shown(report):
         lines += ["", "(no cross-rank rows: a job needs two ranks or more)"]
@@ -69,7 +57,7 @@ def ranks_markdown(report: CrossRank) -> str:
     with rows under its title."""
     lines = [f"**{_heading(report)}**", "", *(f"- warning: {w}" for w in report.warnings)]
     for name, table in _shown(report).items():
-        header, cells = _cells(table)
+        header, cells = displayed(name, table)
         lines += ["", f"### {TITLES[name]}", "", *markdown_table(header, cells)]
     return "\n".join(lines) + "\n"
 
