@@ -324,6 +324,22 @@ def write_kineto(path: Path, kernels: list[tuple[str, str, str]], *, base: int) 
     path.write_text(re.sub(r'"(ts|dur)": "(-?[0-9.]+)"', r'"\1": \2', text))
 
 
+def name_processes(path: Path) -> None:
+    """Name the processes (GPU 0, host) and the host thread (main) of ``write_kineto``'s
+    trace, as Perfetto wants them: metadata events first in its events."""
+    named = "".join(
+        f'{{"name": "{kind}_name", "ph": "M", "pid": {pid}, "tid": {tid}, '
+        f'"args": {{"name": "{name}"}}}}, '
+        for kind, pid, tid, name in (
+            ("process", 0, 0, "GPU 0"),
+            ("process", 11, 0, "host"),
+            ("thread", 11, 11, "main"),
+        )
+    )
+    text = path.read_text().replace('"traceEvents": [', '"traceEvents": [' + named, 1)
+    path.write_text(text)
+
+
 EPOCH_US = 1_683_564_901_540_885
 
 

@@ -21,7 +21,7 @@ import pytest
 from exact_json import events_of, load
 from golden import GMM1, TRIGGER, WAIT
 from npu_trace import write_npu_trace
-from test_fuse import LAYOUT, graph, launch, write_kineto
+from test_fuse import LAYOUT, graph, launch, name_processes, write_kineto
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler import cli
@@ -91,17 +91,7 @@ def named_kineto(path: Path, kernels: list[tuple[str, str, str]]) -> None:
     ``BASE_US`` (which a double holds to the ns), so that the whole fused trace passes the
     trace checker."""
     write_kineto(path, kernels, base=BASE_US)
-    named = "".join(
-        f'{{"name": "{kind}_name", "ph": "M", "pid": {pid}, "tid": {tid}, '
-        f'"args": {{"name": "{name}"}}}}, '
-        for kind, pid, tid, name in (
-            ("process", 0, 0, "GPU 0"),
-            ("process", 11, 0, "host"),
-            ("thread", 11, 11, "main"),
-        )
-    )
-    text = path.read_text().replace('"traceEvents": [', '"traceEvents": [' + named, 1)
-    path.write_text(text)
+    name_processes(path)
 
 
 def at(us: str) -> Decimal:

@@ -17,7 +17,16 @@ from golden import AIC, AIV, GMM1, TRIGGER, WAIT, Slot, pack
 from hostile import refused, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fuse import EPOCH_US, KERNEL, LAYOUT, graph, launch, mega_kernel, write_kineto
+from test_fuse import (
+    EPOCH_US,
+    KERNEL,
+    LAYOUT,
+    graph,
+    launch,
+    mega_kernel,
+    name_processes,
+    write_kineto,
+)
 from trace_checker import check_trace, load_trace
 
 from multicore_profiler.errors import ArgumentError, FuseError, TraceFormatError
@@ -60,17 +69,8 @@ def short_kernels(path: Path, pid: int = 0, starts: tuple[str, ...] = STARTS_US)
     """A kineto trace whose 1 us ``KERNEL`` kernels (on ``pid``, stream 7) start at
     ``starts``, its processes named (as Perfetto wants them)."""
     write_kineto(path, [(KERNEL, start, "1.000") for start in starts], base=EPOCH_US)
-    named = "".join(
-        f'{{"name": "{kind}_name", "ph": "M", "pid": {number}, "tid": {tid}, '
-        f'"args": {{"name": "{name}"}}}}, '
-        for kind, number, tid, name in (
-            ("process", 0, 0, "GPU 0"),
-            ("process", 11, 0, "host"),
-            ("thread", 11, 11, "main"),
-        )
-    )
-    text = path.read_text().replace('"traceEvents": [', '"traceEvents": [' + named, 1)
-    path.write_text(text.replace('"pid": 0,', f'"pid": {pid},'))
+    name_processes(path)
+    path.write_text(path.read_text().replace('"pid": 0,', f'"pid": {pid},'))
 
 
 def test_overlapping_invocations_go_to_lanes_and_the_trace_stays_valid(
