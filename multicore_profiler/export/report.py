@@ -524,9 +524,12 @@ _RUN_MAPS = {
 """The heatmaps of the report's cross-rank section: (title, SQL of step, rank, value)."""
 
 
-def _heatmap(store: Store, name: str, title: str, query: str, where: str) -> dict[str, Any]:
-    """One step x rank grid of the values ``query`` gives for ``where`` (a job or run)."""
-    rows = store.sql(query, {"id": where}).to_pylist()
+def _heatmap(
+    store: Store, name: str, title: str, query: str, where: str, runs: list[str] | None = None
+) -> dict[str, Any]:
+    """One step x rank grid of the values ``query`` gives for ``where`` (a job or run);
+    ``runs`` scopes the read to those runs (a run's grid reads no other run's files)."""
+    rows = store.sql(query, {"id": where}, runs=runs).to_pylist()
     steps = sorted({row["step"] for row in rows})
     ranks = sorted({row["rank"] for row in rows})
     at = {(row["step"], row["rank"]): row["value"] for row in rows}
@@ -553,7 +556,7 @@ def _ranks(store: Store, job: str | None, run: str) -> dict[str, Any] | None:
         .as_py()
     )
     if ranks > 1:
-        maps += [_heatmap(store, n, t, q, run) for n, (t, q) in _RUN_MAPS.items()]
+        maps += [_heatmap(store, n, t, q, run, [run]) for n, (t, q) in _RUN_MAPS.items()]
         said.append(f"run {run} ({ranks} ranks)")
     if not maps:
         return None
