@@ -575,9 +575,18 @@ def test_extra_compute_is_validated(weights, extra, spec, match) -> None:
     assert (5, 7) not in moe_module._pools
 
 
+SEPARATING_EXTRA_NS = 10 * EXTRA_NS
+"""An extra far above what a task takes on a loaded 2-core machine (another test worker
+beside this kernel's threads has held a Combine task 2.6 ms), so that the other stages'
+medians stay below it."""
+
+
 def test_extra_compute_lengthens_every_task_of_the_stage(weights, x, routing) -> None:
     with ReferenceMoeKernel(
-        weights[1], weights[2], tiles_per_expert=TILES, extra_compute_ns={"GMM1": EXTRA_NS}
+        weights[1],
+        weights[2],
+        tiles_per_expert=TILES,
+        extra_compute_ns={"GMM1": SEPARATING_EXTRA_NS},
     ) as kernel:
         config, buffer, out = sunk_launch(kernel, x, routing)
     torch.testing.assert_close(out, moe_reference(x, *routing, weights[1], weights[2]))
@@ -586,9 +595,11 @@ def test_extra_compute_lengthens_every_task_of_the_stage(weights, x, routing) ->
     duration = column(records, "end_cycle") - column(records, "start_cycle")
     gmm1 = desc == STAGE_GMM1
     assert gmm1.sum() == PAIRS
-    assert bool((duration[gmm1] >= EXTRA_NS).all())
+    assert bool((duration[gmm1] >= SEPARATING_EXTRA_NS).all())
     for stage in set(expected_stage_ids(config.tasks, with_spec=True).tolist()) - {STAGE_GMM1}:
-        assert np.median(duration[desc == stage]) < EXTRA_NS, f"stage {stage} was lengthened"
+        assert np.median(duration[desc == stage]) < SEPARATING_EXTRA_NS, (
+            f"stage {stage} was lengthened"
+        )
 
 
 def test_extra_compute_slows_the_fast_loop_without_its_clock(
