@@ -77,10 +77,18 @@ PHASES = ("compute", "wait", "trigger", "terminate")
 
 
 class CoreType(enum.IntEnum):
-    """Core type as written in a slot header (``core_type`` field)."""
+    """Core type as written in a slot header (``core_type`` field), and the core types of
+    other profilers' records imported into the store (a GPU's SM by its hardware id; a
+    thread block where the producer records no SM)."""
 
     AIC = 1
     AIV = 2
+    SM = 3
+    CTA = 4
+
+
+CORE_NAMES = {core_type.value: core_type.name for core_type in CoreType}
+"""Display name of each core type (``AIC``, ``AIV``, ``SM``, ``CTA``)."""
 
 
 SLOT_HEADER_DTYPE = np.dtype(

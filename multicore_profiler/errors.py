@@ -142,5 +142,11 @@ class BackendError(ProfileError):
     """A device backend that cannot serve: its library or device is missing."""
 
 
+class ImportFormatError(ProfileError):
+    """Another profiler's file that cannot be imported as the format it was named: a
+    truncated file, a header that contradicts its data, a record that cannot be real, or a
+    file of another format. The message names the file and where in it."""
+
+
 class DroppedRecordsWarning(UserWarning):
     """The device dropped records because a slot was full; the rest are kept."""

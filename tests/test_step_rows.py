@@ -100,6 +100,9 @@ def test_invocations_of_a_known_batch() -> None:
             "config_id": "cfg-1",
             "partial_slots": partial,
             "abi_generation": "b",  # inferred: it records graph stage 0x30001
+            "producer": None,
+            "producer_format": None,
+            "clock_domain": "shared",
         }
         for invocation, anchor, records, dropped, partial in (
             (40, 90, 4, 0, []),

@@ -113,6 +113,9 @@ def test_invocation_row_keeps_layout_frequency_and_names(store: Store) -> None:
         "origin_write_id": None,
         "partial_slots": [],
         "abi_generation": "b",  # inferred: it records graph stage 0x30001
+        "producer": None,
+        "producer_format": None,
+        "clock_domain": "shared",
     }
     cores = store.sql(
         "SELECT slot, core_type, block_id, entry_cycle, record_count FROM cores ORDER BY slot"

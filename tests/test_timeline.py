@@ -169,7 +169,7 @@ def test_selection_sql_and_description(golden: Store) -> None:
     assert selected.described == f"run {RUN}, step 4, rank 3, window 0"
     assert selected.runs == [RUN]
     assert selected.sql == (
-        f"SELECT * FROM records r WHERE run_id IN ('{RUN}') AND step = 4 AND rank = 3 AND "
+        f"SELECT * FROM aligned_records r WHERE run_id IN ('{RUN}') AND step = 4 AND rank = 3 AND "
         "EXISTS (SELECT 1 FROM invocations i WHERE i.run_id = r.run_id AND i.rank = r.rank "
         "AND i.invocation_id = r.invocation_id AND i.window_id = 0)"
     )

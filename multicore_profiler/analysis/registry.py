@@ -32,8 +32,11 @@ def _sql(path: str) -> str:
 register(
     SqlModule("units", _sql("units.sql")),
     SqlModule("records.names", _sql("records/names.sql")),
+    SqlModule("records.aligned_records", _sql("records/aligned_records.sql")),
     SqlModule(
-        "records.records_ns", _sql("records/records_ns.sql"), needs=("units", "records.names")
+        "records.records_ns",
+        _sql("records/records_ns.sql"),
+        needs=("units", "records.names", "records.aligned_records"),
     ),
     SqlModule(
         "records.stage_stats",
@@ -41,12 +44,14 @@ register(
         needs=("records.records_ns", "records.names"),
     ),
     SqlModule("records.run_summary", _sql("records/run_summary.sql")),
-    SqlModule("records.task_edges", _sql("records/task_edges.sql")),
+    SqlModule(
+        "records.task_edges", _sql("records/task_edges.sql"), needs=("records.aligned_records",)
+    ),
     # The analyses' views take milliseconds to create: they wait for a query naming them.
     SqlModule(
         "records.core_breakdown",
         _sql("records/core_breakdown.sql"),
-        needs=("units",),
+        needs=("units", "records.names", "records.aligned_records"),
         on_demand=True,
     ),
     SqlModule(

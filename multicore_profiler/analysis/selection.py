@@ -132,7 +132,7 @@ class RecordSelection:
         if self.where is not None:
             conditions.append(f"({self.where}\n)")
             described.append(f"where {self.where}")
-        source = "records" if self.where is None else "records_ns"
+        source = "aligned_records" if self.where is None else "records_ns"
         sql = f"SELECT * FROM {source} r WHERE {' AND '.join(conditions)}"
         return SelectedRecords(sql, ", ".join(described), runs)
 

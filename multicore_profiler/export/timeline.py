@@ -60,6 +60,7 @@ from multicore_profiler.abi import (
     DESC_WAIT_DEPENDENCY,
     GENERATIONS,
     MAX_CAPACITY,
+    CORE_NAMES,
     BufferLayout,
 )
 from multicore_profiler.analysis.selection import RecordSelection, SelectedRecords
@@ -70,7 +71,6 @@ from multicore_profiler.storage.store import Store
 
 SCHEMA_VERSION = 1
 """Of the ``megaKernelCycleTrace`` object (and of the Chrome trace that carries it)."""
-CORE_NAMES = {1: "AIC", 2: "AIV"}
 LANE_TID_STEP = 10_000
 """A sub-track's tid: the core's tid + 10000 x lane (lane 0 is the core's own track)."""
 CORE_TID_STEP = 1000
@@ -667,7 +667,7 @@ WITH path AS (
     JOIN inv i
         ON e.run_id = i.run_id AND e.rank = i.rank AND e.invocation_id = i.invocation_id
         AND e.write_id = i.write_id
-    JOIN records r
+    JOIN aligned_records r
         ON r.run_id = e.run_id AND r.rank = e.rank AND r.invocation_id = e.invocation_id
         AND r.write_id = e.write_id AND r.core_type = e.core_type AND r.block_id = e.block_id
         AND r.record_index = e.record_index
@@ -1412,7 +1412,7 @@ def open_timeline(
     chained, and with ``flow_ids`` each slice's flow ids (``Timeline``). DuckDB's errors
     become ``ExportQueryError``."""
     selected = selection.resolve(store) if isinstance(selection, RecordSelection) else selection
-    modules = ("records.critical_path",) if critical_path else ()
+    modules = ("records.aligned_records", "records.critical_path")[: 1 + critical_path]
     with (
         tempfile.TemporaryDirectory(prefix=".mcprof-export-", dir=scratch_dir) as scratch,
         store.reading(modules=modules, runs=selected.runs) as con,

@@ -20,7 +20,13 @@ import pyarrow as pa
 
 from multicore_profiler.ingest.decode import DecodedBuffers
 from multicore_profiler.limits import DEVICE, INVOCATION_ID, RANK, STEP, WINDOW, check_given
-from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS, TableSpec
+from multicore_profiler.storage.schema import (
+    CLOCK_COLUMNS,
+    CORES,
+    INVOCATIONS,
+    RECORDS,
+    TableSpec,
+)
 
 if TYPE_CHECKING:  # torch comes with it; reading or writing a store needs no torch
     from multicore_profiler.kernels.runtime import RuntimeConfig
@@ -120,6 +126,9 @@ def step_tables(
         "stage_names": tuple(sorted((int(k), str(v)) for k, v in kernel.stage_names.items())),
         "config_id": kernel.config_id,
         "abi_generation": layout.resolved.generation,
+        "producer": None,
+        "producer_format": None,
+        "clock_domain": "shared",
     }
     columns = {
         **_repeated(tuple(same.items()), count),
@@ -143,7 +152,10 @@ def step_tables(
         ids = table.set_column(0, "invocation_id", pa.array(invocation))
         return ids.add_column(0, "rank", pa.repeat(rank, table.num_rows))
 
-    return invocations, stamped(decoded.cores), stamped(decoded.records)
+    cores = stamped(decoded.cores)
+    for name in CLOCK_COLUMNS:  # the device's cores share one counter: no clock offsets
+        cores = cores.append_column(name, pa.nulls(cores.num_rows, pa.int64()))
+    return invocations, cores, stamped(decoded.records)
 
 
 def task_table(rank: int, configs: Sequence[RuntimeConfig]) -> pa.Table:

@@ -99,6 +99,9 @@ INVOCATIONS = TableSpec(
             ("origin_write_id", pa.int64()),
             ("partial_slots", pa.list_(pa.uint32())),
             ("abi_generation", pa.string()),
+            ("producer", pa.string()),
+            ("producer_format", pa.string()),
+            ("clock_domain", pa.string()),
         ]
     ),
     partition_by=("run_id",),
@@ -110,6 +113,9 @@ INVOCATIONS = TableSpec(
         "owner_label",
         "config_id",
         "abi_generation",
+        "producer",
+        "producer_format",
+        "clock_domain",
     ),
     sort_by=("rank", "invocation_id"),
 )
@@ -122,7 +128,15 @@ reserves a task's records together drops them all when they do not fit). It is e
 where no slot does, and null in rows written before the column existed.
 ``abi_generation`` is the device ABI generation that wrote the buffer (``a`` or ``b``,
 see ``abi.GENERATIONS``); null in rows written before the column existed, which were all
-generation ``a``."""
+generation ``a``.
+``producer`` names the profiler whose data an import read (``proton``, ``flashinfer``,
+``mpk``, ``triton-distributed``, ``hazy``, ``simpler``) and ``producer_format`` the artefact
+and its version (``host-buffer/1``, ``chrome-trace``, ...); both are null for mcprof's own
+records. ``clock_domain`` says whether the cycles of different cores are comparable:
+``shared`` (one counter for the whole device: hyper-parallel's and mcprof's own, read as
+such where null), ``anchored`` (a counter per core, each placed on a common clock by an
+anchor: ``cores.clock_offset_cycles``) or ``per_core`` (a counter per core and no anchor:
+times of different cores cannot be compared)."""
 
 CORES = TableSpec(
     name="cores",
@@ -138,10 +152,21 @@ CORES = TableSpec(
             ("record_count", pa.uint32()),
             ("dropped_count", pa.uint32()),
             ("record_capacity", pa.uint32()),
+            ("clock_offset_cycles", pa.int64()),
+            ("clock_low_cycles", pa.int64()),
+            ("clock_high_cycles", pa.int64()),
         ]
     ),
     partition_by=("run_id", "step"),
 )
+"""One row per slot that recorded (or, for an import, per core that did). The clock
+columns are null but for a core of an ``anchored`` invocation: ``clock_offset_cycles`` is
+added to the core's raw cycles to place them on the invocation's common clock (chosen by
+its producer; every shifted cycle is >= 0), and the anchor allows any offset from
+``clock_low_cycles`` to ``clock_high_cycles`` (null on a side it leaves open)."""
+
+CLOCK_COLUMNS = ("clock_offset_cycles", "clock_low_cycles", "clock_high_cycles")
+"""The columns of ``cores`` that place an ``anchored`` core's own clock on a common one."""
 
 WIDENED = {("records", "record_index"): pa.uint16()}
 """Columns whose type was widened, with the type older files hold: a generation b slot

@@ -1,5 +1,5 @@
 -- Where each core's time goes within its invocation, and how evenly the cores are loaded.
--- Needs: units.
+-- Needs: units, records.names, records.aligned_records.
 
 -- One row per invocation and core that wrote records. The invocation's makespan runs from
 -- its earliest record start to its latest record end over all its cores. Each core's
@@ -16,7 +16,7 @@ CREATE OR REPLACE VIEW core_breakdown AS
 WITH spans AS (
     SELECT run_id, rank, invocation_id, write_id,
         min(start_cycle) AS span_start, max(end_cycle) AS span_end
-    FROM raw_records
+    FROM aligned_raw_records
     GROUP BY ALL
 ),
 placed AS (
@@ -27,7 +27,7 @@ placed AS (
             PARTITION BY run_id, rank, invocation_id, write_id, core_type, block_id
             ORDER BY record_index ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
         ) AS before_end
-    FROM raw_records
+    FROM aligned_raw_records
 ),
 pieces AS (
     SELECT
@@ -70,7 +70,7 @@ cores AS (
 )
 SELECT
     c.run_id, i.step, c.rank, c.invocation_id, c.write_id, i.kernel_name, i.direction,
-    CASE c.core_type WHEN 1 THEN 'AIC' WHEN 2 THEN 'AIV' END AS core,
+    core_name(c.core_type) AS core,
     c.core_type, c.block_id, c.records, c.makespan_ns, c.compute_ns, c.wait_ns, c.trigger_ns,
     c.control_ns, c.front_gap_ns, c.gap_ns, c.tail_gap_ns,
     c.compute_ns / c.makespan_ns AS compute_share,

@@ -33,7 +33,7 @@ SELECT
         {'core_type': r.core_type, 'block_id': r.block_id, 'record_index': r.record_index},
         (r.end_cycle, -r.core_type::INT, -r.block_id::BIGINT, r.record_index)
     ) AS last
-FROM records r
+FROM aligned_records r
 GROUP BY ALL;
 
 -- Where the walk goes on from each crossed wait (and from each invocation's last record):
@@ -122,7 +122,7 @@ WITH items AS (
         CASE WHEN r.record_index IS NOT DISTINCT FROM s.lo THEN s.lo_released
              ELSE r.start_cycle END AS start_point
     FROM _critical_segments s
-    JOIN records r
+    JOIN aligned_records r
         ON r.run_id = s.run_id AND r.rank = s.rank AND r.invocation_id = s.invocation_id
         AND r.write_id = s.write_id AND r.core_type = s.core_type AND r.block_id = s.block_id
         AND r.record_index BETWEEN coalesce(s.lo, 0) AND s.hi
@@ -168,7 +168,7 @@ SELECT
         PARTITION BY p.run_id, p.rank, p.invocation_id, p.write_id
         ORDER BY p.seg DESC, p.record_index, p.part
     ) - 1)::BIGINT AS seq,
-    CASE p.core_type WHEN 1 THEN 'AIC' WHEN 2 THEN 'AIV' END AS core,
+    core_name(p.core_type) AS core,
     p.core_type, p.block_id, p.kind,
     CASE WHEN p.part = 0 THEN stage_name(
         i.stage_names, record_stage_desc_id(p.phase, p.desc_id, g.desc_id, t.stage_desc_id)

@@ -62,3 +62,9 @@ CASE WHEN detailed AND owner_id <> 4294967295
         THEN stage_names[task_stage] || '_' ELSE '' END
 || stage_name(stage_names, desc_id)
 || CASE WHEN detailed THEN '_task' || (stage_task_index + 1) ELSE '' END;
+
+-- Display name of a core type: hyper-parallel's AIC and AIV, and the core types of other
+-- profilers' imported records (SM: a GPU's streaming multiprocessor by its hardware id;
+-- CTA: a thread block whose SM the producer did not record). abi.CORE_NAMES in Python.
+CREATE OR REPLACE MACRO core_name(core_type) AS
+CASE core_type WHEN 1 THEN 'AIC' WHEN 2 THEN 'AIV' WHEN 3 THEN 'SM' WHEN 4 THEN 'CTA' END;

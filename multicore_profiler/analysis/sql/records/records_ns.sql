@@ -1,5 +1,5 @@
 -- Records with their times in ns and their stage names.
--- Needs: units, records.names.
+-- Needs: units, records.names, records.aligned_records.
 
 -- Per invocation and task, the desc id of its compute record (the lowest, should it have
 -- several): the stage of its wait and trigger records where the kernel handed over no
@@ -25,7 +25,7 @@ SELECT
     r.run_id, r.step, r.rank, i.device, r.invocation_id, i.window_id, i.config_id,
     i.kernel_name, i.direction,
     r.core_type,
-    CASE r.core_type WHEN 1 THEN 'AIC' WHEN 2 THEN 'AIV' END AS core,
+    core_name(r.core_type) AS core,
     r.block_id, r.record_index, r.task_id, r.desc_id, r.stage_task_index, r.owner_id,
     r.phase,
     record_stage_desc_id(r.phase, r.desc_id, g.desc_id, t.stage_desc_id) AS stage_desc_id,
@@ -35,7 +35,7 @@ SELECT
     r.start_cycle, r.end_cycle,
     cycles_to_ns(r.start_cycle::HUGEINT - i.anchor_cycle, i.frequency_hz) AS ts_ns,
     cycles_to_ns(r.end_cycle - r.start_cycle, i.frequency_hz) AS dur_ns
-FROM raw_records r
+FROM aligned_raw_records r
 JOIN invocations i
     ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
     AND r.write_id = i.write_id

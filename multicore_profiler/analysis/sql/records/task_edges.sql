@@ -8,6 +8,7 @@
 -- along for consumers that match records by value (the exporter). event is the released
 -- event's id for release edges, NULL for core_order. write_id names the invocation's
 -- write its records belong to.
+-- Needs: records.aligned_records.
 
 -- Whether an invocation (its run, rank and config) comes with its kernel's task graph. Pass
 -- qualified columns (i.run_id): a bare run_id would name the graph's own column here.
@@ -23,8 +24,9 @@ WITH graphed AS (
         r.run_id, r.step, r.rank, r.invocation_id, r.write_id, r.core_type, r.block_id,
         r.record_index, r.task_id, r.desc_id, r.start_cycle, r.end_cycle,
         g.wait_event, g.wait_count, g.trigger_event
-    -- raw_records joined to invocations is the records view, with each record's config.
-    FROM raw_records r
+    -- aligned_raw_records joined to invocations is aligned_records, with each record's
+    -- config.
+    FROM aligned_raw_records r
     JOIN invocations i
         ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
         AND r.write_id = i.write_id
@@ -69,7 +71,7 @@ WITH ordered AS (
         lead(task_id) OVER core AS next_task_id,
         lead(start_cycle) OVER core AS next_start_cycle,
         lead(end_cycle) OVER core AS next_end_cycle
-    FROM records
+    FROM aligned_records
     WINDOW core AS (
         PARTITION BY run_id, rank, invocation_id, write_id, core_type, block_id
         ORDER BY record_index

@@ -22,7 +22,7 @@ SELECT
     e.src_task_id AS producer_task_id,
     stage_name(i.stage_names, g.desc_id) AS producer_stage,
     g.owner_id AS producer_owner_id,
-    CASE e.src_core_type WHEN 1 THEN 'AIC' WHEN 2 THEN 'AIV' END AS producer_core,
+    core_name(e.src_core_type) AS producer_core,
     e.src_core_type AS producer_core_type, e.src_block_id AS producer_block_id,
     e.src_record_index AS producer_record_index,
     e.src_end_cycle >= w.start_cycle AS waited,
