@@ -30,6 +30,66 @@ _MODULES = (
     "records.replay_records",
 )
 _SELECTED = "SEMI JOIN _analyzed USING (run_id, rank, invocation_id)"
+_COMPARABLE = "SEMI JOIN _comparable USING (run_id, rank, invocation_id)"
+"""The selected invocations whose cores' times can be compared: all but those whose
+producer counted on a clock per core with no anchor (``clock_domain`` ``per_core``)."""
+
+# What the analyses cannot say of imported invocations, per run, kernel and reason: their
+# producer recorded no waits or no task graph, or counted on a clock per core.
+_LIMITS = """
+WITH selected AS (
+    SELECT i.run_id, i.rank, i.invocation_id, i.write_id, i.kernel_name, i.producer,
+        i.config_id, coalesce(i.clock_domain, 'shared') AS clock_domain, i.frequency_hz
+    FROM invocations i
+    SEMI JOIN _analyzed USING (run_id, rank, invocation_id)
+    WHERE i.producer IS NOT NULL
+),
+waits AS (
+    SELECT DISTINCT run_id, rank, invocation_id, write_id
+    FROM raw_records
+    SEMI JOIN selected USING (run_id, rank, invocation_id, write_id)
+    WHERE phase = 'wait'
+),
+spreads AS (
+    SELECT c.run_id, c.rank, c.invocation_id, c.write_id,
+        max((c.clock_high_cycles - c.clock_low_cycles) / s.frequency_hz * 1e9) AS spread_ns
+    FROM raw_cores c
+    JOIN selected s USING (run_id, rank, invocation_id, write_id)
+    GROUP BY ALL
+),
+reasons AS (
+    SELECT s.*, 'per_core' AS reason, NULL::DOUBLE AS spread_ns
+    FROM selected s WHERE clock_domain = 'per_core'
+    UNION ALL
+    SELECT s.*, 'anchored', p.spread_ns
+    FROM selected s LEFT JOIN spreads p USING (run_id, rank, invocation_id, write_id)
+    WHERE clock_domain = 'anchored'
+    UNION ALL
+    SELECT s.*, 'no_waits', NULL
+    FROM selected s ANTI JOIN waits USING (run_id, rank, invocation_id, write_id)
+    UNION ALL
+    SELECT s.*, 'no_task_graph', NULL FROM selected s WHERE config_id IS NULL
+)
+SELECT
+    run_id, kernel_name, producer, reason, count(*) AS invocations,
+    max(spread_ns) AS clock_spread_ns,
+    CASE reason
+        WHEN 'per_core' THEN 'each core counted on a clock of its own and the producer recorded '
+            || 'no anchor: times of different cores cannot be compared, so these invocations '
+            || 'get no critical path and no replay, and core_breakdown lays each core from '
+            || 'its own start'
+        WHEN 'anchored' THEN 'each core counted on a clock of its own, placed on a common clock '
+            || 'by the producer''s anchors: a core''s place may be off by up to '
+            || coalesce(round(max(spread_ns))::BIGINT::VARCHAR || ' ns', 'an unknown amount')
+        WHEN 'no_waits' THEN 'the producer recorded no waits: no wait is attributed to what '
+            || 'released it (blockers) and the critical path crosses no wait'
+        WHEN 'no_task_graph' THEN 'the producer recorded no task graph: no release edges, '
+            || 'so the critical path follows each core''s own records'
+    END AS note
+FROM reasons
+GROUP BY run_id, kernel_name, producer, reason
+ORDER BY run_id, kernel_name, reason
+"""
 
 # The analysis reads the two views its tables share once, into _cores (core_breakdown)
 # and _path (critical_path) of the selected invocations; _bounds and _fidelity are the
@@ -99,7 +159,10 @@ class KernelAnalysis:
       released them, with their share of the consumer stage's wait;
     - ``critical_path`` and ``critical_path_summary``: the views' rows;
     - ``critical_shares``: share of the selection's total makespan per kernel, stage and
-      kind on the critical paths (the selection's ``bound_by``).
+      kind on the critical paths (the selection's ``bound_by``);
+    - ``limits``: what the analyses cannot say of imported invocations (per run, kernel and
+      reason: their producer recorded no waits or no task graph, or counted on a clock per
+      core), in words (``note``).
 
     ``what_if`` and ``speedup_curves`` replay the same invocations again, without reading
     the store.
@@ -113,6 +176,7 @@ class KernelAnalysis:
     critical_path: pa.Table
     critical_path_summary: pa.Table
     critical_shares: pa.Table
+    limits: pa.Table
     graph: replay.ReplayGraph = field(repr=False)
 
     def tables(self) -> dict[str, pa.Table]:
@@ -150,6 +214,11 @@ def _selected(
             raise AnalysisError(f"cannot read {resolved.described}: {exc}") from None
         if _fetch(con, "SELECT count(*) FROM _analyzed").column(0)[0].as_py() == 0:
             raise AnalysisError(f"no records match {resolved.described}")
+        con.execute(
+            "CREATE TEMP TABLE _comparable AS SELECT run_id, rank, invocation_id FROM _analyzed "
+            "SEMI JOIN (SELECT * FROM invocations WHERE clock_domain IS DISTINCT FROM 'per_core') "
+            "USING (run_id, rank, invocation_id)"
+        )
         yield con, resolved.described
 
 
@@ -158,14 +227,14 @@ def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
 
 
 def _graph(con: duckdb.DuckDBPyConnection) -> replay.ReplayGraph:
-    return replay.prepare(_fetch(con, f"SELECT * FROM replay_records {_SELECTED}"))
+    return replay.prepare(_fetch(con, f"SELECT * FROM replay_records {_COMPARABLE}"))
 
 
 def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAnalysis:
     """Every analysis of the invocations ``selection`` picks (default: the latest run)."""
     with _selected(store, selection) as (con, described):
         con.execute(f"CREATE TEMP TABLE _cores AS SELECT * FROM core_breakdown {_SELECTED}")
-        con.execute(f"CREATE TEMP TABLE _path AS SELECT * FROM critical_path {_SELECTED}")
+        con.execute(f"CREATE TEMP TABLE _path AS SELECT * FROM critical_path {_COMPARABLE}")
         graph = _graph(con)
         con.register("_bounds", replay.static_bound(graph))
         con.register("_fidelity", replay.replay(graph))
@@ -190,6 +259,7 @@ def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAna
                 "ORDER BY run_id, rank, invocation_id, share DESC, stage NULLS LAST, kind",
             ),
             "critical_shares": _fetch(con, _SHARES),
+            "limits": _fetch(con, _LIMITS),
         }
     return KernelAnalysis(described=described, invocations=invocations, graph=graph, **tables)
 

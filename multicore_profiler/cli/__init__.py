@@ -30,6 +30,7 @@ from multicore_profiler.cli import (
     demo,
     export,
     fuse,
+    imports,
     ingest,
     maintenance,
     outer_kernels,
@@ -45,7 +46,19 @@ PIPE_CLOSED = 128 + 13
 """The exit status when standard output's reader went away: 128 + SIGPIPE, what a shell
 reports for ``seq 1000000 | head -1``'s ``seq``; distinct from an error's 1."""
 
-COMMANDS = (runs, compare, analyze, ranks, outer_kernels, ingest, maintenance, export, fuse, demo)
+COMMANDS = (
+    runs,
+    compare,
+    analyze,
+    ranks,
+    outer_kernels,
+    ingest,
+    imports,
+    maintenance,
+    export,
+    fuse,
+    demo,
+)
 """The command modules, in the order ``mcprof --help`` lists their commands."""
 
 

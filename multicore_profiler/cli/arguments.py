@@ -12,9 +12,9 @@ from typing import Any
 
 from multicore_profiler.analysis.outer_kernel_rules import OuterKernelRules
 from multicore_profiler.cli.output import one_line
-from multicore_profiler.errors import ArgumentError
+from multicore_profiler.errors import ArgumentError, ProfileError
 from multicore_profiler.export.timeline import RecordSelection
-from multicore_profiler.limits import INVOCATION_ID, RANK, STEP, WINDOW, Range
+from multicore_profiler.limits import DESC_ID, INVOCATION_ID, RANK, STEP, WINDOW, Range
 from multicore_profiler.storage.store import Store, default_store_path, open_store
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -59,6 +59,42 @@ def in_range(limits: Range) -> Callable[[str], int | float]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
+
+
+def named_id(what: str, form: str) -> Callable[[str], tuple[int, str]]:
+    """An argparse ``type`` reading ``ID=NAME`` (the id a 32-bit number, decimal or
+    ``0x...``); ``what`` and ``form`` word its refusal (``a stage is DESC_ID=NAME ...``)."""
+
+    def parse(value: str) -> tuple[int, str]:
+        number, sep, name = value.partition("=")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"{what} is {form}, got {value!r}")
+        return int(in_range(DESC_ID)(number)), text(name)
+
+    return parse
+
+
+def id_names(pairs: Sequence[tuple[int, str]], option: str, kind: str) -> dict[int, str]:
+    """The ``option`` names (``named_id`` pairs) by id; an id named twice, differently, is
+    refused."""
+    names: dict[int, str] = {}
+    for number, name in pairs:
+        if names.setdefault(number, name) != name:
+            raise ArgumentError(
+                f"{option} names {kind} {number:#x} twice: {names[number]!r} and {name!r}"
+            )
+    return names
+
+
+def key_values(pairs: Sequence[str], option: str) -> dict[str, str]:
+    """The ``option KEY=VALUE`` pairs as a mapping (a later key wins)."""
+    values = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ProfileError(f"{option} {pair!r} is not KEY=VALUE")
+        values[key] = value
+    return values
 
 
 def location(value: str) -> str:

@@ -4,17 +4,23 @@ Chrome traces): files into the store."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 
 from multicore_profiler.abi import GENERATIONS, BufferLayout
-from multicore_profiler.cli.arguments import Parents, in_range, open_given_store, path, text
-from multicore_profiler.errors import ArgumentError, ProfileError
+from multicore_profiler.cli.arguments import (
+    Parents,
+    id_names,
+    in_range,
+    key_values,
+    named_id,
+    open_given_store,
+    path,
+    text,
+)
 from multicore_profiler.ingest.buffers import ingest_into_run
 from multicore_profiler.ingest.decode import decode_buffers, read_buffer_file
 from multicore_profiler.ingest.jobs import ingest_job
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.limits import (
-    DESC_ID,
     DEVICE,
     FREQUENCY_MHZ,
     INVOCATION_ID,
@@ -25,27 +31,6 @@ from multicore_profiler.limits import (
 from multicore_profiler.storage.partitions import check_run_id
 
 
-def _stage(value: str) -> tuple[int, str]:
-    """An argparse ``type`` reading ``DESC_ID=NAME`` (the id decimal or ``0x...``)."""
-    desc, sep, name = value.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(
-            f"a stage is DESC_ID=NAME (e.g. 0x30001=GMM1), got {value!r}"
-        )
-    return int(in_range(DESC_ID)(desc)), text(name)
-
-
-def _stage_names(pairs: Sequence[tuple[int, str]]) -> dict[int, str]:
-    """The ``--stage`` names by desc id; an id named twice, differently, is refused."""
-    names: dict[int, str] = {}
-    for desc, name in pairs:
-        if names.setdefault(desc, name) != name:
-            raise ArgumentError(
-                f"--stage names desc id {desc:#x} twice: {names[desc]!r} and {name!r}"
-            )
-    return names
-
-
 def cmd_ingest_buffer(args: argparse.Namespace) -> None:
     """Decode the buffer files as one step of ``--run`` (a new run unless it exists)."""
     layout = BufferLayout(
@@ -54,7 +39,7 @@ def cmd_ingest_buffer(args: argparse.Namespace) -> None:
     kernel = KernelInfo(
         kernel_name=args.kernel,
         owner_label=args.owner_label,
-        stage_names=_stage_names(args.stage),
+        stage_names=id_names(args.stage, "--stage", "desc id"),
         soc=args.soc,
     )
     run_id = check_run_id(args.run) if args.run else None
@@ -85,22 +70,11 @@ def cmd_ingest_buffer(args: argparse.Namespace) -> None:
     )
 
 
-def _tags(pairs: Sequence[str]) -> dict[str, str]:
-    """The ``--tag KEY=VALUE`` pairs as a mapping (a later key wins)."""
-    tags = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ProfileError(f"--tag {pair!r} is not KEY=VALUE")
-        tags[key] = value
-    return tags
-
-
 def cmd_ingest_trace(args: argparse.Namespace) -> None:
     """Load the traces and output folders as the ranks of one job; print each source's id,
     where it came from, its event count, rank and job, and whether it was new."""
     store = open_given_store(args, create=True)
-    tags = _tags(args.tag)
+    tags = key_values(args.tag, "--tag")
     sources = ingest_job(
         store, args.files, job=args.job, rank=args.rank, label=args.label, tags=tags
     )
@@ -162,7 +136,7 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         "--stage",
         action="append",
         default=[],
-        type=_stage,
+        type=named_id("a stage", "DESC_ID=NAME (e.g. 0x30001=GMM1)"),
         metavar="DESC_ID=NAME",
         help="name a stage id (repeatable)",
     )

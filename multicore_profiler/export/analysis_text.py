@@ -139,17 +139,19 @@ def _named(rows: Sequence[dict[str, Any]], detail: Callable[[dict[str, Any]], st
 
 
 def _not_tiling(invocations: pa.Table) -> list[dict[str, Any]]:
-    return [row for row in invocations.to_pylist() if not row["path_tiles"]]
+    return [row for row in invocations.to_pylist() if row["path_tiles"] is False]
 
 
 def _unfaithful(invocations: pa.Table) -> list[dict[str, Any]]:
-    return [row for row in invocations.to_pylist() if not row["faithful"]]
+    return [row for row in invocations.to_pylist() if row["faithful"] is False]
 
 
 def check_lines(analysis: KernelAnalysis) -> list[str]:
     """The tiling check and the replay's fidelity in words: a line each, and a flag line
     naming the invocations whose replay is not faithful (they get no prediction)."""
-    invocations = analysis.invocations
+    invocations = analysis.invocations.filter(
+        pa.compute.is_valid(analysis.invocations["path_tiles"])
+    )
     total = invocations.num_rows
     broken = _not_tiling(invocations)
     if broken:
@@ -175,6 +177,13 @@ def check_lines(analysis: KernelAnalysis) -> list[str]:
             f"FLAG: the replay is not faithful for {len(unfaithful)} of {total} "
             "invocation(s), which get no prediction: "
             + _named(unfaithful, lambda r: f"error {r['fidelity_error']:.2%}")
+        )
+    for row in analysis.limits.to_pylist():
+        lines.append(
+            printable(
+                f"NOTE: run {row['run_id']}, {row['kernel_name']} ({row['producer']}, "
+                f"{row['invocations']} invocation(s)): {row['note']}"
+            )
         )
     return lines
 
