@@ -89,6 +89,8 @@ class CoreType(enum.IntEnum):
 
 CORE_NAMES = {core_type.value: core_type.name for core_type in CoreType}
 """Display name of each core type (``AIC``, ``AIV``, ``SM``, ``CTA``)."""
+ASCEND_CORE_NAMES = {code: CORE_NAMES[code] for code in (CoreType.AIC, CoreType.AIV)}
+"""The core types an Ascend device has, the only ones hyper-parallel's traces name."""
 
 
 SLOT_HEADER_DTYPE = np.dtype(

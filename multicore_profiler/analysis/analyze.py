@@ -177,7 +177,7 @@ class KernelAnalysis:
     critical_path_summary: pa.Table
     critical_shares: pa.Table
     limits: pa.Table
-    graph: replay.ReplayGraph = field(repr=False)
+    graph: replay.ReplayGraph | None = field(repr=False)
 
     def tables(self) -> dict[str, pa.Table]:
         """Every table by name, in the order above."""
@@ -185,13 +185,13 @@ class KernelAnalysis:
 
     def what_if(self, changes: Sequence[Change | str], *, strict: bool = False) -> pa.Table:
         """``what_if`` of these invocations (see the module function)."""
-        return changes_module.what_if(self.graph, changes, strict=strict)
+        return changes_module.what_if(_replayable(self.graph), changes, strict=strict)
 
     def speedup_curves(
         self, stages: Sequence[str] | None = None, speedups: Sequence[float] = DEFAULT_SPEEDUPS
     ) -> pa.Table:
         """``speedup_curves`` of these invocations (see the module function)."""
-        return changes_module.speedup_curves(self.graph, stages, speedups)
+        return changes_module.speedup_curves(_replayable(self.graph), stages, speedups)
 
 
 _NOT_TABLES = ("described", "graph")
@@ -226,8 +226,34 @@ def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     return con.sql(sql).to_arrow_table()
 
 
-def _graph(con: duckdb.DuckDBPyConnection) -> replay.ReplayGraph:
+def _graph(con: duckdb.DuckDBPyConnection) -> replay.ReplayGraph | None:
+    """The replayable DAG of the selected invocations whose cores' times compare; None
+    where there is none (every one counted on a clock per core with no anchor)."""
+    if not _fetch(con, "SELECT count(*) FROM _comparable").column(0)[0].as_py():
+        return None
     return replay.prepare(_fetch(con, f"SELECT * FROM replay_records {_COMPARABLE}"))
+
+
+def _replayable(graph: replay.ReplayGraph | None) -> replay.ReplayGraph:
+    """``graph``, or an ``AnalysisError`` saying why there is none."""
+    if graph is None:
+        raise AnalysisError(
+            "no selected invocation can be replayed: their cores counted on clocks of their "
+            "own with no anchor (clock domain per_core), so their times cannot be compared"
+        )
+    return graph
+
+
+_NO_REPLAY = """
+CREATE TEMP TABLE _bounds AS
+SELECT run_id, rank, invocation_id, write_id, NULL::BIGINT AS static_bound_ns,
+    NULL::BIGINT AS slack_ns, NULL::DOUBLE AS slack_share
+FROM _cores LIMIT 0;
+CREATE TEMP TABLE _fidelity AS
+SELECT run_id, rank, invocation_id, write_id, NULL::BIGINT AS replayed_makespan_ns,
+    NULL::DOUBLE AS fidelity_error, NULL::BOOLEAN AS faithful
+FROM _cores LIMIT 0;
+"""
 
 
 def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAnalysis:
@@ -236,8 +262,11 @@ def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAna
         con.execute(f"CREATE TEMP TABLE _cores AS SELECT * FROM core_breakdown {_SELECTED}")
         con.execute(f"CREATE TEMP TABLE _path AS SELECT * FROM critical_path {_COMPARABLE}")
         graph = _graph(con)
-        con.register("_bounds", replay.static_bound(graph))
-        con.register("_fidelity", replay.replay(graph))
+        if graph is None:
+            con.execute(_NO_REPLAY)
+        else:
+            con.register("_bounds", replay.static_bound(graph))
+            con.register("_fidelity", replay.replay(graph))
         invocations = _fetch(con, _INVOCATIONS)
         tables = {
             "core_breakdown": _fetch(
@@ -275,7 +304,7 @@ def what_if(
     objects or their text, ``'GMM1*0.8'``, ``'GMM1+200us'``), applied in order; with
     ``strict``, ``AnalysisError`` where the replay is not faithful (see ``replay``)."""
     with _selected(store, selection) as (con, _):
-        graph = _graph(con)
+        graph = _replayable(_graph(con))
     return changes_module.what_if(graph, changes, strict=strict)
 
 
@@ -289,5 +318,5 @@ def speedup_curves(
     stage's compute that much faster (Coz's question: which stage, made faster, shortens
     the kernel most)."""
     with _selected(store, selection) as (con, _):
-        graph = _graph(con)
+        graph = _replayable(_graph(con))
     return changes_module.speedup_curves(graph, stages, speedups)

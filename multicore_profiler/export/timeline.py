@@ -376,7 +376,9 @@ picked AS (
     ) = 1
 )
 SELECT
-    p.* REPLACE (coalesce(p.abi_generation, 'a') AS abi_generation),
+    p.* REPLACE (
+        CASE WHEN p.producer IS NULL THEN coalesce(p.abi_generation, 'a') END AS abi_generation
+    ),
     r.label, r.commit,
     dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
     dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label) AS naming,
@@ -387,16 +389,17 @@ SELECT
 FROM picked p LEFT JOIN runs r USING (run_id)
 """
 """The selected invocations, each with its stored row (a row written before
-``abi_generation`` existed is generation ``a``), its order, naming (of its stage names
-and owner label) and task graph, and whether the selection holds all of its
-records (``whole``: only a selection of the store's ``records``, never a query's rows,
-which need not be the stored ones)."""
+``abi_generation`` existed is generation ``a``; an imported one has none), its order,
+naming (of its stage names and owner label) and task graph, and whether the selection
+holds all of its records (``whole``: only a selection of the store's ``records``, never a
+query's rows, which need not be the stored ones)."""
 
 _SLOTS = """
 CREATE TEMP TABLE slot AS
 SELECT
-    i.inv_index, c.core_type, c.block_id, c.entry_cycle, c.record_count, c.dropped_count,
-    c.record_capacity,
+    i.inv_index, c.core_type, c.block_id,
+    aligned_cycle(c.entry_cycle, c.clock_offset_cycles) AS entry_cycle, c.record_count,
+    c.dropped_count, c.record_capacity,
     (row_number() OVER (ORDER BY i.inv_index, c.core_type, c.block_id) - 1)::INTEGER AS slot_code
 FROM cores c
 JOIN inv i
@@ -1306,8 +1309,12 @@ def _summary(
     entries = []
     for row, exported in zip(invocations.to_pylist(), per_invocation.tolist(), strict=True):
         process = procs[row["run_id"], row["rank"]]
-        layout = BufferLayout(
-            row["aic_slots"], row["aiv_slots"], row["aic_capacity"], row["aiv_capacity"]
+        buffer_bytes = (
+            None
+            if row["producer"] is not None
+            else BufferLayout(
+                row["aic_slots"], row["aiv_slots"], row["aic_capacity"], row["aiv_capacity"]
+            ).total_bytes
         )
         entries.append(
             {
@@ -1331,9 +1338,15 @@ def _summary(
                 "droppedRecordCount": row["dropped_count"],
                 "taskGraph": row["has_graph"],
                 "abiGeneration": row["abi_generation"],
-                "profileBufferBytes": layout.total_bytes,
+                "profileBufferBytes": buffer_bytes,
             }
         )
+        if row["producer"] is not None:  # another profiler's launch, imported
+            entries[-1]["imported"] = {
+                "producer": row["producer"],
+                "format": row["producer_format"],
+                "clockDomain": row["clock_domain"],
+            }
     dropped = sum(e["droppedRecordCount"] for e in entries)
     warnings = _dropped_warnings(
         numpy_column(invocations, "dropped_count"), timeline.partial_dropped
@@ -1374,10 +1387,15 @@ def _summary(
         "cycleFrequencySource": _only(e["cycleFrequencySource"] for e in entries),
         "anchorCycle": _only(p["anchor"] for p in procs.values()),
         "recordCapacityPerCore": {
-            "AIC": max(e["recordCapacityPerCore"]["AIC"] for e in entries),
-            "AIV": max(e["recordCapacityPerCore"]["AIV"] for e in entries),
+            core: max(
+                (e["recordCapacityPerCore"][core] for e in entries if e["abiGeneration"]),
+                default=None,
+            )
+            for core in ("AIC", "AIV")
         },
-        "maxRecordCapacityPerCore": max(GENERATIONS[e["abiGeneration"]] for e in entries),
+        "maxRecordCapacityPerCore": max(
+            (GENERATIONS[e["abiGeneration"]] for e in entries if e["abiGeneration"]), default=None
+        ),
         "abiGeneration": _only(e["abiGeneration"] for e in entries),
         "profileBufferBytes": _only(e["profileBufferBytes"] for e in entries),
         "invocationCount": len(entries),

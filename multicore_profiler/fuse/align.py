@@ -35,6 +35,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from multicore_profiler.abi import ASCEND_CORE_NAMES
 from multicore_profiler.errors import ArgumentError, FuseError
 from multicore_profiler.export.timeline import CORE_NAMES, LANE_TID_STEP, US_TEXT_MACRO
 from multicore_profiler.limits import COUNT
@@ -352,7 +353,7 @@ class TraceSide:
     """A single capture's invocation id: its slices carry none."""
 
     def install(self, con: duckdb.DuckDBPyConnection) -> None:
-        codes = " ".join(f"WHEN '{name}' THEN {code}" for code, name in CORE_NAMES.items())
+        codes = " ".join(f"WHEN '{name}' THEN {code}" for code, name in ASCEND_CORE_NAMES.items())
         con.execute(
             _INTERNAL.format(core_codes=codes),
             {"rank": self.rank, "invocation": self.invocation_id},

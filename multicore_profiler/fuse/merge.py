@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
+from multicore_profiler.abi import ASCEND_CORE_NAMES
 from multicore_profiler.errors import ArgumentError, FuseError, QueryError
 from multicore_profiler.export.chrome_trace import (
     CATEGORY,
@@ -44,7 +45,6 @@ from multicore_profiler.export.chrome_trace import (
 from multicore_profiler.export.files import check_output, written_aside
 from multicore_profiler.export.json_rows import Row, strings, texts
 from multicore_profiler.export.timeline import (
-    CORE_NAMES,
     LayoutChanged,
     RecordSelection,
     Spans,
@@ -296,7 +296,7 @@ def _mega_kernel_trace(path: Path, con: duckdb.DuckDBPyConnection) -> _TraceFile
         inferred.append(
             {
                 "field": "coreType",
-                "value": {name: code for code, name in CORE_NAMES.items()},
+                "value": {name: code for code, name in ASCEND_CORE_NAMES.items()},
                 "from": "args.core_type names",
             }
         )
@@ -322,7 +322,7 @@ def _slice_facts(events: pa.Table, con: duckdb.DuckDBPyConnection) -> dict[str, 
     """What a trace's MegaKernelInternal slices say of their ids (read on ``con``): their
     distinct pids, the first one with an ``args.invocation_id``, each ``args.rank``
     (distinct), and how many name their core type (``AIC`` / ``AIV``) rather than number it."""
-    names = sql_strings(CORE_NAMES.values())
+    names = sql_strings(ASCEND_CORE_NAMES.values())
     con.register("mk", events)
     try:
         row = con.execute(

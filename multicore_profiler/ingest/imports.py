@@ -88,8 +88,10 @@ def read_profiles(
         raise ArgumentError(
             f"unknown import format {options.format!r}; known: {', '.join(FORMATS)}"
         )
-    reader = importlib.import_module(f"{__package__}.{FORMATS[options.format]}")
-    for path in map(Path, paths):
+    files = [Path(path) for path in paths]
+    for path in files:
         if not path.is_file():
             raise ImportFormatError(f"{path}: no such file")
+    reader = importlib.import_module(f"{__package__}.{FORMATS[options.format]}")
+    for path in files:
         yield from reader.read(path, options)
