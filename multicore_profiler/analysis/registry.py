@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from importlib import resources
 
+import duckdb
+
 from multicore_profiler.analysis.critical_path import (
     DEFAULT_TOLERANCE_CYCLES,
     check_tolerance,
@@ -23,6 +25,16 @@ from multicore_profiler.analysis.outer_kernel_rules import (
 from multicore_profiler.storage.sql_modules import Setting, SqlModule, register
 
 
+def mark_clock_offsets(con: duckdb.DuckDBPyConnection) -> None:
+    """Set ``_clock_offsets_present()`` on ``con`` to whether an invocation it sees has
+    per-core clock offsets (an anchored import): a constant DuckDB prunes by."""
+    present = con.execute(
+        "SELECT count(*) > 0 FROM raw_invocations WHERE clock_domain = 'anchored'"
+    ).fetchone()
+    flag = "true" if present is not None and present[0] else "false"
+    con.execute(f"CREATE OR REPLACE TEMP MACRO _clock_offsets_present() AS {flag}")
+
+
 def _sql(path: str) -> str:
     """The text of one file under ``analysis/sql/``."""
     return resources.files(__package__).joinpath("sql", path).read_text()
@@ -32,7 +44,11 @@ def _sql(path: str) -> str:
 register(
     SqlModule("units", _sql("units.sql")),
     SqlModule("records.names", _sql("records/names.sql")),
-    SqlModule("records.aligned_records", _sql("records/aligned_records.sql")),
+    SqlModule(
+        "records.aligned_records",
+        _sql("records/aligned_records.sql"),
+        per_cursor=mark_clock_offsets,
+    ),
     SqlModule(
         "records.records_ns",
         _sql("records/records_ns.sql"),

@@ -9,7 +9,8 @@ views and macros are installed with the first read, unless they are marked ``on_
 (views whose creation, which binds them, costs milliseconds every store would pay on its
 first query). A materialized module's tables are built on install and rebuilt when
 its ``freshness`` query says the data under them changed; a module with a ``Setting`` (the
-outer-kernel rules) is configured per store.
+outer-kernel rules) is configured per store, and one with ``per_cursor`` set up again on each
+cursor that needs it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class SqlModule:
     setting: Setting | None = None
     defines: tuple[str, ...] = ()
     on_demand: bool = False
+    per_cursor: Callable[[duckdb.DuckDBPyConnection], None] | None = None
+    """Run on every cursor whose query needs the module, before its SQL: for what depends
+    on the data a cursor sees (a temporary macro that lets DuckDB prune a branch)."""
     names: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -188,6 +192,8 @@ class InstalledModules:
                 if module.freshness not in answers:
                     answers[module.freshness] = con.execute(module.freshness).fetchall()
                 fresh = answers[module.freshness]
+            if module.per_cursor is not None:
+                module.per_cursor(con)
             if module.name not in self._installed:
                 if module.setting is not None:
                     module.setting.install(con, self.setting(module.name))

@@ -21,8 +21,16 @@ CREATE OR REPLACE MACRO aligned_cycle(cycle, offset_cycles) AS
 CASE WHEN offset_cycles IS NULL THEN cycle
      ELSE (cycle::HUGEINT + offset_cycles)::UBIGINT END;
 
+-- Whether any invocation the cursor sees has clock offsets. A constant, so that DuckDB drops
+-- the branch of aligned_raw_records that does not apply: records with nothing to align
+-- cost no join. Each cursor that needs this module sets it as a temporary macro from the
+-- invocations it sees (analysis/registry.py); where none did, the join always runs.
+CREATE OR REPLACE MACRO _clock_offsets_present() AS true;
+
 -- raw_records with start_cycle and end_cycle on the invocation's common clock.
 CREATE OR REPLACE VIEW aligned_raw_records AS
+SELECT * FROM raw_records WHERE NOT _clock_offsets_present()
+UNION ALL
 SELECT r.* REPLACE (
     aligned_cycle(r.start_cycle, o.clock_offset_cycles) AS start_cycle,
     aligned_cycle(r.end_cycle, o.clock_offset_cycles) AS end_cycle)
@@ -30,7 +38,8 @@ FROM raw_records r
 LEFT JOIN _core_clock_offsets o
     ON o.run_id = r.run_id AND o.step = r.step AND o.rank = r.rank
     AND o.invocation_id = r.invocation_id AND o.write_id = r.write_id
-    AND o.core_type = r.core_type AND o.block_id = r.block_id;
+    AND o.core_type = r.core_type AND o.block_id = r.block_id
+WHERE _clock_offsets_present();
 
 -- The records view (committed invocations only) on the invocation's common clock.
 CREATE OR REPLACE VIEW aligned_records AS
