@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -189,6 +190,18 @@ def test_ctas_sharing_an_sm_intersect_their_anchors_and_unprofiled_ones_are_skip
     assert {r["task_id"] for r in rows(launch)} == {4, 6, 7}
 
 
+def test_sampled_warps_keep_their_own_ids(tmp_path: Path) -> None:
+    warp1 = scopes(("S0", 10), ("E0", 20))
+    warp3 = scopes(("S0", 15), ("E0", 40))
+    data = pack_buffer([cta(2, 1, warp1, warp3)], Layout(uids=(1, 3), segment_bytes=128))
+    (launch,) = launches(written(tmp_path, data))
+    # The counts of warps 1 and 3 are read at their warp ids; owners are 2 x 4 + warp.
+    assert [(r["owner_id"], r["end_cycle"] - r["start_cycle"]) for r in rows(launch)] == [
+        (9, 10),
+        (11, 25),
+    ]
+
+
 def test_an_sm_whose_43_bit_counter_wrapped_is_unwrapped(tmp_path: Path) -> None:
     top = (1 << 43) - 20
     entries = scopes(("S0", top), ("E0", 5), ("S1", 10), ("E1", 30))
@@ -211,6 +224,8 @@ def test_scope_names_from_the_options(tmp_path: Path) -> None:
     [
         (b"\x01\x00\x00\x00" + bytes(10), r"truncated: 14 bytes hold no Proton host header"),
         (b"\x07" * 64, r"neither a Proton host buffer"),
+        (b"", r"neither a Proton host buffer"),
+        (pack_buffer([cta(0, 1, [])]) + b"\0", r"too long: 441 bytes, but its header says 440"),
         (
             pack_buffer([], Layout(overrides={"version": 1, "block_num": 1})),
             r"payload_size 0 does not hold block_num 1",
@@ -317,6 +332,36 @@ def min_start(launch: ImportedInvocation, hw: int) -> int:
     return min(r["start_cycle"] for r in rows(launch) if r["block_id"] == hw)
 
 
+@pytest.mark.parametrize(("second_first", "moved"), [(7000, 0), (7050, 50), (6950, -50)])
+def test_a_trace_places_each_cta_of_an_sm_by_its_own_init(
+    tmp_path: Path, second_first: int, moved: int
+) -> None:
+    one = cta(4, 9, scopes(("S0", 5000), ("E0", 5100)), init=1000)
+    two = cta(6, 9, scopes(("S0", second_first), ("E0", second_first + 50)), init=3000)
+    buffer = pack_buffer([one, two])
+    trace = written(tmp_path, chrome_trace([(buffer, "k")]), "t.json")
+    (from_buffer,) = launches(written(tmp_path, buffer))
+    (from_trace,) = launches(trace)
+    placed = {
+        name: {r[5]: r[0] for r in aligned(launch)}
+        for name, launch in (("buffer", from_buffer), ("trace", from_trace))
+    }
+    # The buffer knows the SM's one counter: the CTA whose anchor binds lands at its init,
+    # the other where the shared cycles put it (CTA 6 at 2050 with CTA 4 at 0; or CTA 4 at
+    # 50, CTA 6 at 2000). The trace lost the shared counter and puts each CTA at its own
+    # init, as Proton's viewer does; both agree where the anchors do.
+    assert placed["trace"] == {4: 0, 6: 2000}
+    assert placed["buffer"] == {4: 0, 6: 2000 + moved}
+
+
+def test_a_gzipped_trace_reads_as_the_trace(tmp_path: Path) -> None:
+    buffer = pack_buffer([cta(0, 3, scopes(("S0", 100), ("E0", 200)))])
+    text = chrome_trace([(buffer, "k")])
+    path = written(tmp_path, gzip.compress(text.encode()), "t.chrome_trace.gz")
+    (launch,) = launches(path)
+    assert [(r["start_cycle"], r["end_cycle"]) for r in rows(launch)] == [(0, 100)]
+
+
 def test_named_scopes_and_several_launches_of_a_trace(tmp_path: Path) -> None:
     one = pack_buffer([cta(0, 3, scopes(("S0", 100), ("S1", 110), ("E1", 150), ("E0", 200))),
                        cta(1, 4, scopes(("S1", 900), ("E1", 960)), init=1040)])  # fmt: skip
@@ -350,9 +395,16 @@ def test_named_scopes_and_several_launches_of_a_trace(tmp_path: Path) -> None:
         (lambda e: e.update(tid="thread 0"), r"has tid \"thread 0\", which is not 'warp <w>"),
         (lambda e: e.update(ph="B"), r"has ph \"B\", which is not X"),
         (lambda e: e["args"].update({"Frequency (MHz)": 1400.0}), r"is not the 1000.0 Proton"),
-        (lambda e: e["args"].pop("Init Time (ns)"), r"has args.Init Time \(ns\) .*not a number"),
+        (lambda e: e["args"].pop("Init Time (ns)"), r"event 1 has no args.Init Time \(ns\)"),
+        (
+            lambda e: e["args"].update({"Init Time (ns)": "soon"}),
+            r"event 1 has args.Init Time \(ns\) \"soon\", which is not a number",
+        ),
         (lambda e: e.update(ts=e["ts"] + 0.5), r"not the timestamps Proton writes"),
         (lambda e: e.update(cat="other"), r"has cat \"other\", which is not the kernel"),
+        (lambda e: e.update(dur=-0.001), r"has dur -0.001, which is not a number >= 0"),
+        (lambda e: e.pop("ph"), r"event 1 has no ph, which every event"),
+        (lambda e: e.update(pid="k Core1234567890 CTA1"), r"which is not '<kernel> Core<hw>"),
     ],
 )
 def test_refused_chrome_traces_name_the_event(tmp_path: Path, edit, message: str) -> None:

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from multicore_profiler.abi import CoreType
 from multicore_profiler.errors import DroppedRecordsWarning, ImportFormatError, TraceFormatError
 from multicore_profiler.ingest.imported import RECORD_COLUMNS, CoreClock, ImportedInvocation
-from multicore_profiler.ingest.trace_reader import EventBlock, read_trace
+from multicore_profiler.ingest.trace_reader import EventBlock, field_name, read_trace
 
 if TYPE_CHECKING:
     from multicore_profiler.ingest.imports import ImportOptions
@@ -69,8 +69,9 @@ CHROME_MHZ = 1000
 """The ``Frequency (MHz)`` Proton's writer puts in every event (it assumes 1 GHz)."""
 CHROME_SKIPPED_CATS = ("async", "flow")
 """Newer writers' async-event categories: not scopes, and not read."""
-_PID = r"^(?P<kernel>.*) Core(?P<core>\d+) CTA(?P<cta>\d+)$"
-_TID = r"^warp (?P<warp>\d+) \(line (?P<line>\d+)\)$"
+_PID = r"^(?P<kernel>.*) Core(?P<core>\d{1,9}) CTA(?P<cta>\d{1,9})$"
+_TID = r"^warp (?P<warp>\d{1,4}) \(line (?P<line>\d+)\)$"
+"""A CTA's process and a warp's thread, with ids the store's 32-bit columns hold."""
 _SCOPE_NAME = re.compile(r"scope_(\d+)")
 _UINT32 = 1 << 32
 
@@ -325,8 +326,11 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
     words = data.view("<u4").reshape(-1, 2)
     warps = np.repeat(np.arange(kept.size), kept)
     position = np.arange(warps.size) - np.repeat(np.cumsum(kept) - kept, kept)
-    slots = (first_slot[warps] + position) % capacity
-    entries = words[warps * capacity + slots]
+    if kept.size and kept.min() == capacity and not first_slot.any():
+        slots, entries = position, words  # every segment full and in order: no gather
+    else:
+        slots = (first_slot[warps] + position) % capacity
+        entries = words[warps * capacity + slots]
     word0 = entries[:, 0]
     ends = (word0 >> 31).astype(bool)
     scopes = ((word0 >> 23) & 0xFF).astype(np.uint8)
@@ -629,12 +633,10 @@ def _chrome_events(path: Path) -> _ChromeEvents:
             UserWarning,
             stacklevel=4,
         )
-    if not columns["ts"]:
+    if not sum(map(len, columns["ts"])):
         raise ImportFormatError(f"{path}: a chrome trace without any scope event")
     joined = {k: (pa.concat_arrays(v) if k in ("kernels", "names") else np.concatenate(v))
               for k, v in columns.items()}  # fmt: skip
-    if not joined["ts"].size:
-        raise ImportFormatError(f"{path}: a chrome trace without any scope event")
     return _ChromeEvents(**joined)
 
 
@@ -691,6 +693,12 @@ def _chrome_block(path: Path, block: EventBlock, columns: dict[str, list]) -> in
 
 
 def _refused(block: EventBlock, key: str, row: int, problem: str) -> ImportFormatError:
+    """The error for event ``row``'s value of ``key`` (or for its lack of one)."""
+    if block.span(key)[0][row] < 0:
+        return ImportFormatError(
+            f"{block.path}: event {block.first_index + row} has no {field_name(key)}, which "
+            "every event of a Proton chrome trace has"
+        )
     return ImportFormatError(str(block.value_error(key, row, problem)))
 
 
