@@ -55,12 +55,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from multicore_profiler.abi import (
+    CORE_NAMES,
     DESC_COMPUTE_FALLBACK,
     DESC_TRIGGER_EVENT,
     DESC_WAIT_DEPENDENCY,
     GENERATIONS,
     MAX_CAPACITY,
-    CORE_NAMES,
     BufferLayout,
 )
 from multicore_profiler.analysis.selection import RecordSelection, SelectedRecords
