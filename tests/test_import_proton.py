@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from multicore_profiler.errors import DroppedRecordsWarning, ImportFormatError
+from multicore_profiler.errors import ArgumentError, DroppedRecordsWarning, ImportFormatError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.ingest.import_proton import ClockAnchorWarning, read
 from multicore_profiler.ingest.imported import CoreClock, ImportedInvocation
@@ -34,15 +34,16 @@ def launches(path: Path, **options: object) -> list[ImportedInvocation]:
     return list(read(path, ImportOptions(format="proton", **options)))  # type: ignore[arg-type]
 
 
-_ROWS: dict[int, list[dict]] = {}
+_ROWS: dict[int, tuple[ImportedInvocation, list[dict]]] = {}
+"""Each launch's records by its id, with the launch itself (kept alive, so the id is its)."""
 
 
 def rows(launch: ImportedInvocation) -> list[dict]:
     """The launch's records (read once: its chunks come from a generator)."""
     if id(launch) not in _ROWS:
         table = pa.concat_tables(list(launch.records))
-        _ROWS[id(launch)] = table.drop(["phase"]).to_pylist()
-    return _ROWS[id(launch)]
+        _ROWS[id(launch)] = (launch, table.drop(["phase"]).to_pylist())
+    return _ROWS[id(launch)][1]
 
 
 def written(tmp_path: Path, data: bytes | str, name: str = "p.bin") -> Path:
@@ -211,6 +212,13 @@ def test_an_sm_whose_43_bit_counter_wrapped_is_unwrapped(tmp_path: Path) -> None
         (top, (1 << 43) + 5),
         ((1 << 43) + 10, (1 << 43) + 30),
     ]
+
+
+@pytest.mark.parametrize("frequency", [0.0, -1e9, float("nan"), float("inf")])
+def test_a_frequency_that_is_not_one_is_refused(tmp_path: Path, frequency: float) -> None:
+    path = written(tmp_path, pack_buffer([cta(0, 3, scopes(("S5", 1), ("E5", 2)))]))
+    with pytest.raises(ArgumentError, match=r"positive number of Hz"):
+        launches(path, frequency_hz=frequency)
 
 
 def test_scope_names_from_the_options(tmp_path: Path) -> None:

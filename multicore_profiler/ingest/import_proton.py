@@ -34,7 +34,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from multicore_profiler.abi import CoreType
-from multicore_profiler.errors import DroppedRecordsWarning, ImportFormatError, TraceFormatError
+from multicore_profiler.errors import (
+    ArgumentError,
+    DroppedRecordsWarning,
+    ImportFormatError,
+    TraceFormatError,
+)
 from multicore_profiler.ingest.imported import RECORD_COLUMNS, CoreClock, ImportedInvocation
 from multicore_profiler.ingest.trace_reader import EventBlock, field_name, read_trace
 
@@ -100,7 +105,15 @@ def read(path: Path, options: ImportOptions) -> Iterator[ImportedInvocation]:
 
 
 def _frequency(options: ImportOptions) -> float:
-    return FREQUENCY_HZ if options.frequency_hz is None else float(options.frequency_hz)
+    """The counter's frequency: the options', else Proton's 1 GHz."""
+    if options.frequency_hz is None:
+        return FREQUENCY_HZ
+    frequency = float(options.frequency_hz)
+    if not (math.isfinite(frequency) and frequency > 0):
+        raise ArgumentError(
+            f"the cycle frequency must be a positive number of Hz, got {frequency!r}"
+        )
+    return frequency
 
 
 # --- the host buffer ---------------------------------------------------------------------
