@@ -9,7 +9,9 @@ post-final ns). Two artefacts carry them; ``read`` tells them apart by their con
   entry and every anchor, raw. It is read a group of SMs at a time from a memory map;
 - the **chrome trace** (``<name>.chrome_trace``, ``StreamChromeTraceWriter``): one ``X``
   event per scope instance, its cycles made relative to its CTA's first record and placed
-  by the CTA's init time, as Proton's viewer shows them.
+  by the CTA's init time, as Proton's viewer shows them. It is read in chunks by the trace
+  reader; its events' columns (about 80 bytes an event, a fraction of their JSON text) are
+  held, since a launch's CTAs, clocks and per-SM order need all of them.
 
 Both become the same store rows: core SM ``hw id``, owner the warp ``cta x warps + warp``
 (owner label ``warp``), task id the CTA's program id, desc id the scope id, one ``compute``
