@@ -59,13 +59,13 @@ _WAIT = -1
 @dataclass(frozen=True)
 class Layout:
     """Where one producer generation writes its slot pairs: (start slot, end slot, unit,
-    owner) per pair (unit ``_WAIT``: the gmem wait), the end slots that close the
+    owner) per pair (unit ``_WAIT``: the gmem wait), the end slot that closes the
     instruction only, the cycle frequency (None: cycles, the user's or the default) and
     the mask of a slot's time bits."""
 
     name: str
     pairs: tuple[tuple[int, int, int, int], ...]
-    closing: tuple[int, ...]
+    closing: int
     ns: bool
     time_mask: int
 
@@ -86,7 +86,7 @@ V1 = Layout(
         (46, 47, 6, NO_OWNER),
         (44, 45, _WAIT, NO_OWNER),
     ),
-    closing=(4,),
+    closing=4,
     ns=False,
     time_mask=0xFFFFFFFF,
 )
@@ -99,7 +99,7 @@ THROUGHPUT = Layout(
         (12, 13, 4, NO_OWNER),
         (14, 15, 5, NO_OWNER),
     ),
-    closing=(7,),
+    closing=7,
     ns=True,
     time_mask=0xFFFFFFF0,
 )
@@ -137,7 +137,7 @@ def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int
     """The records of these instructions, each core's in time order. ``counter`` carries
     each desc id's record count across chunks (``stage_task_index``)."""
     slots = found.slots
-    used = sorted({s for p in layout.pairs for s in p[:2]} | set(layout.closing))
+    used = sorted({s for p in layout.pairs for s in p[:2]} | {layout.closing})
     negative = slots[:, used] < 0
     if negative.any():
         row, col = np.argwhere(negative)[0]
@@ -158,16 +158,18 @@ def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int
             f"{end_slot} ({ends[row, pair]}) ends before slot {start_slot} "
             f"({starts[row, pair]}) starts"
         )
-    closing = times[:, list(layout.closing)]
+    close_slot = layout.closing
+    closing = times[:, close_slot]
     big = np.iinfo(np.int64).max
     first = np.where(recorded, starts, big).min(axis=1)
-    last = np.maximum(np.where(recorded, ends, -1).max(axis=1), closing.max(axis=1))
+    last = np.maximum(np.where(recorded, ends, -1).max(axis=1), closing)
     whole = recorded.any(axis=1)
-    if (last[whole] < first[whole]).any():
-        row = np.flatnonzero(whole & (last < first))[0]
+    early = whole & (slots[:, close_slot] != 0) & (closing < first)
+    if early.any():
+        row = np.flatnonzero(early)[0]
         raise ImportFormatError(
-            f"{where}: SM {found.block[row]}, instruction {found.task[row]}: its closing slot "
-            f"{layout.closing} ({closing[row].max()}) lies before its first start ({first[row]})"
+            f"{where}: SM {found.block[row]}, instruction {found.task[row]}: slot {close_slot} "
+            f"({closing[row]}), which closes it, lies before its first start ({first[row]})"
         )
     units = np.array([p[2] for p in layout.pairs])
     owners = np.array([p[3] for p in layout.pairs], np.uint32)
