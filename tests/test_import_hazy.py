@@ -417,3 +417,21 @@ def test_synthetic_file_and_numpy_baseline(tmp_path: Path) -> None:
     assert loaders["start_cycle"].to_pylist() == baseline["loader_start"].tolist()
     assert loaders["end_cycle"].to_pylist() == baseline["loader_end"].tolist()
     assert sorted(set(baseline["opcode"].tolist())) == [1, 2]
+
+
+def test_mkprof_import_gives_one_rank_per_gpu(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "store")
+    imported = import_profile(store, [write_mkprof(tmp_path / "p.mkprof")], format="hazy", rank=4)
+    assert imported.records == 13
+    got = store.sql(
+        "SELECT rank, device, record_count, anchor_cycle, frequency_hz, clock_domain "
+        "FROM invocations ORDER BY rank"
+    ).to_pylist()
+    assert [tuple(r.values()) for r in got] == [
+        (4, 0, 10, 1008, 1e9, "per_core"),
+        (5, 1, 3, 512, 1e9, "per_core"),
+    ]
+    (stage,) = store.sql(
+        "SELECT stage, tasks, compute_total_us FROM stage_stats WHERE stage = 'GQA Decode'"
+    ).to_pylist()
+    assert stage == {"stage": "GQA Decode", "tasks": 2, "compute_total_us": (4000 + 512) / 1e3}

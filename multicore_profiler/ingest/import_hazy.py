@@ -54,6 +54,7 @@ UNITS = ("", "controller", "loader", "launcher", "consumer", "storer", "gmem_sto
 CHUNK_INSTRUCTIONS = 1 << 16
 """Instructions per record chunk (at most 23 records each)."""
 _WAIT = -1
+_PHASES = pa.array(["compute", "wait"])
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ class Layout:
     closing: int
     ns: bool
     time_mask: int
+
+    @property
+    def used(self) -> tuple[int, ...]:
+        """The slots this layout reads (slot 0 included: the opcode in the throughput
+        layout), the columns of ``_Instructions.slots``."""
+        return tuple(sorted({s for p in self.pairs for s in p[:2]} | {self.closing, 0}))
 
     def frequency(self, options: ImportOptions) -> float:
         if self.ns:
@@ -125,7 +132,7 @@ def read(path: Path, options: ImportOptions) -> Iterator[ImportedInvocation]:
 @dataclass(frozen=True)
 class _Instructions:
     """Recorded instructions of whole cores, sorted by core: their core (block id), task id,
-    opcode and 128 timing slots (int64, still as recorded)."""
+    opcode and the timing slots their layout reads (``Layout.used``; int64, as recorded)."""
 
     block: np.ndarray
     task: np.ndarray
@@ -136,19 +143,20 @@ class _Instructions:
 def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int, int]) -> pa.Table:
     """The records of these instructions, each core's in time order. ``counter`` carries
     each desc id's record count across chunks (``stage_task_index``)."""
-    slots = found.slots
-    used = sorted({s for p in layout.pairs for s in p[:2]} | {layout.closing})
-    negative = slots[:, used] < 0
+    slots, used = found.slots, layout.used
+    negative = slots < 0
     if negative.any():
         row, col = np.argwhere(negative)[0]
         raise ImportFormatError(
             f"{where}: SM {found.block[row]}, instruction {found.task[row]}: slot {used[col]} "
-            f"holds a negative time {slots[row, used[col]]}"
+            f"holds a negative time {slots[row, col]}"
         )
     times = slots & layout.time_mask
     pairs = np.array([p[:2] for p in layout.pairs])
-    starts, ends = times[:, pairs[:, 0]], times[:, pairs[:, 1]]
-    recorded = (slots[:, pairs[:, 0]] != 0) & (slots[:, pairs[:, 1]] != 0)
+    start_cols = np.searchsorted(used, pairs[:, 0])
+    end_cols = np.searchsorted(used, pairs[:, 1])
+    starts, ends = times[:, start_cols], times[:, end_cols]
+    recorded = (slots[:, start_cols] != 0) & (slots[:, end_cols] != 0)
     backwards = recorded & (ends < starts)
     if backwards.any():
         row, pair = np.argwhere(backwards)[0]
@@ -159,12 +167,13 @@ def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int
             f"({starts[row, pair]}) starts"
         )
     close_slot = layout.closing
-    closing = times[:, close_slot]
+    close_col = used.index(close_slot)
+    closing = times[:, close_col]
     big = np.iinfo(np.int64).max
     first = np.where(recorded, starts, big).min(axis=1)
     last = np.maximum(np.where(recorded, ends, -1).max(axis=1), closing)
     whole = recorded.any(axis=1)
-    early = whole & (slots[:, close_slot] != 0) & (closing < first)
+    early = whole & (slots[:, close_col] != 0) & (closing < first)
     if early.any():
         row = np.flatnonzero(early)[0]
         raise ImportFormatError(
@@ -203,7 +212,7 @@ def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int
             "task_id": pa.array(found.task[row].astype(np.uint32)),
             "stage_task_index": pa.array(_stage_indices(desc, counter)),
             "owner_id": pa.array(owner),
-            "phase": pa.array(np.where(wait, "wait", "compute")),
+            "phase": pa.DictionaryArray.from_arrays(wait.astype(np.int8), _PHASES),
         }
     )
 
@@ -298,20 +307,21 @@ def _read_pickle(path: Path, options: ImportOptions) -> ImportedInvocation:
             f"{path}: 'timings' {timings.shape} and 'instructions' {words.shape} disagree on "
             "their SMs and instructions"
         )
-    slots = timings.astype(np.int64).reshape(-1, TIMING_WIDTH)
+    flat = timings.reshape(-1, TIMING_WIDTH)
     opcode = words[..., 0].astype(np.int64).reshape(-1)
     if timings.ndim == 2:  # the throughput branch's global work queue: worker in slot 1
-        layout, block = THROUGHPUT, slots[:, 1]
-        task = np.arange(len(slots))
+        layout, block = THROUGHPUT, flat[:, 1].astype(np.int64)
+        task = np.arange(len(flat))
     else:
-        layout = V1 if (slots[:, 2:5] != 0).any() else THROUGHPUT
+        layout = V1 if (timings[..., 2:5] != 0).any() else THROUGHPUT
         sms, queue = timings.shape[:2]
         block = np.repeat(np.arange(sms), queue)
         task = np.arange(sms * queue)
     where = f"{path} ({layout.name} timings)"
-    keep = (slots[:, [p[0] for p in layout.pairs]] != 0).any(axis=1)
+    slots = flat[:, layout.used].astype(np.int64)
+    keep = _started(slots, layout)
     if layout is THROUGHPUT:
-        _check_throughput_meta(slots[keep], opcode[keep], task[keep], where)
+        _check_throughput_meta(slots[keep, 0], opcode[keep], task[keep], where)
         if timings.ndim == 2 and (block[keep] < 0).any():
             raise ImportFormatError(f"{where}: a negative worker id in slot 1")
     found = _sorted(block[keep], task[keep], opcode[keep], slots[keep])
@@ -331,16 +341,22 @@ def _read_pickle(path: Path, options: ImportOptions) -> ImportedInvocation:
     )
 
 
+def _started(slots: np.ndarray, layout: Layout) -> np.ndarray:
+    """Which instructions recorded any start (the others were never run, or are padding)."""
+    starts = np.searchsorted(layout.used, [p[0] for p in layout.pairs])
+    return (slots[:, starts] != 0).any(axis=1)
+
+
 def _check_throughput_meta(
-    slots: np.ndarray, opcode: np.ndarray, task: np.ndarray, where: str
+    slot0: np.ndarray, opcode: np.ndarray, task: np.ndarray, where: str
 ) -> None:
     """Slot 0 of the throughput layout repeats the instruction's opcode: a file whose slot 0
     says otherwise is not of this layout."""
-    bad = slots[:, 0] != opcode
+    bad = slot0 != opcode
     if bad.any():
         at = np.flatnonzero(bad)[0]
         raise ImportFormatError(
-            f"{where}: instruction {task[at]}: slot 0 ({slots[at, 0]}) is not its opcode "
+            f"{where}: instruction {task[at]}: slot 0 ({slot0[at]}) is not its opcode "
             f"({opcode[at]})"
         )
 
@@ -574,9 +590,9 @@ def _read_mkprof(path: Path, options: ImportOptions) -> Iterator[ImportedInvocat
             f"{path}: {processors} processors do not split evenly over {gpus} GPUs; which SM "
             "belongs to which GPU is not in the file"
         )
-    words = np.memmap(path, np.int32, "r", offset, (processors, per_instruction, INSTRUCTION_WIDTH))
-    events_at = offset + cells * 4 * (INSTRUCTION_WIDTH + 2)
-    events = np.memmap(path, np.uint32, "r", events_at, (processors, per_instruction, TIMING_WIDTH))
+    arrays = _MkprofArrays(
+        path, offset, offset + cells * 4 * (INSTRUCTION_WIDTH + 2), per_instruction
+    )
     names = {
         int(k): str(v["name"])
         for k, v in (config.get("instruction_types") or {}).items()
@@ -585,19 +601,49 @@ def _read_mkprof(path: Path, options: ImportOptions) -> Iterator[ImportedInvocat
     sms = processors // gpus
     for gpu in range(gpus):
         where = f"{path} (GPU {gpu})"
-        rows = slice(gpu * sms, (gpu + 1) * sms)
-        opcodes = np.unique(np.asarray(words[rows, :, 0]))
+        spans = arrays.spans(gpu * sms, (gpu + 1) * sms)
+        opcodes = np.unique(np.concatenate([arrays.words(lo, hi)[:, 0] for lo, hi in spans]))
         yield _invocation(
             where,
             options,
             THROUGHPUT,
             "mkprof:1.2",
-            _mkprof_chunks(words, events, gpu * sms, sms, where),
+            _mkprof_chunks(arrays, gpu * sms, spans, where),
             opcodes[(opcodes >= 0) & (opcodes < UNIT_STRIDE)],
             names,
             (options.rank or 0) + gpu,
             gpu,
         )
+
+
+@dataclass(frozen=True)
+class _MkprofArrays:
+    """Where a ``.mkprof``'s instruction words and events lie. Each read takes whole
+    processors with one ``np.fromfile``, so memory holds a chunk, not the file."""
+
+    path: Path
+    words_at: int
+    events_at: int
+    queue: int
+
+    def spans(self, first: int, end: int) -> list[tuple[int, int]]:
+        """Processors first..end in runs of about CHUNK_INSTRUCTIONS instructions."""
+        step = max(1, CHUNK_INSTRUCTIONS // max(1, self.queue))
+        return [(lo, min(end, lo + step)) for lo in range(first, end, step)]
+
+    def words(self, lo: int, hi: int) -> np.ndarray:
+        """Processors lo..hi's instruction words, [instructions, 32] int32."""
+        return self._read(self.words_at, lo, hi, INSTRUCTION_WIDTH)
+
+    def events(self, lo: int, hi: int) -> np.ndarray:
+        """Processors lo..hi's events, [instructions, 128]: uint32 in the file, read as the
+        device's int32 (a time in the upper half is negative)."""
+        return self._read(self.events_at, lo, hi, TIMING_WIDTH)
+
+    def _read(self, at: int, lo: int, hi: int, width: int) -> np.ndarray:
+        count = (hi - lo) * self.queue * width
+        offset = at + lo * self.queue * width * 4
+        return np.fromfile(self.path, "<i4", count, offset=offset).reshape(-1, width)
 
 
 def _mkprof_header(path: Path) -> tuple[dict, int]:
@@ -627,25 +673,19 @@ def _config_int(config: dict, key: str, path: Path) -> int:
 
 
 def _mkprof_chunks(
-    words: np.ndarray, events: np.ndarray, first: int, sms: int, where: str
+    arrays: _MkprofArrays, first: int, spans: list[tuple[int, int]], where: str
 ) -> Iterator[_Instructions]:
-    """One GPU's recorded instructions in chunks of whole SMs, read from the memory map a
-    chunk at a time."""
-    per_sm = max(1, CHUNK_INSTRUCTIONS // max(1, events.shape[1]))
-    queue = events.shape[1]
-    for lo in range(0, sms, per_sm):
-        hi = min(sms, lo + per_sm)
-        slots = (
-            np.asarray(events[first + lo : first + hi]).reshape(-1, TIMING_WIDTH).astype(np.int64)
-        )
-        opcode = np.asarray(words[first + lo : first + hi, :, 0]).reshape(-1).astype(np.int64)
-        # uint32 in the file, int32 on the device: the upper half is a negative time
-        slots = np.where(slots >= 1 << 31, slots - (1 << 32), slots)
-        block = np.repeat(np.arange(lo, hi), queue)
-        task = np.arange(lo * queue, hi * queue)
-        keep = (slots[:, [p[0] for p in THROUGHPUT.pairs]] != 0).any(axis=1)
+    """One GPU's recorded instructions, a span of whole SMs at a time (SMs numbered from
+    the GPU's first processor)."""
+    queue = arrays.queue
+    for lo, hi in spans:
+        slots = arrays.events(lo, hi)[:, THROUGHPUT.used].astype(np.int64)
+        opcode = arrays.words(lo, hi)[:, 0].astype(np.int64)
+        block = np.repeat(np.arange(lo - first, hi - first), queue)
+        task = np.arange((lo - first) * queue, (hi - first) * queue)
+        keep = _started(slots, THROUGHPUT)
         if keep.any():
-            _check_throughput_meta(slots[keep], opcode[keep], task[keep], where)
+            _check_throughput_meta(slots[keep, 0], opcode[keep], task[keep], where)
             found = _Instructions(block[keep], task[keep], opcode[keep], slots[keep])
             _check_opcodes(found.opcode, where)
             yield found
