@@ -61,8 +61,8 @@ _PHASES = pa.array(["compute", "wait"])
 class Layout:
     """Where one producer generation writes its slot pairs: (start slot, end slot, unit,
     owner) per pair (unit ``_WAIT``: the gmem wait), the end slot that closes the
-    instruction only, the cycle frequency (None: cycles, the user's or the default) and
-    the mask of a slot's time bits."""
+    instruction only, whether slots count ns (else clock64 cycles) and the mask of a
+    slot's time bits."""
 
     name: str
     pairs: tuple[tuple[int, int, int, int], ...]
