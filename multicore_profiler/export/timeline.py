@@ -1306,8 +1306,12 @@ def _summary(
     entries = []
     for row, exported in zip(invocations.to_pylist(), per_invocation.tolist(), strict=True):
         process = procs[row["run_id"], row["rank"]]
-        layout = BufferLayout(
-            row["aic_slots"], row["aiv_slots"], row["aic_capacity"], row["aiv_capacity"]
+        layout = (
+            None  # an imported launch: another profiler's buffer, no ABI layout
+            if row["aic_slots"] is None
+            else BufferLayout(
+                row["aic_slots"], row["aiv_slots"], row["aic_capacity"], row["aiv_capacity"]
+            )
         )
         entries.append(
             {
@@ -1331,7 +1335,7 @@ def _summary(
                 "droppedRecordCount": row["dropped_count"],
                 "taskGraph": row["has_graph"],
                 "abiGeneration": row["abi_generation"],
-                "profileBufferBytes": layout.total_bytes,
+                "profileBufferBytes": None if layout is None else layout.total_bytes,
             }
         )
     dropped = sum(e["droppedRecordCount"] for e in entries)
