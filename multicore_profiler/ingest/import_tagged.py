@@ -169,7 +169,8 @@ def load_buffer(path: Path) -> np.ndarray:
         raise ImportFormatError(f"{path}: cannot read the buffer ({error})") from error
     if array.dtype.kind not in "iu" or array.dtype.itemsize != 8:
         raise ImportFormatError(f"{path}: the buffer holds {array.dtype}, not 64-bit slots")
-    return array.reshape(-1).view(array.dtype.newbyteorder("=")).astype("<u8", copy=False)
+    flat = array.reshape(-1)
+    return flat.astype("<u8") if flat.dtype.byteorder == ">" else flat.view("<u8")
 
 
 def _load_torch(path: Path) -> np.ndarray:
@@ -229,7 +230,10 @@ def decode(
     records = _written(slots[first:], writers, layout, source, first)
     if not len(records.writer):
         raise ImportFormatError(f"{source}: the buffer holds no record")
-    field = lambda spec: (records.tag >> np.uint32(spec[0])) & np.uint32(spec[1])  # noqa: E731
+
+    def field(spec: tuple[int, int]) -> np.ndarray:
+        return (records.tag >> np.uint32(spec[0])) & np.uint32(spec[1])
+
     block = records.writer // ngroups
     own = block if layout.writer_is_block else records.writer
     bad = field(layout.writer) != (own & layout.writer[1])
@@ -292,12 +296,11 @@ def _written(
 ) -> _Records:
     """Each writer's records (a prefix of its column), its times unwrapped."""
     rows = -(-len(data) // writers)
-    grid = np.zeros(rows * writers, dtype=np.uint64)
-    grid[: len(data)] = data
-    grid = grid.reshape(rows, writers)
-    occupied = grid != 0
+    occupied = np.zeros(rows * writers, dtype=bool)
+    occupied[: len(data)] = data != 0
     if layout.meta_slots:
-        occupied &= grid != np.uint64(EMPTY_TRITON)
+        occupied[: len(data)] &= data != np.uint64(EMPTY_TRITON)
+    occupied = occupied.reshape(rows, writers)
     counts = occupied.sum(axis=0)
     first_empty = np.where(occupied.all(axis=0), rows, occupied.argmin(axis=0))
     gap = occupied & (np.arange(rows)[:, None] > first_empty[None, :])
@@ -308,7 +311,7 @@ def _written(
             f"the same writer (column {w}): not this producer's layout, or a wrong header"
         )
     writer, k = np.nonzero(occupied.T)
-    values = grid[k, writer]
+    values = np.asarray(data[k * writers + writer])
     time = _unwrap(
         (values >> np.uint64(32)).astype(np.int64), writer, k, counts, source, first, writers
     )
@@ -350,8 +353,11 @@ def _unwrap(
             f"{source}: the writers' first records lie {int(offset.max() - offset.min())} ns "
             "apart modulo the 4.29 s wrap: their order cannot be decided"
         )
-    base = np.repeat(offset, counts[counts > 0])
-    relative = base + (np.cumsum(step) - np.repeat(np.cumsum(step)[starts], counts[counts > 0]))
+    # Each writer's first step leads from the previous writer's last record to its own first
+    # record's offset, so that one cumulative sum places every record.
+    last = offset + np.add.reduceat(step, np.flatnonzero(starts))
+    step[starts] = offset - np.concatenate(([0], last[:-1]))
+    relative = np.cumsum(step)
     low = int(relative.min())
     return relative + ((int(heads[0]) + low) % WRAP - low)
 
@@ -374,12 +380,16 @@ def _pair(
     """Begin/end pairs and instants as ``(start record, end record)`` row pairs, and the
     begins whose end the buffer had no room for (the writer filled its column)."""
     n = len(kind)
-    rows = np.arange(n)
-    paired = rows[kind != INSTANT]
-    order = np.lexsort((records.k[paired], event_no[paired], event[paired], records.writer[paired]))
-    paired = paired[order]
-    key = np.stack((records.writer[paired], event[paired], event_no[paired]))
-    new = np.concatenate(([True], np.any(key[:, 1:] != key[:, :-1], axis=0)))
+    paired = np.flatnonzero(kind != INSTANT)
+    # One key per (writer, event, event_no). The records come writer by writer in record
+    # order, so a stable sort keeps each key's records in record order (by radix where the
+    # keys fit 16 bits, as FlashInfer's few writers x events do).
+    width = int(event.max()) + 1, int(event_no.max()) + 1
+    key = (records.writer[paired] * width[0] + event[paired]) * width[1] + event_no[paired]
+    order = np.argsort(key.astype(np.uint16) if key.max() <= 0xFFFF else key, kind="stable")
+    paired, key = paired[order], key[order]
+    new = np.concatenate(([True], key[1:] != key[:-1]))
+    del key, order
     group_start = np.maximum.accumulate(np.where(new, np.arange(len(paired)), 0))
     parity = (np.arange(len(paired)) - group_start) % 2
     expected = np.where(parity == 0, BEGIN, END)
@@ -406,10 +416,12 @@ def _pair(
             f"{_slot(records, int(ends[at]), writers, first)} begin and end one span on SMs "
             f"{int(smid[begins[at]])} and {int(smid[ends[at]])}"
         )
-    instants = rows[kind == INSTANT]
-    spans = np.stack((np.concatenate((begins, instants)), np.concatenate((ends, instants))))
-    order = np.lexsort((records.k[spans[0]], records.writer[spans[0]]))
-    return spans[:, order], paired[open_begin]
+    partner = np.full(n, -1, dtype=np.int64)
+    partner[begins] = ends
+    instants = np.flatnonzero(kind == INSTANT)
+    partner[instants] = instants
+    starts = np.flatnonzero(partner >= 0)  # writer by writer, in record order
+    return np.stack((starts, partner[starts])), paired[open_begin]
 
 
 def _launch(
@@ -444,13 +456,10 @@ def _launch(
         wait = desc == aux[WAIT_NAME]
         desc[wait], phase[wait] = DESC_WAIT_DEPENDENCY, 1
     start, stop = records.time[begin], records.time[end]
-    order = np.lexsort((records.k[begin], writer, start, core, core_type))
-    index = np.empty(len(order), dtype=np.uint32)
-    sorted_core = np.stack((core_type[order], core[order]))
-    new_core = np.concatenate(([True], np.any(sorted_core[:, 1:] != sorted_core[:, :-1], axis=0)))
-    position = np.arange(len(order))
-    index[order] = position - np.maximum.accumulate(np.where(new_core, position, 0))
-    stage_index = _stage_index(desc, start, order)
+    in_time = np.argsort(start, kind="stable")  # ties: writer, then record order
+    order = in_time[np.argsort(_dense(core)[in_time], kind="stable")]  # one core type
+    index = _numbered(core[order], order)
+    stage_index = _numbered(desc[in_time], in_time, _dense(desc)[in_time])
     owner = block if ngroups == 1 else block * GROUP_RADIX + writer % ngroups
     columns = {
         "core_type": core_type,
@@ -552,16 +561,25 @@ def _next_task(writer: np.ndarray, is_aux: np.ndarray) -> np.ndarray:
     return task
 
 
-def _stage_index(desc: np.ndarray, start: np.ndarray, tie: np.ndarray) -> np.ndarray:
-    """Each record's number within its desc id, in time order (ties: core order)."""
-    rank = np.empty(len(tie), dtype=np.int64)
-    rank[tie] = np.arange(len(tie))
-    order = np.lexsort((rank, start, desc))
+def _dense(values: np.ndarray) -> np.ndarray:
+    """Small non-negative integers in the order of ``values`` (16 bits where they fit, so
+    that numpy's stable sort is a radix sort)."""
+    present = np.unique(values)
+    dense = np.searchsorted(present, values)
+    return dense.astype(np.uint16 if len(present) <= 1 << 16 else np.uint32)
+
+
+def _numbered(grouped: np.ndarray, order: np.ndarray, key: np.ndarray | None = None) -> np.ndarray:
+    """Each row's number within its group: ``grouped`` holds the rows in ``order``, a group's
+    rows contiguous where ``key`` is None, else in the order of a stable sort by ``key``."""
+    if key is not None:
+        by_key = np.argsort(key, kind="stable")
+        grouped, order = grouped[by_key], order[by_key]
     position = np.arange(len(order))
-    new = np.concatenate(([True], desc[order][1:] != desc[order][:-1]))
-    index = np.empty(len(order), dtype=np.uint32)
-    index[order] = position - np.maximum.accumulate(np.where(new, position, 0))
-    return index
+    new = np.concatenate(([True], grouped[1:] != grouped[:-1]))
+    numbers = np.empty(len(order), dtype=np.uint32)
+    numbers[order] = position - np.maximum.accumulate(np.where(new, position, 0))
+    return numbers
 
 
 _PHASES = pa.array(["compute", "wait", "trigger", "terminate"])
