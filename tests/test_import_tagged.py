@@ -424,3 +424,49 @@ def test_synthetic_buffer_and_numpy_baseline(tmp_path: Path) -> None:
     assert len(records) == count // 2
     assert {r[1] for r in records} == set(range(132))
     assert launch.stage_names[8] == "event_8"
+
+
+def test_triton_distributed_groups_and_block_zero_on_sm_zero(tmp_path: Path) -> None:
+    """Two groups: writer (1, 1) tags pid x ngroups + group = 3; block 0's meta slot on SM 0
+    is all zero bits, a real slot."""
+    t = triton_tag
+    buffer = pack(
+        2,
+        2,
+        {
+            (0, 1): [(t(True, 5, 1), 10), (t(False, 5, 1), 30)],
+            (1, 1): [(t(True, 5, 3), 20), (t(False, 5, 3), 25)],
+        },
+        block_sms={0: 0, 1: 6},
+    )
+    assert buffer[1] == 0
+    records, launch = rows(save(tmp_path, buffer), "triton-distributed")
+    assert records == [
+        (SM, 0, 0, 10, 30, 5, 0, 0, 1, "compute"),
+        (SM, 6, 0, 20, 25, 5, 1, 1, 1001, "compute"),
+    ]
+    assert launch.owner_label == "BlockX1000+Group"
+    wrong = buffer.copy()
+    wrong[1 + 2 + 2 + 1] = t(True, 5, 2) | 20 << 32  # writer 3's slot with field 2
+    with pytest.raises(ImportFormatError, match=r"slot 6 lies in writer \(block 1, group 1\)"):
+        rows(save(tmp_path, wrong), "triton-distributed")
+
+
+def test_mpk_instant_is_a_zero_length_record(tmp_path: Path) -> None:
+    buffer = pack(1, 1, {(0, 0): [(mpk_tag(INSTANT, 10, 0, 4), 77)]})
+    records, launch = rows(save(tmp_path, buffer), "mpk")
+    assert records == [(CTA, 0, 0, 77, 77, 10, 4, 0, 0, "compute")]
+    assert launch.stage_names == {10: "TASK_BEGIN_TASK_GRAPH"}
+
+
+def test_big_endian_and_int64_npy_read_the_same(tmp_path: Path) -> None:
+    expected, _ = rows(save(tmp_path, mla_buffer()), "flashinfer")
+    np.save(tmp_path / "be.npy", mla_buffer().astype(">u8"))
+    assert rows(tmp_path / "be.npy", "flashinfer")[0] == expected
+    np.save(tmp_path / "i8.npy", mla_buffer().view(np.int64))
+    assert rows(tmp_path / "i8.npy", "flashinfer")[0] == expected
+
+
+def test_kernel_name_and_rank_options(tmp_path: Path) -> None:
+    _, launch = rows(save(tmp_path, mpk_buffer()), "mpk", kernel_name="qwen3_mpk", rank=5)
+    assert (launch.kernel_name, launch.producer, launch.rank) == ("qwen3_mpk", "mpk", 5)

@@ -272,9 +272,10 @@ def decode(
 
 
 def _block_sms(slots: np.ndarray, nblocks: int, source: str) -> np.ndarray:
-    """Triton-distributed's SM of each block (-1: the block wrote no meta slot)."""
+    """Triton-distributed's SM of each block (-1: the block wrote no meta slot). A meta slot
+    of 0 is block 0 on SM 0, not an empty slot: the producer fills the buffer beforehand."""
     meta = np.asarray(slots[1 : 1 + nblocks])
-    empty = (meta == EMPTY_TRITON) | (meta == 0)
+    empty = meta == EMPTY_TRITON
     pid = (meta & np.uint64(0xFFFF_FFFF)).astype(np.int64)
     smid = (meta >> np.uint64(32)).astype(np.int64)
     wrong = ~empty & (pid != np.arange(nblocks))
@@ -386,7 +387,8 @@ def _pair(
     # keys fit 16 bits, as FlashInfer's few writers x events do).
     width = int(event.max()) + 1, int(event_no.max()) + 1
     key = (records.writer[paired] * width[0] + event[paired]) * width[1] + event_no[paired]
-    order = np.argsort(key.astype(np.uint16) if key.max() <= 0xFFFF else key, kind="stable")
+    small = len(key) == 0 or key.max() <= 0xFFFF
+    order = np.argsort(key.astype(np.uint16) if small else key, kind="stable")
     paired, key = paired[order], key[order]
     new = np.concatenate(([True], key[1:] != key[:-1]))
     del key, order
