@@ -28,6 +28,7 @@ from multicore_profiler import open_store
 from multicore_profiler.abi import DESC_TRIGGER_EVENT, DESC_WAIT_DEPENDENCY, CoreType
 from multicore_profiler.errors import DroppedRecordsWarning, ImportFormatError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.ingest import import_tagged
 from multicore_profiler.ingest.import_tagged import MPK_TASK_NAMES, read
 from multicore_profiler.ingest.imports import ImportOptions, import_profile
 
@@ -43,10 +44,11 @@ def fi(kind: int, event: int, block: int, smid: int, time: int) -> tuple[int, in
 
 
 def rows(path: Path, format: str, **options: object) -> tuple[list[tuple], object]:
-    """The records of a buffer file's one launch, as tuples of ``COLUMNS``, and the launch."""
+    """The records of a buffer file's one launch, as tuples of ``COLUMNS`` in core and
+    record order, and the launch."""
     (launch,) = read(path, ImportOptions(format=format, **options))  # type: ignore[arg-type]
     table = pa.concat_tables(list(launch.records))
-    return list(zip(*(table[c].to_pylist() for c in COLUMNS), strict=True)), launch
+    return sorted(zip(*(table[c].to_pylist() for c in COLUMNS), strict=True)), launch
 
 
 def save(tmp_path: Path, buffer: np.ndarray, name: str = "buf.npy") -> Path:
@@ -470,3 +472,50 @@ def test_big_endian_and_int64_npy_read_the_same(tmp_path: Path) -> None:
 def test_kernel_name_and_rank_options(tmp_path: Path) -> None:
     _, launch = rows(save(tmp_path, mpk_buffer()), "mpk", kernel_name="qwen3_mpk", rank=5)
     assert (launch.kernel_name, launch.producer, launch.rank) == ("qwen3_mpk", "mpk", 5)
+
+
+def wrap_buffer() -> np.ndarray:
+    top = 2**32
+    return pack(
+        3,
+        1,
+        {
+            (0, 0): [fi(BEGIN, 0, 0, 1, top - 100), fi(END, 0, 0, 1, 200)],
+            (1, 0): [fi(BEGIN, 1, 1, 2, 50), fi(END, 1, 1, 2, 90)],
+            (2, 0): [fi(BEGIN, 0, 2, 1, top - 300), fi(END, 0, 2, 1, top - 10)],
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "format", "names"),
+    [
+        (mla_buffer, "flashinfer", {}),
+        (wrap_buffer, "flashinfer", {}),
+        (mpk_buffer, "mpk", {}),
+        (triton_buffer, "triton-distributed", {1: "qkv", 2: "attn"}),
+    ],
+)
+def test_writer_batches_decode_as_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: object, format: str, names: dict
+) -> None:
+    """One writer per batch (two passes over the buffer) gives the same records, task ids,
+    record and stage numbers as one batch."""
+    path = save(tmp_path, make())  # type: ignore[operator]
+    whole, launch = rows(path, format, names=names)
+    monkeypatch.setattr(import_tagged, "CHUNK_ROWS", 1)
+    batched, batched_launch = rows(path, format, names=names)
+    assert batched == whole
+    assert (batched_launch.anchor_cycle, batched_launch.stage_names) == (
+        launch.anchor_cycle,
+        launch.stage_names,
+    )
+
+
+def test_dropped_records_are_counted_over_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(import_tagged, "CHUNK_ROWS", 1)
+    with pytest.warns(DroppedRecordsWarning, match="3 begins lost their end"):
+        _, launch = rows(save(tmp_path, mla_buffer()[: 1 + 4 + 2]), "flashinfer")
+    assert launch.dropped == {(SM, 5): 2, (SM, 7): 1}

@@ -208,10 +208,114 @@ class _Records:
     """Records per writer column."""
 
 
+@dataclass(frozen=True)
+class _Header:
+    """What slot 0 (and Triton-distributed's meta slots) say, checked against the buffer."""
+
+    nblocks: int
+    ngroups: int
+    first: int
+    """The slot of the first record row."""
+    length: int
+    sm_of_block: np.ndarray | None
+    reference: int
+    """The raw time of the first writer's first record: times count from it."""
+
+    @property
+    def writers(self) -> int:
+        return self.nblocks * self.ngroups
+
+
+@dataclass
+class _Spans:
+    """The records of a batch of writers, writer by writer in record order; times relative
+    to the header's reference, task ids counted from the batch's first."""
+
+    columns: dict[str, np.ndarray]
+    events: np.ndarray
+    dropped: dict[tuple[int, int], int]
+    tasks: int
+    """The batch's tasks (spans that take a number of their own)."""
+
+
 def decode(
     slots: np.ndarray, layout: TagLayout, options: ImportOptions, source: str
 ) -> ImportedInvocation:
-    """One launch from a buffer's slots, decoded by ``layout``."""
+    """One launch from a buffer's slots, decoded by ``layout``: every check runs over all
+    writers (a batch at a time) before any record is handed over."""
+    header = _header(slots, layout, source)
+    aux = _aux_types(layout, options)
+    rows = -(-(header.length - header.first) // header.writers)
+    per_batch = max(1, 2 * CHUNK_ROWS // rows)
+    batches = [
+        range(w, min(w + per_batch, header.writers)) for w in range(0, header.writers, per_batch)
+    ]
+    cores, starts, descs, tasks, events = [], [], [], [], []
+    dropped: dict[tuple[int, int], int] = {}
+    for batch in batches:
+        spans = _spans(slots, header, layout, aux, batch, source)
+        cores.append(spans.columns["block_id"])
+        starts.append(spans.columns["start_cycle"])
+        descs.append(spans.columns["desc_id"])
+        tasks.append(spans.tasks)
+        events.append(np.unique(spans.events))
+        dropped.update(spans.dropped)
+    start = np.concatenate(starts)
+    if not len(start):
+        raise ImportFormatError(f"{source}: the buffer holds no record")
+    low = int(start.min())
+    shift = (header.reference + low) % WRAP - low
+    in_time = np.argsort(start, kind="stable")  # ties: writer, then record order
+    del start, starts
+    core = np.concatenate(cores)
+    order = in_time[np.argsort(_dense(core)[in_time], kind="stable")]  # one core type
+    record_index = _numbered(core[order], order)
+    del core, cores, order
+    desc = np.concatenate(descs)
+    stage_index = _numbered(desc[in_time], in_time, _dense(desc)[in_time])
+    del desc, descs, in_time
+    if dropped:
+        warnings.warn(
+            f"{source}: {sum(dropped.values())} begins lost their end: their writers filled "
+            "the buffer (counted as dropped records)",
+            DroppedRecordsWarning,
+            stacklevel=3,
+        )
+
+    def records() -> Iterator[pa.Table]:
+        done, task_base = 0, 0
+        for batch, batch_tasks in zip(batches, tasks, strict=True):
+            columns = _spans(slots, header, layout, aux, batch, source).columns
+            count = len(columns["start_cycle"])
+            columns["start_cycle"] += shift
+            columns["end_cycle"] += shift
+            task = columns["task_id"]
+            if layout.event_no is None:
+                task[task != NO_TASK] += np.uint32(task_base)
+            columns["record_index"] = record_index[done : done + count]
+            columns["stage_task_index"] = stage_index[done : done + count]
+            yield from _chunks(columns)
+            done, task_base = done + count, task_base + batch_tasks
+
+    return ImportedInvocation(
+        kernel_name=options.kernel_name or layout.kernel_name,
+        frequency_hz=1e9,
+        producer=layout.kernel_name,
+        producer_format="raw-buffer",
+        records=records(),
+        source=source,
+        clock_domain="shared",
+        stage_names=_stage_names(layout, options, np.unique(np.concatenate(events)), aux),
+        owner_label="Block" if header.ngroups == 1 else "BlockX1000+Group",
+        dropped=dropped,
+        anchor_cycle=low + shift,
+        rank=options.rank or 0,
+    )
+
+
+def _header(slots: np.ndarray, layout: TagLayout, source: str) -> _Header:
+    """The checked header, and the reference time: the writers' first records (row 0)
+    must lie within half a wrap of each other."""
     if len(slots) < 1:
         raise ImportFormatError(f"{source}: the buffer has no header slot")
     nblocks, ngroups = int(slots[0]) & 0xFFFF_FFFF, int(slots[0]) >> 32
@@ -227,9 +331,30 @@ def decode(
     if ngroups > GROUP_RADIX:
         raise ImportFormatError(f"{source}: the header's {ngroups} groups exceed {GROUP_RADIX}")
     sm_of_block = _block_sms(slots, nblocks, source) if layout.meta_slots else None
-    records = _written(slots[first:], writers, layout, source, first)
-    if not len(records.writer):
-        raise ImportFormatError(f"{source}: the buffer holds no record")
+    row = np.asarray(slots[first : first + writers])
+    written = row[(row != 0) & (row != np.uint64(EMPTY_TRITON) if layout.meta_slots else row != 0)]
+    heads = (written >> np.uint64(32)).astype(np.int64)
+    reference = int(heads[0]) if len(heads) else 0
+    offset = _offsets(heads, reference)
+    if len(heads) and offset.max() - offset.min() >= AMBIGUOUS_STEP:
+        raise ImportFormatError(
+            f"{source}: the writers' first records lie {int(offset.max() - offset.min())} ns "
+            "apart modulo the 4.29 s wrap: their order cannot be decided"
+        )
+    return _Header(nblocks, ngroups, first, len(slots), sm_of_block, reference)
+
+
+def _spans(
+    slots: np.ndarray,
+    header: _Header,
+    layout: TagLayout,
+    aux: dict[str, int],
+    batch: range,
+    source: str,
+) -> _Spans:
+    """The spans of writer columns ``batch``, checked."""
+    writers, first, ngroups = header.writers, header.first, header.ngroups
+    records = _written(slots[first:], header, layout, batch, source)
 
     def field(spec: tuple[int, int]) -> np.ndarray:
         return (records.tag >> np.uint32(spec[0])) & np.uint32(spec[1])
@@ -249,7 +374,7 @@ def decode(
         raise ImportFormatError(
             f"{source}: slot {_slot(records, at, writers, first)} lies in writer (block "
             f"{int(block[at])}, group {int(records.writer[at] % ngroups)})'s column of a "
-            f"{nblocks} x {ngroups} header, but its tag names writer field "
+            f"{header.nblocks} x {ngroups} header, but its tag names writer field "
             f"{int(field(layout.writer)[at])}: the header contradicts the data"
         )
     kind = field(layout.kind)
@@ -264,11 +389,10 @@ def decode(
     event = field(layout.event)
     event_no = field(layout.event_no) if layout.event_no else np.zeros_like(event)
     smid = field(layout.smid) if layout.smid else None
-    spans, dropped_rows = _pair(records, kind, event, event_no, smid, slots, writers, first, source)
-    return _launch(
-        spans, records, dropped_rows, event, event_no, smid, sm_of_block, nblocks, ngroups,
-        layout, options, source,
-    )  # fmt: skip
+    spans, dropped_rows = _pair(records, kind, event, event_no, smid, header, source)
+    return _columns(
+        spans, records, dropped_rows, event, event_no, smid, header, layout, aux, source
+    )
 
 
 def _block_sms(slots: np.ndarray, nblocks: int, source: str) -> np.ndarray:
@@ -293,45 +417,44 @@ def _block_sms(slots: np.ndarray, nblocks: int, source: str) -> np.ndarray:
 
 
 def _written(
-    data: np.ndarray, writers: int, layout: TagLayout, source: str, first: int
+    data: np.ndarray, header: _Header, layout: TagLayout, columns: range, source: str
 ) -> _Records:
-    """Each writer's records (a prefix of its column), its times unwrapped."""
+    """The records of writer ``columns`` (each a prefix of its column), times unwrapped
+    relative to the launch's reference."""
+    writers, first = header.writers, header.first
     rows = -(-len(data) // writers)
-    occupied = np.zeros(rows * writers, dtype=bool)
-    occupied[: len(data)] = data != 0
+    where = np.arange(rows)[:, None] * writers + np.arange(columns.start, columns.stop)[None, :]
+    inside = where < len(data)
+    values = np.zeros(where.shape, dtype=np.uint64)
+    values[inside] = data[where[inside]]
+    occupied = values != 0
     if layout.meta_slots:
-        occupied[: len(data)] &= data != np.uint64(EMPTY_TRITON)
-    occupied = occupied.reshape(rows, writers)
-    counts = occupied.sum(axis=0)
+        occupied &= values != np.uint64(EMPTY_TRITON)
+    counts = np.zeros(writers, dtype=np.int64)
+    counts[columns.start : columns.stop] = occupied.sum(axis=0)
     first_empty = np.where(occupied.all(axis=0), rows, occupied.argmin(axis=0))
     gap = occupied & (np.arange(rows)[:, None] > first_empty[None, :])
     if np.any(gap):
         k, w = (int(v[0]) for v in np.nonzero(gap))
         raise ImportFormatError(
-            f"{source}: slot {first + k * writers + w} holds a record after an empty slot of "
-            f"the same writer (column {w}): not this producer's layout, or a wrong header"
+            f"{source}: slot {first + int(where[k, w])} holds a record after an empty slot of "
+            f"the same writer (column {columns.start + w}): not this producer's layout, or a "
+            "wrong header"
         )
-    writer, k = np.nonzero(occupied.T)
-    values = np.asarray(data[k * writers + writer])
-    time = _unwrap(
-        (values >> np.uint64(32)).astype(np.int64), writer, k, counts, source, first, writers
-    )
+    column, k = np.nonzero(occupied.T)
+    values = values[k, column]
+    writer = column + columns.start
+    time = _unwrap((values >> np.uint64(32)).astype(np.int64), writer, k, header, source)
     tag = (values & np.uint64(0xFFFF_FFFF)).astype(np.uint32)
-    return _Records(writer.astype(np.int64), k.astype(np.int64), tag, time, counts)
+    return _Records(writer, k, tag, time, counts)
 
 
 def _unwrap(
-    raw: np.ndarray,
-    writer: np.ndarray,
-    k: np.ndarray,
-    counts: np.ndarray,
-    source: str,
-    first: int,
-    writers: int,
+    raw: np.ndarray, writer: np.ndarray, k: np.ndarray, header: _Header, source: str
 ) -> np.ndarray:
-    """Times on one unwrapped ns axis: each record follows its writer's previous one by
-    less than half the wrap; writers' first records lie within half a wrap of each other.
-    The earliest record keeps its raw value."""
+    """Times relative to the launch's reference record: each record follows its writer's
+    previous one by less than half the wrap; a writer's first record lies within half a
+    wrap of the reference (``_header`` checked that for all of them)."""
     if not len(raw):
         return raw
     step = np.diff(raw) % WRAP
@@ -343,24 +466,21 @@ def _unwrap(
         at = int(np.argmax(ambiguous))
         raise ImportFormatError(
             f"{source}: record {int(k[at])} of writer column {int(writer[at])} (slot "
-            f"{first + int(k[at]) * writers + int(writer[at])}) follows the previous one by "
-            f"{int(step[at])} ns modulo the 32-bit ns counter's 4.29 s wrap: whether the "
-            "counter wrapped in between cannot be decided"
+            f"{header.first + int(k[at]) * header.writers + int(writer[at])}) follows the "
+            f"previous one by {int(step[at])} ns modulo the 32-bit ns counter's 4.29 s wrap: "
+            "whether the counter wrapped in between cannot be decided"
         )
-    heads = raw[starts]
-    offset = (heads - heads[0] + WRAP // 2) % WRAP - WRAP // 2
-    if offset.max() - offset.min() >= AMBIGUOUS_STEP:
-        raise ImportFormatError(
-            f"{source}: the writers' first records lie {int(offset.max() - offset.min())} ns "
-            "apart modulo the 4.29 s wrap: their order cannot be decided"
-        )
+    offset = _offsets(raw[starts], header.reference)
     # Each writer's first step leads from the previous writer's last record to its own first
     # record's offset, so that one cumulative sum places every record.
     last = offset + np.add.reduceat(step, np.flatnonzero(starts))
     step[starts] = offset - np.concatenate(([0], last[:-1]))
-    relative = np.cumsum(step)
-    low = int(relative.min())
-    return relative + ((int(heads[0]) + low) % WRAP - low)
+    return np.cumsum(step)
+
+
+def _offsets(heads: np.ndarray, reference: int) -> np.ndarray:
+    """Raw 32-bit times as signed ns from ``reference``, within half a wrap of it."""
+    return (heads.astype(np.int64) - reference + WRAP // 2) % WRAP - WRAP // 2
 
 
 def _slot(records: _Records, at: int, writers: int, first: int) -> int:
@@ -373,19 +493,18 @@ def _pair(
     event: np.ndarray,
     event_no: np.ndarray,
     smid: np.ndarray | None,
-    slots: np.ndarray,
-    writers: int,
-    first: int,
+    header: _Header,
     source: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Begin/end pairs and instants as ``(start record, end record)`` row pairs, and the
     begins whose end the buffer had no room for (the writer filled its column)."""
+    writers, first = header.writers, header.first
     n = len(kind)
     paired = np.flatnonzero(kind != INSTANT)
     # One key per (writer, event, event_no). The records come writer by writer in record
     # order, so a stable sort keeps each key's records in record order (by radix where the
     # keys fit 16 bits, as FlashInfer's few writers x events do).
-    width = int(event.max()) + 1, int(event_no.max()) + 1
+    width = int(event.max(initial=0)) + 1, int(event_no.max(initial=0)) + 1
     key = (records.writer[paired] * width[0] + event[paired]) * width[1] + event_no[paired]
     small = len(key) == 0 or key.max() <= 0xFFFF
     order = np.argsort(key.astype(np.uint16) if small else key, kind="stable")
@@ -398,7 +517,7 @@ def _pair(
     wrong = kind[paired] != expected
     last = np.concatenate((new[1:], [True]))
     open_begin = last & (parity == 0) & ~wrong
-    room = (len(slots) - first - np.arange(writers) - 1) // writers + 1
+    room = (header.length - first - np.arange(writers) - 1) // writers + 1
     writer_full = records.counts >= room
     stranded = open_begin & ~writer_full[records.writer[paired]]
     if np.any(wrong | stranded):
@@ -426,84 +545,62 @@ def _pair(
     return np.stack((starts, partner[starts])), paired[open_begin]
 
 
-def _launch(
+def _columns(
     spans: np.ndarray,
     records: _Records,
     dropped_rows: np.ndarray,
     event: np.ndarray,
     event_no: np.ndarray,
     smid: np.ndarray | None,
-    sm_of_block: np.ndarray | None,
-    nblocks: int,
-    ngroups: int,
+    header: _Header,
     layout: TagLayout,
-    options: ImportOptions,
+    aux: dict[str, int],
     source: str,
-) -> ImportedInvocation:
-    """The launch of the paired spans (writer by writer, in record order)."""
+) -> _Spans:
+    """The store's columns of paired spans (writer by writer, in record order), less their
+    record and stage numbers, which need the whole launch."""
     begin, end = spans
     writer = records.writer[begin]
-    block = writer // ngroups
-    core_type, core = _cores(block, begin, smid, sm_of_block, layout, source)
-    names, aux = _stage_names(layout, options, event[begin])
+    block = writer // header.ngroups
+    core_type, core = _cores(block, begin, smid, header.sm_of_block, layout, source)
     desc = event[begin].astype(np.uint32)
     phase = np.zeros(len(begin), dtype=np.int8)  # 0 compute, 1 wait, 2 trigger
     task = np.arange(len(begin), dtype=np.uint32)
+    tasks = len(begin)
     if layout.event_no is not None:
         task = (block * (layout.event_no[1] + 1) + event_no[begin]).astype(np.uint32)
         trigger = desc == SCHD_EVENTS
         desc[trigger], phase[trigger] = DESC_TRIGGER_EVENT, 2
     elif aux:
-        task = _next_task(writer, np.isin(desc, list(aux.values())))
+        is_aux = np.isin(desc, list(aux.values()))
+        task, tasks = _next_task(writer, is_aux), int(np.count_nonzero(~is_aux))
         wait = desc == aux[WAIT_NAME]
         desc[wait], phase[wait] = DESC_WAIT_DEPENDENCY, 1
-    start, stop = records.time[begin], records.time[end]
-    in_time = np.argsort(start, kind="stable")  # ties: writer, then record order
-    order = in_time[np.argsort(_dense(core)[in_time], kind="stable")]  # one core type
-    index = _numbered(core[order], order)
-    stage_index = _numbered(desc[in_time], in_time, _dense(desc)[in_time])
-    owner = block if ngroups == 1 else block * GROUP_RADIX + writer % ngroups
-    columns = {
-        "core_type": core_type,
-        "block_id": core,
-        "record_index": index,
-        "start_cycle": start,
-        "end_cycle": stop,
-        "desc_id": desc,
-        "task_id": task,
-        "stage_task_index": stage_index,
-        "owner_id": owner,
-        "phase": phase,
-    }
-    columns = {name: values[order] for name, values in columns.items()}
+    owner = block if header.ngroups == 1 else block * GROUP_RADIX + writer % header.ngroups
     dropped: dict[tuple[int, int], int] = {}
     if len(dropped_rows):
         d_type, d_core = _cores(
-            records.writer[dropped_rows] // ngroups, dropped_rows, smid, sm_of_block, layout, source
+            records.writer[dropped_rows] // header.ngroups,
+            dropped_rows,
+            smid,
+            header.sm_of_block,
+            layout,
+            source,
         )
         keys, counts = np.unique(np.stack((d_type, d_core)), axis=1, return_counts=True)
         for (ct, bid), count in zip(keys.T.tolist(), counts.tolist(), strict=True):
             dropped[(ct, bid)] = count
-        warnings.warn(
-            f"{source}: {len(dropped_rows)} begins lost their end: their writers filled the "
-            "buffer (counted as dropped records)",
-            DroppedRecordsWarning,
-            stacklevel=3,
-        )
-    return ImportedInvocation(
-        kernel_name=options.kernel_name or layout.kernel_name,
-        frequency_hz=1e9,
-        producer=layout.kernel_name,
-        producer_format="raw-buffer",
-        records=_chunks(columns),
-        source=source,
-        clock_domain="shared",
-        stage_names=names,
-        owner_label="Block" if ngroups == 1 else "BlockX1000+Group",
-        dropped=dropped,
-        anchor_cycle=int(start.min()),
-        rank=options.rank or 0,
-    )
+    columns = {
+        "core_type": core_type,
+        "block_id": core,
+        "start_cycle": records.time[begin],
+        "end_cycle": records.time[end],
+        "desc_id": desc,
+        "task_id": task,
+        "owner_id": owner.astype(np.uint32),
+        "phase": phase,
+    }
+    return _Spans(columns, event[begin], dropped, tasks)
 
 
 def _cores(
@@ -529,24 +626,30 @@ def _cores(
     return np.full(len(rows), CoreType.SM, np.uint8), sm.astype(np.uint32)
 
 
+def _aux_types(layout: TagLayout, options: ImportOptions) -> dict[str, int]:
+    """Triton-distributed's auxiliary span types by name, from the names given: named
+    outright, else the code generator's rule (the kernel's largest task type + 1 waits,
+    + 2 decodes the next task). Empty (no waits known) without names, and for the others."""
+    given = {int(k): str(v) for k, v in options.names.items()}
+    if not (layout.meta_slots and given):
+        return {}
+    aux = {v.lower(): k for k, v in given.items() if v.lower() in AUX_NAMES}
+    if WAIT_NAME not in aux:
+        top = max(given)
+        aux = {WAIT_NAME: top + 1, "task_decoding": top + 2}
+    return aux
+
+
 def _stage_names(
-    layout: TagLayout, options: ImportOptions, events: np.ndarray
-) -> tuple[dict[int, str], dict[str, int]]:
-    """Stage names by event index / task type, and Triton-distributed's auxiliary span
-    types by name (empty: waits are not known)."""
+    layout: TagLayout, options: ImportOptions, events: np.ndarray, aux: dict[str, int]
+) -> dict[int, str]:
+    """Stage names of the event indices / task types seen (and of those given)."""
     given = {int(k): str(v) for k, v in options.names.items()}
     fallback = {**MPK_TASK_NAMES, **given} if layout.event_no is not None else given
     prefix = {"flashinfer": "event_", "mpk": "TASK_"}.get(layout.kernel_name, "task_")
-    names = {int(e): fallback.get(int(e), f"{prefix}{int(e)}") for e in np.unique(events)}
+    names = {int(e): fallback.get(int(e), f"{prefix}{int(e)}") for e in events}
     names.update(given)
-    aux: dict[str, int] = {}
-    if layout.meta_slots and given:
-        aux = {v.lower(): k for k, v in given.items() if v.lower() in AUX_NAMES}
-        if WAIT_NAME not in aux:
-            top = max(given)
-            aux = {WAIT_NAME: top + 1, "task_decoding": top + 2}
-        names = {k: v for k, v in names.items() if k not in aux.values()}
-    return names, aux
+    return {k: v for k, v in names.items() if k not in aux.values()}
 
 
 def _next_task(writer: np.ndarray, is_aux: np.ndarray) -> np.ndarray:
