@@ -11,8 +11,11 @@ MPK also the same per-worker task counter) become one span; an instant a zero-le
 The 32-bit ns counter wraps every 4.29 s: each writer's times are unwrapped in record order,
 and a step the wrap makes ambiguous (over half the period) is refused.
 
-One buffer is one launch. Decoding holds the spans of the launch (about 60 bytes each);
-records go to the store in chunks of at most ``CHUNK_ROWS`` rows.
+One buffer is one launch. Writers are decoded in batches of about ``2 * CHUNK_ROWS``
+slots, twice: a first pass checks every record and keeps four numbers per span (its core,
+start, desc id and order) to number records per core and per stage over the launch; the
+second hands the records over, a batch at a time, in chunks of at most ``CHUNK_ROWS`` rows.
+A refused buffer is refused before any record is handed over.
 """
 
 from __future__ import annotations
@@ -138,9 +141,7 @@ TAG_LAYOUTS = {
 def read(path: Path, options: ImportOptions) -> Iterator[ImportedInvocation]:
     """The one launch of a raw buffer saved as ``.npy``, ``.pt`` (a single tensor) or
     little-endian ``.bin``."""
-    layout = TAG_LAYOUTS[options.format]
-    launch = decode(load_buffer(path), layout, options, str(path))
-    yield launch
+    yield decode(load_buffer(path), TAG_LAYOUTS[options.format], options, str(path))
 
 
 def load_buffer(path: Path) -> np.ndarray:
@@ -183,7 +184,7 @@ def _load_torch(path: Path) -> np.ndarray:
             "with numpy.save as .npy"
         ) from error
     try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
+        value = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # torch raises whatever its unpickler meets
         raise ImportFormatError(f"{path}: not a torch tensor file ({error})") from error
     if not isinstance(value, torch.Tensor):
