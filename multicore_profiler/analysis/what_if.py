@@ -28,6 +28,7 @@ from multicore_profiler.analysis.replay import (
     ComputeRecords,
     ReplayGraph,
     predict_makespans,
+    refuse_recorded_dependencies,
     replay,
     replay_table,
 )
@@ -192,7 +193,9 @@ def what_if(
 ) -> pa.Table:
     """``replay`` with the changes (``Change`` objects or their text). With ``strict``,
     ``AnalysisError`` naming the invocations whose replay is not faithful instead of
-    their NULL predictions."""
+    their NULL predictions. ``AnalysisError`` for an invocation of recorded dependency
+    edges (an imported simpler graph), which the replay cannot release."""
+    refuse_recorded_dependencies(graph)
     table = replay(graph, _changes(changes))
     if strict:
         unfaithful = np.flatnonzero(~table.column("faithful").to_numpy())
@@ -220,6 +223,7 @@ def speedup_curves(
     compute scaled by ``1 - speedup`` (NULL where not faithful) and ``ratio`` (predicted
     / observed). Stages default to every stage with compute records; all scenarios are
     replayed together."""
+    refuse_recorded_dependencies(graph)
     stages = tuple(graph.stages if stages is None else stages)
     speedups = tuple(float(s) for s in speedups)
     bad = [s for s in speedups if not 0 <= s <= 1]

@@ -572,13 +572,15 @@ def _record(alias: str, **given: str) -> dict[str, str]:
     return {column: given.get(column, f"{alias}.{column}") for column in _IDENTITY}
 
 
-def _edge_end(edge: str, end: str, desc: int) -> dict[str, str]:
-    """The identity of the record at one end (``src`` or ``dst``) of a release edge row
-    ``edge`` (``task_edges``' columns): its ``desc`` is the end's kind, a trigger or a wait."""
+def _edge_end(edge: str, end: str) -> dict[str, str]:
+    """The identity of the record at one end (``src`` or ``dst``) of an arrow's edge row
+    ``edge`` (``task_edges``' columns, with each end's ``desc_id`` as ``_ARROWS`` adds it)."""
     return _record(
         edge,
-        **{c: f"{edge}.{end}_{c}" for c in ("core_type", "block_id", "start_cycle", "end_cycle")},
-        desc_id=str(desc),
+        **{
+            c: f"{edge}.{end}_{c}"
+            for c in ("core_type", "block_id", "start_cycle", "end_cycle", "desc_id")
+        },
         task_id=f"{edge}.{end}_task_id",
     )
 
@@ -590,12 +592,27 @@ def _same(alias: str, record: dict[str, str]) -> str:
 
 _ARROWS = """
 WITH released AS MATERIALIZED (
-    SELECT i.inv_index, i.whole, e.*
+    SELECT
+        i.inv_index, i.whole, e.*,
+        coalesce(gs.desc_id, {trigger}) AS src_desc_id,
+        coalesce(gd.desc_id, {wait}) AS dst_desc_id,
+        row_number() OVER (
+            PARTITION BY i.inv_index, e.kind
+            ORDER BY e.dst_core_type, e.dst_block_id, e.dst_record_index, e.src_core_type,
+                e.src_block_id, e.src_record_index
+        ) AS nth
     FROM task_edges e
     JOIN inv i
         ON e.run_id = i.run_id AND e.rank = i.rank AND e.invocation_id = i.invocation_id
         AND e.write_id = i.write_id
-    WHERE e.kind = 'release' AND ({scope}) AND i.inv_index BETWEEN {first} AND {last}
+    LEFT JOIN tasks gs
+        ON e.kind = 'dependency' AND gs.run_id = e.run_id AND gs.rank = e.rank
+        AND gs.config_id = i.config_id AND gs.task_id = e.src_task_id
+    LEFT JOIN tasks gd
+        ON e.kind = 'dependency' AND gd.run_id = e.run_id AND gd.rank = e.rank
+        AND gd.config_id = i.config_id AND gd.task_id = e.dst_task_id
+    WHERE e.kind IN ('release', 'dependency') AND ({scope})
+        AND i.inv_index BETWEEN {first} AND {last}
 ),
 timed AS MATERIALIZED (
     SELECT s.inv_index, s.core_type, s.block_id, s.task_id, s.desc_id, s.start_cycle, s.end_cycle
@@ -619,12 +636,15 @@ SELECT
         AS target_tid,
     cycle_ns(k.dst_start_cycle, p.anchor, i.frequency_hz) AS target_ts,
     cycle_ns(k.dst_end_cycle, p.anchor, i.frequency_hz) AS target_end,
-    k.dst_core_type AS core_type, k.dst_block_id AS block_id, {wait}::UINTEGER AS desc_id,
+    k.dst_core_type AS core_type, k.dst_block_id AS block_id, k.dst_desc_id::UINTEGER AS desc_id,
     k.dst_task_id AS task_id, k.dst_start_cycle AS start_cycle, k.dst_end_cycle AS end_cycle,
-    (sw.slot_code::UBIGINT << {index_bits}) | k.dst_record_index::UBIGINT AS flow_id,
+    CASE WHEN k.kind = 'dependency'
+        THEN (1::UBIGINT << 62) | (k.inv_index::UBIGINT << 32) | k.nth::UBIGINT
+        ELSE (sw.slot_code::UBIGINT << {index_bits}) | k.dst_record_index::UBIGINT
+    END AS flow_id,
     gs.grp AS source_grp, k.src_core_type AS source_core_type,
     k.src_block_id AS source_block_id, k.src_start_cycle AS source_start_cycle,
-    k.src_end_cycle AS source_end_cycle, {trigger}::UINTEGER AS source_desc_id,
+    k.src_end_cycle AS source_end_cycle, k.src_desc_id::UINTEGER AS source_desc_id,
     k.src_task_id AS source_task_id
 FROM kept k
 JOIN inv i USING (inv_index)
@@ -674,7 +694,9 @@ WITH path AS (
         ON r.run_id = e.run_id AND r.rank = e.rank AND r.invocation_id = e.invocation_id
         AND r.write_id = e.write_id AND r.core_type = e.core_type AND r.block_id = e.block_id
         AND r.record_index = e.record_index
-    WHERE e.record_index IS NOT NULL AND ({scope})
+    -- (the data_wait before a compute record a dependency held names that record too)
+    WHERE e.record_index IS NOT NULL AND NOT (e.kind = 'data_wait' AND r.phase = 'compute')
+        AND ({scope})
 )
 SELECT DISTINCT p.*
 FROM sel s
@@ -1066,8 +1088,8 @@ class Timeline:
         edges = np.flatnonzero(np.diff(part, prepend=-1, append=part[-1] + 1))
         try:
             for first, stop in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
-                source = ("src", DESC_TRIGGER_EVENT)
-                target = ("dst", DESC_WAIT_DEPENDENCY)
+                source = ("src",)
+                target = ("dst",)
                 sql = _ARROWS.format(
                     scope=_scope(self.invocations.slice(first, stop - first)),
                     trigger=DESC_TRIGGER_EVENT,

@@ -216,6 +216,7 @@ TASKS = TableSpec(
             ("trigger_event", pa.int32()),
             ("tiling_position", pa.uint32()),
             ("input_position", pa.uint32()),
+            ("depends_on", pa.list_(pa.uint32())),
         ]
     ),
     partition_by=("run_id",),
@@ -224,7 +225,11 @@ TASKS = TableSpec(
 )
 """A kernel's task graph, once per (run, rank, config): what invocations with that
 ``config_id`` ran. ``desc_id`` is what the task's compute record carries (its stage id,
-else the 0x20000 + task type fallback); a wait or trigger event of -1 is none."""
+else the 0x20000 + task type fallback); a wait or trigger event of -1 is none.
+``depends_on`` lists the task ids a task depends on as an imported producer recorded them
+(simpler's dependency edges; empty for a root): such a graph has no wait or trigger
+records and its edges are ``dependency`` edges of ``task_edges``. NULL for mcprof's own
+graphs, and in files written before the column."""
 
 DISCARDS = TableSpec(
     name="discards",

@@ -171,6 +171,11 @@ class StoreWrites:
         """
         if tasks.num_rows == 0:
             raise StoreError("no task to write")
+        if "depends_on" not in tasks.column_names:  # mcprof's own graphs: waits and triggers
+            tasks = tasks.append_column(
+                TASKS.schema.field("depends_on"),
+                pa.nulls(tasks.num_rows, TASKS.schema.field("depends_on").type),
+            )
         return write_partition(self._location, TASKS, {"run_id": run_id}, tasks)
 
     def discard_writes(

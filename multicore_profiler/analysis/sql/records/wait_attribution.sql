@@ -9,6 +9,12 @@
 -- task graph, or whose releasing trigger was not recorded, has attributed = false and no
 -- producer: it is counted apart, not guessed. wait_ns and the latency are differences of
 -- rounded ns points (cycle_ns).
+-- A graph of recorded predecessors (task_dependencies) has no wait records: there, each
+-- compute record of a task with predecessors is a consumer, its wait the gap on its core
+-- before it (from its core's previous record's end, or from the invocation's first start
+-- for a core's first record, to its start), charged to its last-finishing predecessor
+-- (task_last_dependencies); event is NULL, waited says the predecessor ended after
+-- the gap began, and the release latency is the predecessor's end to the record's start.
 CREATE OR REPLACE VIEW wait_attribution AS
 SELECT
     w.run_id, w.step, w.rank, w.invocation_id, w.kernel_name, w.direction,
@@ -40,7 +46,38 @@ LEFT JOIN task_releases e
 LEFT JOIN tasks g
     ON g.run_id = e.run_id AND g.rank = e.rank AND g.config_id = i.config_id
     AND g.task_id = e.src_task_id
-WHERE w.phase = 'wait';
+WHERE w.phase = 'wait'
+UNION ALL
+SELECT
+    w.run_id, w.step, w.rank, w.invocation_id, w.kernel_name, w.direction,
+    w.core, w.core_type, w.block_id, w.record_index, w.task_id, w.stage, w.owner_id,
+    cycle_ns(w.start_cycle, i.anchor_cycle, i.frequency_hz)
+        - cycle_ns(gap.begin_cycle, i.anchor_cycle, i.frequency_hz),
+    true, NULL::INTEGER,
+    s.task_id, s.stage, s.owner_id, s.core, s.core_type, s.block_id, s.record_index,
+    h.src_end_cycle >= gap.begin_cycle,
+    CASE WHEN h.src_end_cycle >= gap.begin_cycle THEN
+        cycle_ns(w.start_cycle, i.anchor_cycle, i.frequency_hz)
+        - cycle_ns(h.src_end_cycle, i.anchor_cycle, i.frequency_hz) END
+FROM task_last_dependencies h
+JOIN invocations i
+    ON h.run_id = i.run_id AND h.rank = i.rank AND h.invocation_id = i.invocation_id
+    AND h.write_id = i.write_id
+JOIN records_ns w
+    ON w.run_id = h.run_id AND w.rank = h.rank AND w.invocation_id = h.invocation_id
+    AND w.core_type = h.core_type AND w.block_id = h.block_id
+    AND w.record_index = h.record_index
+JOIN records_ns s
+    ON s.run_id = h.run_id AND s.rank = h.rank AND s.invocation_id = h.invocation_id
+    AND s.core_type = h.src_core_type AND s.block_id = h.src_block_id
+    AND s.record_index = h.src_record_index
+CROSS JOIN LATERAL (
+    SELECT coalesce(h.previous_end_cycle, (
+        SELECT min(r.start_cycle) FROM aligned_records r
+        WHERE r.run_id = h.run_id AND r.rank = h.rank AND r.invocation_id = h.invocation_id
+            AND r.write_id = h.write_id
+    )) AS begin_cycle
+) gap;
 
 -- Who blocks whom, per run, kernel and direction: the waits of each consumer stage by the
 -- producer stage and core type that released them, with their total, median and 99th
