@@ -13,8 +13,9 @@
    the import and the file's size (the records stream: memory follows a chunk, not the file).
 4. What aligning per-core clocks costs mcprof's own records (which have none to align):
    ``core_breakdown`` and ``records_ns`` of a run of ``--own-records`` records as the store
-   serves them (through ``aligned_raw_records``) against the same views with that view
-   replaced by ``raw_records`` in the same cursor.
+   serves them (through ``aligned_raw_records``) to a cursor scoped to the run (as the
+   commands read) and to a query over the whole store, against the same views with that
+   view replaced by ``raw_records``, in the same cursor.
 
 Medians of ``--repeat`` interleaved repeats, with their spread [min-max].
 
@@ -111,7 +112,7 @@ def formats(root: Path, records: int, repeat: int) -> None:
         path = root / f"{name}{suffix}"
         count = packer.write_synthetic(path, int(records * scale))
         ours, plain = timed(
-            [lambda p=path, n=name: import_once(p, n), lambda p=path: packer.numpy_decode(p)],
+            [lambda p=path, n=name: import_once(p, n), lambda p=path, m=packer: m.numpy_decode(p)],
             repeat,
         )
         assert ours.result == count, (name, ours.result, count)
@@ -163,26 +164,37 @@ def producer_writer(root: Path, python: str | None, repeat: int) -> None:
 
 def alignment(root: Path, records: int, repeat: int) -> None:
     print("\n4. aligning per-core clocks, on mcprof's own records (nothing to align)")
-    aligned_sql = ALIGNED_SQL.read_text()
-    unaligned_sql = "CREATE OR REPLACE VIEW aligned_raw_records AS SELECT * FROM raw_records"
+    aligned = ALIGNED_SQL.read_text()
+    flag = "CREATE OR REPLACE TEMP MACRO _clock_offsets_present() AS {}"
+    variants = {
+        # what a command reads through: a cursor scoped to its runs, which knows none is
+        # anchored; a query over the whole store, which always joins; no alignment at all
+        "scoped": aligned + flag.format("false"),
+        "whole store": aligned + flag.format("true"),
+        "unaligned": "CREATE OR REPLACE VIEW aligned_raw_records AS SELECT * FROM raw_records",
+    }
     with open_store(root / "own") as store:
-        _, count = fill(store, records)
-        with store.reading(modules=("records.core_breakdown", "records.records_ns")) as con:
+        run_id, count = fill(store, records)
+        modules = ("records.core_breakdown", "records.records_ns")
+        with store.reading(modules=modules, runs=[run_id]) as con:
             for name, sql in QUERIES.items():
-                served, plain = [], []
+                seconds: dict[str, list[float]] = {v: [] for v in variants}
                 results = set()
                 for _ in range(repeat + 1):  # the first round warms the caches
-                    for views, seconds in ((aligned_sql, served), (unaligned_sql, plain)):
+                    for variant, views in variants.items():
                         con.execute(views)
                         began = time.perf_counter()
                         results.add(tuple(con.execute(sql).fetchall()))
-                        seconds.append(time.perf_counter() - began)
+                        seconds[variant].append(time.perf_counter() - began)
                 assert len(results) == 1, results
-                served, plain = served[1:], plain[1:]
+                timed_ = {v: s[1:] for v, s in seconds.items()}
                 print(
-                    f"   {name:<15} {count} records: served {spread(served, ' s')}, "
-                    f"unaligned {spread(plain, ' s')}, "
-                    f"ratio {spread(ratios(served, plain), 'x', 2)}"
+                    f"   {name} ({count} records): scoped {spread(timed_['scoped'], ' s')}, "
+                    f"whole store {spread(timed_['whole store'], ' s')}, "
+                    f"unaligned {spread(timed_['unaligned'], ' s')}; ratios to unaligned: "
+                    f"scoped {spread(ratios(timed_['scoped'], timed_['unaligned']), 'x', 2)}, "
+                    f"whole store "
+                    f"{spread(ratios(timed_['whole store'], timed_['unaligned']), 'x', 2)}"
                 )
 
 

@@ -7,16 +7,17 @@ decoded launches as a step of a run, ``export_trace`` for timelines of the store
 records as Chrome JSON or Perfetto protobuf (``export_chrome_trace`` and
 ``export_perfetto_trace`` for one format; ``RecordSelection``, ``open_timeline`` and
 ``Timeline`` underneath; ``chrome_trace_handler`` and ``perfetto_trace_handler`` for
-``on_trace_ready``), ``ingest_trace`` to load torch.profiler /
-kineto and torch_npu traces into the store, ``merge_chrome_traces`` to fuse a MegaKernel's
-tracks into such a trace, ``OuterKernelRules`` (alias ``KernelRules``) for the
-outer-kernel views of those traces (``Store.use_kernel_rules``), ``RunInfo``,
-``RunSelector`` (which runs a listing or comparison is about), ``analyze``, ``what_if``
-and ``speedup_curves`` (where a kernel's time goes: per-core breakdown, wait attribution,
-critical path, and what a faster stage would buy; ``Change`` for what-if changes), and
-``ProfileError``, the
-base of every error raised on bad input. Kernel authors find specs, RuntimeConfig and the
-launch hook in ``multicore_profiler.kernels``.
+``on_trace_ready``), ``ingest_trace`` to load torch.profiler / kineto and torch_npu
+traces into the store, ``import_profile`` for other intra-kernel profilers' files
+(Proton, FlashInfer, MPK, Triton-distributed, HazyResearch, simpler),
+``merge_chrome_traces`` to fuse a MegaKernel's tracks into such a trace,
+``OuterKernelRules`` (alias ``KernelRules``) for the outer-kernel views of those traces
+(``Store.use_kernel_rules``), ``RunInfo``, ``RunSelector`` (which runs a listing or
+comparison is about), ``analyze``, ``what_if`` and ``speedup_curves`` (where a kernel's
+time goes: per-core breakdown, wait attribution, critical path, and what a faster stage
+would buy; ``Change`` for what-if changes), and ``ProfileError``, the base of every
+error raised on bad input. Kernel authors find specs, RuntimeConfig and the launch hook
+in ``multicore_profiler.kernels``.
 
 The capture session needs torch, so it is imported on first use: reading stores and
 traces does not load torch.
@@ -41,6 +42,8 @@ from multicore_profiler.export.trace_formats import export_trace
 from multicore_profiler.fuse.merge import MergedTrace, merge_chrome_traces
 from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
+from multicore_profiler.ingest.imported import ImportedRun
+from multicore_profiler.ingest.imports import import_profile
 from multicore_profiler.ingest.outer_trace import TraceSource, ingest_trace
 from multicore_profiler.ingest.schedule import ProfilerAction, schedule
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
@@ -54,6 +57,7 @@ __all__ = [
     "CoreType",
     "DecodedBuffers",
     "ExportedTrace",
+    "ImportedRun",
     "KernelAnalysis",
     "KernelInfo",
     "KernelRules",
@@ -76,6 +80,7 @@ __all__ = [
     "export_chrome_trace",
     "export_perfetto_trace",
     "export_trace",
+    "import_profile",
     "ingest_buffers",
     "ingest_trace",
     "mega_kernel_profile",

@@ -557,8 +557,9 @@ def test_overlapping_records_move_to_a_sub_track(store: Store, tmp_path: Path) -
     summary = trace["megaKernelCycleTrace"]
     assert summary["subTracks"] == [{"pid": 0, "tid": 11002, "parentTid": 1002, "records": 1}]
     assert summary["warnings"] == [
-        "1 records overlapped an earlier record of their core (clock granularity) and were "
-        "moved to 1 sub-track(s)"
+        "1 records overlapped an earlier record of their core (clock granularity, or spans "
+        "another profiler records concurrently on one core: warps, units) and were moved to 1 "
+        "sub-track(s)"
     ]
 
 

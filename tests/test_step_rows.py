@@ -20,7 +20,7 @@ from multicore_profiler.ingest.step_rows import (
     step_tables,
 )
 from multicore_profiler.storage.partitions import conform
-from multicore_profiler.storage.schema import CORES, INVOCATIONS, RECORDS
+from multicore_profiler.storage.schema import CLOCK_COLUMNS, CORES, INVOCATIONS, RECORDS
 
 LAYOUT = BufferLayout(aic_slots=2, aiv_slots=2, aic_capacity=16, aiv_capacity=16)
 FIRST = pack(
@@ -53,7 +53,7 @@ KERNEL = KernelInfo(
     config_id="cfg-1",
 )
 LAUNCHES = Launches(rank=2, device=1, step=5, first_invocation_id=40, window_id=3)
-STORE_ADDED = {"write_id", "origin_write_id"}
+STORE_ADDED = {"write_id", "origin_write_id", *CLOCK_COLUMNS}
 
 
 def tables() -> tuple[pa.Table, pa.Table, pa.Table]:

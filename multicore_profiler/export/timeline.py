@@ -1389,7 +1389,8 @@ def _summary(
             )
         warnings.append(
             f"{len(moved[0])} records overlapped an earlier record of their core (clock "
-            f"granularity) and were moved to {len(sub_tracks)} sub-track(s)"
+            "granularity, or spans another profiler records concurrently on one core: warps, "
+            f"units) and were moved to {len(sub_tracks)} sub-track(s)"
         )
     if timeline.repeated:
         warnings.append(

@@ -74,7 +74,9 @@ class Launches:
         )
 
 
-_STORE_ADDED = ("write_id", "origin_write_id")
+_STORE_ADDED = ("write_id", "origin_write_id", *CLOCK_COLUMNS)
+"""What the store adds to a step's rows: the write's ids, and the cores' clock columns (null:
+the device's cores share one counter)."""
 
 
 def _rows_schema(spec: TableSpec) -> pa.Schema:
@@ -152,10 +154,7 @@ def step_tables(
         ids = table.set_column(0, "invocation_id", pa.array(invocation))
         return ids.add_column(0, "rank", pa.repeat(rank, table.num_rows))
 
-    cores = stamped(decoded.cores)
-    for name in CLOCK_COLUMNS:  # the device's cores share one counter: no clock offsets
-        cores = cores.append_column(name, pa.nulls(cores.num_rows, pa.int64()))
-    return invocations, cores, stamped(decoded.records)
+    return invocations, stamped(decoded.cores), stamped(decoded.records)
 
 
 def task_table(rank: int, configs: Sequence[RuntimeConfig]) -> pa.Table:

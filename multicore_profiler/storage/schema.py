@@ -341,6 +341,14 @@ msprof's ``step_trace_time`` rows and ``communication`` ops). A rank whose outpu
 those tables but no trace (msprof's simplified export) has a row with no events (form
 ``outputs``). Files written before these four columns existed read them as NULL."""
 
+OPTIONAL_COLUMNS = {
+    INVOCATIONS.name: ("producer", "producer_format", "clock_domain"),
+    CORES.name: CLOCK_COLUMNS,
+    TASKS.name: ("depends_on",),
+}
+"""Columns of imported producers' data that mcprof's own writers leave out: a writer's rows
+without them are written with them null (``StoreWrites``)."""
+
 TABLES = {
     spec.name: spec
     for spec in (RUNS, INVOCATIONS, CORES, RECORDS, TASKS, DISCARDS, TRACE_EVENTS, TRACE_SOURCES)

@@ -10,7 +10,7 @@ views and macros are installed with the first read, unless they are marked ``on_
 first query). A materialized module's tables are built on install and rebuilt when
 its ``freshness`` query says the data under them changed; a module with a ``Setting`` (the
 outer-kernel rules) is configured per store, and one with ``per_cursor`` set up again on each
-cursor that needs it.
+cursor scoped to runs that needs it.
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ class SqlModule:
     defines: tuple[str, ...] = ()
     on_demand: bool = False
     per_cursor: Callable[[duckdb.DuckDBPyConnection], None] | None = None
-    """Run on every cursor whose query needs the module, before its SQL: for what depends
-    on the data a cursor sees (a temporary macro that lets DuckDB prune a branch)."""
+    """Run on every cursor scoped to given runs whose query needs the module, before its
+    SQL: for what depends on the data such a cursor sees (a temporary macro that lets DuckDB
+    prune a branch). A cursor over the whole store reads only the files its query does, so
+    it gets no such setup."""
     names: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -177,10 +179,16 @@ class InstalledModules:
             self._installed.pop(dependent, None)
 
     def prepare(
-        self, con: duckdb.DuckDBPyConnection, query: str | None = None, modules: Sequence[str] = ()
+        self,
+        con: duckdb.DuckDBPyConnection,
+        query: str | None = None,
+        modules: Sequence[str] = (),
+        *,
+        scoped: bool = False,
     ) -> None:
         """Install, on ``con``, the eager modules, those ``query`` names and ``modules``,
-        each after what it needs; rebuild materialized tables whose data changed."""
+        each after what it needs; rebuild materialized tables whose data changed. A cursor
+        ``scoped`` to given runs also gets each such module's ``per_cursor`` setup."""
         wanted = {m.name for m in self._registry.eager() if m.name not in self._installed}
         if query is not None:
             wanted.update(m.name for m in self._registry.named_in(query))
@@ -192,7 +200,7 @@ class InstalledModules:
                 if module.freshness not in answers:
                     answers[module.freshness] = con.execute(module.freshness).fetchall()
                 fresh = answers[module.freshness]
-            if module.per_cursor is not None:
+            if scoped and module.per_cursor is not None:
                 module.per_cursor(con)
             if module.name not in self._installed:
                 if module.setting is not None:

@@ -402,7 +402,7 @@ class Store(Extensible, StoreWrites):
                         raise self._culprit(runs) or QueryError(
                             f"cannot read the store's files: {exc}"
                         ) from exc
-                    self._modules.prepare(cursor, query, modules)
+                    self._modules.prepare(cursor, query, modules, scoped=runs is not None)
                 yield cursor, datasets
             except (duckdb.Error, pa.ArrowException) as exc:
                 # Whoever reads through the cursor: a file that cannot be read is

@@ -26,6 +26,7 @@ from multicore_profiler.storage.schema import (
     CORES,
     DISCARDS,
     INVOCATIONS,
+    OPTIONAL_COLUMNS,
     RECORDS,
     RUNS,
     TASKS,
@@ -138,6 +139,7 @@ class StoreWrites:
         ):
             raise StoreError(f"a write id is a non-negative int64, got {write_id!r}")
         partition = {"run_id": run_id, "step": step}
+        cores = _completed(cores, CORES)
         for spec, table in ((RECORDS, records), (CORES, cores)):
             if table.num_rows:
                 write_partition(
@@ -147,7 +149,7 @@ class StoreWrites:
         if _has(invocations, "origin_write_id"):
             invocations = invocations.drop_columns(["origin_write_id"])
         rows = _insert(
-            _stamped(invocations, INVOCATIONS, write_id),
+            _stamped(_completed(invocations, INVOCATIONS), INVOCATIONS, write_id),
             INVOCATIONS,
             "origin_write_id",
             pa.nulls(invocations.num_rows, pa.int64()),
@@ -171,12 +173,7 @@ class StoreWrites:
         """
         if tasks.num_rows == 0:
             raise StoreError("no task to write")
-        if "depends_on" not in tasks.column_names:  # mcprof's own graphs: waits and triggers
-            tasks = tasks.append_column(
-                TASKS.schema.field("depends_on"),
-                pa.nulls(tasks.num_rows, TASKS.schema.field("depends_on").type),
-            )
-        return write_partition(self._location, TASKS, {"run_id": run_id}, tasks)
+        return write_partition(self._location, TASKS, {"run_id": run_id}, _completed(tasks, TASKS))
 
     def discard_writes(
         self,
@@ -234,6 +231,16 @@ class _Allowed:
 def _has(table: pa.Table, name: str) -> bool:
     """Whether ``table`` has a column ``name`` (without listing its names, 8 us a table)."""
     return bool(table.schema.get_all_field_indices(name))
+
+
+def _completed(table: pa.Table, spec: TableSpec) -> pa.Table:
+    """``table`` with the spec's ``OPTIONAL_COLUMNS`` it lacks, null, at the spec's places."""
+    for name in OPTIONAL_COLUMNS.get(spec.name, ()):
+        if not _has(table, name):
+            table = _insert(
+                table, spec, name, pa.nulls(table.num_rows, spec.schema.field(name).type)
+            )
+    return table
 
 
 def _stamped(table: pa.Table, spec: TableSpec, write_id: int) -> pa.Table:

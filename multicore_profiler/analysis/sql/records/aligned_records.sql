@@ -23,8 +23,10 @@ CASE WHEN offset_cycles IS NULL THEN cycle
 
 -- Whether any invocation the cursor sees has clock offsets. A constant, so that DuckDB drops
 -- the branch of aligned_raw_records that does not apply: records with nothing to align
--- cost no join. Each cursor that needs this module sets it as a temporary macro from the
--- invocations it sees (analysis/registry.py); where none did, the join always runs.
+-- cost no join. A cursor scoped to runs (what the commands read through) sets it as a
+-- temporary macro from the invocations of those runs (analysis/registry.py); a query over
+-- the whole store, which reads only the files its filters reach, keeps this default and
+-- always joins (the run filter reaches the offsets' files too).
 CREATE OR REPLACE MACRO _clock_offsets_present() AS true;
 
 -- raw_records with start_cycle and end_cycle on the invocation's common clock.
