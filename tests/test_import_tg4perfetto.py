@@ -308,6 +308,12 @@ def test_zero_slices_is_refused(tmp_path: Path) -> None:
         ImportFormatError, match=r"t\.perfetto-trace: the trace holds no slice or instant"
     ):
         from_trace(path, "flashinfer")
+    hand_trace(path, [("open", 10, "a")])
+    with pytest.raises(ImportFormatError, match="no slice of the trace ends, and it holds no"):
+        from_trace(path, "flashinfer")
+    hand_trace(path, [("open", 10, "a"), ("close", 20, "")])
+    with pytest.raises(ImportFormatError, match="read as flashinfer, mpk, triton-distributed, not"):
+        from_trace(path, "hazy")
 
 
 def test_several_groups_per_block_are_refused(tmp_path: Path) -> None:

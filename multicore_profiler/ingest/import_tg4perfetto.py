@@ -414,12 +414,18 @@ def _launch(
 ) -> ImportedInvocation:
     if not len(events.ts):
         raise ImportFormatError(f"{source}: the trace holds no slice or instant")
+    producers = {"flashinfer": _flashinfer, "mpk": _mpk, "triton-distributed": _triton}
+    if options.format not in producers:
+        raise ImportFormatError(
+            f"{source}: tg4perfetto traces are read as {', '.join(producers)}, not "
+            f"{options.format!r}"
+        )
     used = np.unique(events.track)
-    layout = {"flashinfer": _flashinfer, "mpk": _mpk, "triton-distributed": _triton}[
-        options.format
-    ](tracks, used, options, source)
+    layout = producers[options.format](tracks, used, options, source)
     spans, dropped_at = _pair(events, tracks, source)
     start, end, track, code = spans
+    if not len(start):
+        raise ImportFormatError(f"{source}: no slice of the trace ends, and it holds no instant")
     text = {**names.interned, **{-1 - i: t for t, i in names.inline.items()}}
     codes, inverse = np.unique(code, return_inverse=True)
     missing = [int(c) for c in codes if int(c) not in text]
