@@ -516,3 +516,31 @@ def test_blocks_of_the_file_read_as_one(tmp_path: Path, monkeypatch: pytest.Monk
     whole, _ = from_trace(path, "flashinfer")
     monkeypatch.setattr(import_tg4perfetto, "BLOCK_BYTES", 7)
     assert from_trace(path, "flashinfer")[0] == whole
+
+
+def test_crossing_spans_of_one_writer_pair_as_perfetto_shows_them(tmp_path: Path) -> None:
+    """prefill 10..30 and decode 20..40 cross on one writer: the raw buffer pairs them by
+    event; the trace's ends carry no event, so each closes the last open slice."""
+    buffer = pack(1, 1, {(0, 0): [
+        fi(BEGIN, 0, 0, 1, 10), fi(BEGIN, 1, 0, 1, 20), fi(END, 0, 0, 1, 30), fi(END, 1, 0, 1, 40),
+    ]})  # fmt: skip
+    flashinfer_trace(tmp_path / "t.perfetto-trace", buffer, EVENTS)
+    names = dict(enumerate(EVENTS))
+    records, _ = from_trace(tmp_path / "t.perfetto-trace", "flashinfer", names=names)
+    assert [(r[5], r[3], r[4]) for r in records] == [(0, 10, 40), (1, 20, 30)]
+    raw = from_raw(buffer, tmp_path, "flashinfer", names=names)
+    assert [(r[5], r[3], r[4]) for r in raw] == [(0, 10, 30), (1, 20, 40)]
+
+
+def test_triton_distributed_spans_across_a_wrap_are_refused(tmp_path: Path) -> None:
+    """Its exporter sorts by the raw start: the span after the wrap (raw 50..100) comes first
+    on the sub-track, the one before it (raw 2^32 - 500) next, 2^32 - 600 ns later."""
+    t = triton_tag
+    buffer = pack(1, 1, {(0, 0): [
+        (t(True, 1, 0), TOP - 500), (t(False, 1, 0), TOP - 400),
+        (t(True, 2, 0), 50), (t(False, 2, 0), 100),
+    ]}, block_sms={0: 3})  # fmt: skip
+    triton_trace(tmp_path / "t.perfetto-trace", buffer, TASKS)
+    at = byte_of(tmp_path / "t.perfetto-trace", 8)
+    with pytest.raises(ImportFormatError, match=rf"event at byte {at} follows .* by 4294966696 ns"):
+        from_trace(tmp_path / "t.perfetto-trace", "triton-distributed")
