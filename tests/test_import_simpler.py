@@ -25,6 +25,7 @@ from simpler_packer import (
 from multicore_profiler import open_store
 from multicore_profiler.analysis.analyze import analyze, speedup_curves, what_if
 from multicore_profiler.errors import AnalysisError, ImportFormatError
+from multicore_profiler.export.analysis_text import check_lines
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.ingest.import_simpler import read
 from multicore_profiler.ingest.imports import ImportOptions, import_profile
@@ -196,17 +197,30 @@ def test_v200_end_to_end_views_critical_path_wait_attribution_and_export(
     assert {e["id"] for e in starts} == {e["id"] for e in ends}
 
 
-def test_what_if_refuses_a_graph_of_recorded_dependencies(tmp_path: Path) -> None:
+def test_what_if_predicts_nothing_for_a_graph_of_recorded_dependencies(tmp_path: Path) -> None:
     store = open_store(tmp_path / "store")
     import_profile(store, [shared_fixture(V200)], format="simpler")
+    predicted = what_if(store, None, ["paged_proj__windowed*0.5"])
+    assert predicted.select(["faithful", "predicted_makespan_ns"]).to_pylist() == [
+        {"faithful": False, "predicted_makespan_ns": None}
+    ]
     with pytest.raises(AnalysisError, match=r"recorded dependency edges.*simpler"):
-        what_if(store, None, ["paged_proj__windowed*0.5"])
-    with pytest.raises(AnalysisError, match=r"what-if cannot replay run .* invocation 0"):
-        speedup_curves(store)
+        what_if(store, None, ["paged_proj__windowed*0.5"], strict=True)
+    curves = speedup_curves(store)
+    assert set(curves.column("predicted_makespan_ns").to_pylist()) == {None}
     analysis = analyze(store)  # the other analyses stand; the replay's figures are NULL
     bounds = analysis.invocations.select(["critical_path_ns", "static_bound_ns", "faithful"])
     assert bounds.to_pylist() == [
         {"critical_path_ns": 149_000, "static_bound_ns": None, "faithful": False}
+    ]
+    # analyze says why, and flags no unfaithful replay: there was none to make.
+    assert analysis.limits.column("reason").to_pylist() == ["dependency_graph"]
+    assert check_lines(analysis)[1:] == [
+        "replay fidelity: max error 0.00% over 0 invocation(s) (limit 5%)",
+        f"NOTE: run {analysis.limits['run_id'][0]}, simpler (simpler, 1 invocation(s)): the "
+        "producer recorded its task graph as dependency edges without wait or trigger records: "
+        "the critical path and blockers follow the edges, but the replay releases tasks only by "
+        "waits and triggers, so these invocations get no static bound and no what-if prediction",
     ]
 
 

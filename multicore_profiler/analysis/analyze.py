@@ -44,11 +44,22 @@ WITH selected AS (
     SEMI JOIN _analyzed USING (run_id, rank, invocation_id)
     WHERE i.producer IS NOT NULL
 ),
-waits AS (
+graphs AS (
+    SELECT s.run_id, s.rank, s.invocation_id, s.write_id
+    FROM selected s
+    WHERE EXISTS (
+        SELECT 1 FROM tasks g
+        WHERE g.run_id = s.run_id AND g.rank = s.rank AND g.config_id = s.config_id
+            AND g.depends_on IS NOT NULL
+    )
+),
+waits AS (  -- recorded waits, or the dependency edges the blockers follow instead
     SELECT DISTINCT run_id, rank, invocation_id, write_id
     FROM raw_records
     SEMI JOIN selected USING (run_id, rank, invocation_id, write_id)
     WHERE phase = 'wait'
+    UNION
+    SELECT * FROM graphs
 ),
 spreads AS (
     SELECT c.run_id, c.rank, c.invocation_id, c.write_id,
@@ -69,6 +80,9 @@ reasons AS (
     FROM selected s ANTI JOIN waits USING (run_id, rank, invocation_id, write_id)
     UNION ALL
     SELECT s.*, 'no_task_graph', NULL FROM selected s WHERE config_id IS NULL
+    UNION ALL
+    SELECT s.*, 'dependency_graph', NULL
+    FROM selected s SEMI JOIN graphs USING (run_id, rank, invocation_id, write_id)
 )
 SELECT
     run_id, kernel_name, producer, reason, count(*) AS invocations,
@@ -85,6 +99,10 @@ SELECT
             || 'released it (blockers) and the critical path crosses no wait'
         WHEN 'no_task_graph' THEN 'the producer recorded no task graph: no release edges, '
             || 'so the critical path follows each core''s own records'
+        WHEN 'dependency_graph' THEN 'the producer recorded its task graph as dependency '
+            || 'edges without wait or trigger records: the critical path and blockers follow '
+            || 'the edges, but the replay releases tasks only by waits and triggers, so these '
+            || 'invocations get no static bound and no what-if prediction'
     END AS note
 FROM reasons
 GROUP BY run_id, kernel_name, producer, reason
@@ -161,8 +179,8 @@ class KernelAnalysis:
     - ``critical_shares``: share of the selection's total makespan per kernel, stage and
       kind on the critical paths (the selection's ``bound_by``);
     - ``limits``: what the analyses cannot say of imported invocations (per run, kernel and
-      reason: their producer recorded no waits or no task graph, or counted on a clock per
-      core), in words (``note``).
+      reason: their producer recorded no waits, no task graph or one of dependency edges
+      alone, or counted on a clock per core), in words (``note``).
 
     ``what_if`` and ``speedup_curves`` replay the same invocations again, without reading
     the store.
