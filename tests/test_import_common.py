@@ -14,7 +14,7 @@ from multicore_profiler import export_chrome_trace
 from multicore_profiler.abi import CoreType
 from multicore_profiler.analysis.analyze import analyze
 from multicore_profiler.cli import main
-from multicore_profiler.errors import ArgumentError, ImportFormatError
+from multicore_profiler.errors import AnalysisError, ArgumentError, ImportFormatError
 from multicore_profiler.export.analysis_text import check_lines
 from multicore_profiler.ingest.imported import CoreClock, ImportedInvocation, write_imported
 from multicore_profiler.ingest.imports import import_profile
@@ -266,3 +266,25 @@ def test_the_command_names_a_missing_file(capsys: pytest.CaptureFixture[str], tm
         1,
         f"mcprof: error: {tmp_path / 't.mkprof'}: no such file\n",
     )
+
+
+def test_spans_that_overlap_on_a_core_get_no_replay(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two warps of SM 1 at once: the replay, chaining a core's records, cannot hold them.
+    warps = records([(1, 0, 100, 0, "compute"), (1, 50, 120, 1, "compute")])
+    write_imported(store, [launch(records=[warps], clock_domain="shared", clocks={})], run_id="w")
+    analysis = analyze(store)
+    (invocation,) = analysis.invocations.to_pylist()
+    assert (invocation["makespan_ns"], invocation["static_bound_ns"]) == (120, None)
+    assert analysis.limits.column("reason").to_pylist() == [
+        "no_task_graph",
+        "no_waits",
+        "overlapping_records",
+    ]
+    with pytest.raises(AnalysisError, match="no selected invocation can be replayed"):
+        analysis.speedup_curves()
+    assert main(["analyze", "--store", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "replay: no invocation could be replayed (the notes say why)\n" in out
+    assert "speed-up curves" not in out

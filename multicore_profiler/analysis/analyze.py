@@ -31,8 +31,46 @@ _MODULES = (
 )
 _SELECTED = "SEMI JOIN _analyzed USING (run_id, rank, invocation_id)"
 _COMPARABLE = "SEMI JOIN _comparable USING (run_id, rank, invocation_id)"
-"""The selected invocations whose cores' times can be compared: all but those whose
-producer counted on a clock per core with no anchor (``clock_domain`` ``per_core``)."""
+_REPLAYED = "SEMI JOIN _replayed USING (run_id, rank, invocation_id)"
+
+# _comparable: the selected invocations whose cores' times can be compared, all but those
+# whose producer counted on a clock per core with no anchor (clock_domain per_core).
+# _overlapping: imported invocations whose producer recorded spans that overlap on one core
+# (concurrent warps, groups or units), which the replay, chaining each core's records, and
+# its static bound cannot hold. _replayed: what the replay takes, the comparable ones less
+# those and those whose task graph is recorded dependency edges alone (no wait or trigger
+# records for the replay to release their tasks by).
+_REPLAY_SETS = """
+CREATE TEMP TABLE _comparable AS
+SELECT run_id, rank, invocation_id FROM _analyzed
+SEMI JOIN (SELECT * FROM invocations WHERE clock_domain IS DISTINCT FROM 'per_core')
+    USING (run_id, rank, invocation_id);
+CREATE TEMP TABLE _overlapping AS
+WITH imported AS (
+    SELECT run_id, rank, invocation_id, write_id FROM invocations
+    SEMI JOIN _comparable USING (run_id, rank, invocation_id)
+    WHERE producer IS NOT NULL
+),
+placed AS (
+    SELECT run_id, rank, invocation_id, start_cycle,
+        max(end_cycle) OVER (
+            PARTITION BY run_id, rank, invocation_id, write_id, core_type, block_id
+            ORDER BY record_index ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+        ) AS before_end
+    FROM aligned_raw_records
+    SEMI JOIN imported USING (run_id, rank, invocation_id, write_id)
+)
+SELECT DISTINCT run_id, rank, invocation_id FROM placed WHERE start_cycle < before_end;
+CREATE TEMP TABLE _replayed AS
+SELECT c.* FROM _comparable c
+ANTI JOIN _overlapping USING (run_id, rank, invocation_id)
+ANTI JOIN (
+    SELECT i.run_id, i.rank, i.invocation_id FROM invocations i
+    SEMI JOIN tasks g
+        ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
+        AND g.depends_on IS NOT NULL
+) USING (run_id, rank, invocation_id);
+"""
 
 # What the analyses cannot say of imported invocations, per run, kernel and reason: their
 # producer recorded no waits or no task graph, or counted on a clock per core.
@@ -83,6 +121,9 @@ reasons AS (
     UNION ALL
     SELECT s.*, 'dependency_graph', NULL
     FROM selected s SEMI JOIN graphs USING (run_id, rank, invocation_id, write_id)
+    UNION ALL
+    SELECT s.*, 'overlapping_records', NULL
+    FROM selected s SEMI JOIN _overlapping USING (run_id, rank, invocation_id)
 )
 SELECT
     run_id, kernel_name, producer, reason, count(*) AS invocations,
@@ -99,6 +140,10 @@ SELECT
             || 'released it (blockers) and the critical path crosses no wait'
         WHEN 'no_task_graph' THEN 'the producer recorded no task graph: no release edges, '
             || 'so the critical path follows each core''s own records'
+        WHEN 'overlapping_records' THEN 'the producer recorded spans that overlap on one '
+            || 'core (concurrent warps, groups or units): the replay, which runs a core''s '
+            || 'records one after another, and its static bound do not apply, so these '
+            || 'invocations get no static bound and no what-if prediction'
         WHEN 'dependency_graph' THEN 'the producer recorded its task graph as dependency '
             || 'edges without wait or trigger records: the critical path and blockers follow '
             || 'the edges, but the replay releases tasks only by waits and triggers, so these '
@@ -232,11 +277,7 @@ def _selected(
             raise AnalysisError(f"cannot read {resolved.described}: {exc}") from None
         if _fetch(con, "SELECT count(*) FROM _analyzed").column(0)[0].as_py() == 0:
             raise AnalysisError(f"no records match {resolved.described}")
-        con.execute(
-            "CREATE TEMP TABLE _comparable AS SELECT run_id, rank, invocation_id FROM _analyzed "
-            "SEMI JOIN (SELECT * FROM invocations WHERE clock_domain IS DISTINCT FROM 'per_core') "
-            "USING (run_id, rank, invocation_id)"
-        )
+        con.execute(_REPLAY_SETS)
         yield con, resolved.described
 
 
@@ -245,11 +286,11 @@ def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
 
 
 def _graph(con: duckdb.DuckDBPyConnection) -> replay.ReplayGraph | None:
-    """The replayable DAG of the selected invocations whose cores' times compare; None
-    where there is none (every one counted on a clock per core with no anchor)."""
-    if not _fetch(con, "SELECT count(*) FROM _comparable").column(0)[0].as_py():
+    """The replayable DAG of the selected invocations the replay can chain (``_replayed``);
+    None where there is none."""
+    if not _fetch(con, "SELECT count(*) FROM _replayed").column(0)[0].as_py():
         return None
-    return replay.prepare(_fetch(con, f"SELECT * FROM replay_records {_COMPARABLE}"))
+    return replay.prepare(_fetch(con, f"SELECT * FROM replay_records {_REPLAYED}"))
 
 
 def _replayable(graph: replay.ReplayGraph | None) -> replay.ReplayGraph:
@@ -257,7 +298,9 @@ def _replayable(graph: replay.ReplayGraph | None) -> replay.ReplayGraph:
     if graph is None:
         raise AnalysisError(
             "no selected invocation can be replayed: their cores counted on clocks of their "
-            "own with no anchor (clock domain per_core), so their times cannot be compared"
+            "own with no anchor (clock domain per_core), or their producer recorded spans "
+            "that overlap on one core or a task graph of dependency edges alone, which the "
+            "replay cannot chain or release (see analyze's notes)"
         )
     return graph
 

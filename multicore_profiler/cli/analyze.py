@@ -58,9 +58,9 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     report = AnalysisReport(
         analysis=analysis,
         what_ifs=tuple((c.text, analysis.what_if([c])) for c in args.what_if),
-        curves=analysis.speedup_curves(),
+        curves=None if analysis.graph is None else analysis.speedup_curves(),
     )
-    if args.plot is not None:
+    if args.plot is not None and report.curves is not None:
         from multicore_profiler.export.analysis_plot import plot_speedup_curves  # matplotlib
 
         print(f"mcprof: picture: {plot_speedup_curves(report.curves, args.plot)}", file=sys.stderr)

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from multicore_profiler.analysis.analyze import KernelAnalysis
 from multicore_profiler.analysis.replay import FIDELITY_LIMIT
@@ -83,11 +84,12 @@ FROM curves GROUP BY stage, speedup ORDER BY stage, speedup
 @dataclass(frozen=True)
 class AnalysisReport:
     """What ``mcprof analyze`` shows: ``analysis`` (``analyze``), one ``what_if`` table per
-    change, named by its text, in the order given, and the ``speedup_curves`` table."""
+    change, named by its text, in the order given, and the ``speedup_curves`` table (None
+    where no selected invocation can be replayed: ``analysis.limits`` says why)."""
 
     analysis: KernelAnalysis
     what_ifs: tuple[tuple[str, pa.Table], ...]
-    curves: pa.Table
+    curves: pa.Table | None
 
 
 def _query(sql: str, params: dict[str, Any] | None = None, **tables: pa.Table) -> pa.Table:
@@ -124,7 +126,8 @@ def summary_tables(report: AnalysisReport) -> dict[str, pa.Table]:
             _query(_WHAT_IF, {"change": change}, predicted=table)
             for change, table in report.what_ifs
         )
-    tables["speedup_curves"] = speedup_medians(report.curves)
+    if report.curves is not None:
+        tables["speedup_curves"] = speedup_medians(report.curves)
     return tables
 
 
@@ -149,9 +152,7 @@ def _unfaithful(invocations: pa.Table) -> list[dict[str, Any]]:
 def check_lines(analysis: KernelAnalysis) -> list[str]:
     """The tiling check and the replay's fidelity in words: a line each, and a flag line
     naming the invocations whose replay is not faithful (they get no prediction)."""
-    invocations = analysis.invocations.filter(
-        pa.compute.is_valid(analysis.invocations["path_tiles"])
-    )
+    invocations = analysis.invocations.filter(pc.is_valid(analysis.invocations["path_tiles"]))
     total = invocations.num_rows
     broken = _not_tiling(invocations)
     if broken:
@@ -164,24 +165,19 @@ def check_lines(analysis: KernelAnalysis) -> list[str]:
         )
     else:
         tiling = f"critical path: tiles the makespan of every invocation ({total} of {total})"
-    # Invocations of recorded dependency edges get no replay (their NOTE says why).
-    unreplayable = {
-        (row["run_id"], row["kernel_name"])
-        for row in analysis.limits.to_pylist()
-        if row["reason"] == "dependency_graph"
-    }
-    keys = zip(
-        invocations.column("run_id").to_pylist(),
-        invocations.column("kernel_name").to_pylist(),
-        strict=True,
-    )
-    replayed = invocations.filter(pa.array([key not in unreplayable for key in keys], pa.bool_()))
+    # Invocations the replay cannot take get none (analyze's notes say why).
+    replayed = invocations.filter(pc.is_valid(invocations["fidelity_error"]))
     errors = [e for e in replayed.column("fidelity_error").to_pylist() if e is not None]
     worst = max(errors, default=0.0)
+    fidelity = (
+        f"replay fidelity: max error {worst:.2%} over {replayed.num_rows} invocation(s) "
+        f"(limit {FIDELITY_LIMIT:.0%})"
+        if replayed.num_rows
+        else "replay: no invocation could be replayed (the notes say why)"
+    )
     lines = [
         tiling,
-        f"replay fidelity: max error {worst:.2%} over {replayed.num_rows} invocation(s) "
-        f"(limit {FIDELITY_LIMIT:.0%})",
+        fidelity,
     ]
     unfaithful = _unfaithful(replayed)
     if unfaithful:
@@ -352,7 +348,7 @@ def analysis_json(report: AnalysisReport) -> bytes:
             {"change": change, "invocations": table.to_pylist()}
             for change, table in report.what_ifs
         ],
-        "speedup_curves": report.curves.to_pylist(),
+        "speedup_curves": None if report.curves is None else report.curves.to_pylist(),
     }
     return orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n"
 
