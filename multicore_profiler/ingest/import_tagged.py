@@ -140,7 +140,13 @@ TAG_LAYOUTS = {
 
 def read(path: Path, options: ImportOptions) -> Iterator[ImportedInvocation]:
     """The one launch of a raw buffer saved as ``.npy``, ``.pt`` (a single tensor) or
-    little-endian ``.bin``."""
+    little-endian ``.bin``, or of the ``.perfetto-trace`` its producer wrote from one (told
+    apart by their content)."""
+    from multicore_profiler.ingest import import_tg4perfetto  # it builds on this module
+
+    if import_tg4perfetto.is_perfetto_trace(path):
+        yield from import_tg4perfetto.read_trace(path, options)
+        return
     yield decode(load_buffer(path), TAG_LAYOUTS[options.format], options, str(path))
 
 
