@@ -42,11 +42,12 @@ from multicore_profiler.ingest.imports import import_profile
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 FORMATS = {
-    # format: (packer module, file suffix, records scale: JSON files are slower to write)
-    "proton": ("proton_packer", ".bin", 1.0),
-    "flashinfer": ("tagged_packer", ".npy", 1.0),
-    "hazy": ("hazy_packer", ".mkprof", 1.0),
-    "simpler": ("simpler_packer", ".json", 0.1),
+    # what: (format, packer module, file suffix, records scale: text files are slow to write)
+    "proton buffer": ("proton", "proton_packer", ".bin", 1.0),
+    "flashinfer buffer": ("flashinfer", "tagged_packer", ".npy", 1.0),
+    "flashinfer trace": ("flashinfer", "tg4perfetto_packer", ".perfetto-trace", 0.1),
+    "hazy mkprof": ("hazy", "hazy_packer", ".mkprof", 1.0),
+    "simpler json": ("simpler", "simpler_packer", ".json", 0.1),
 }
 GOAL = 0.5
 ALIGNED_SQL = (
@@ -106,24 +107,29 @@ def import_once(path: Path, format_name: str) -> int:
 
 def formats(root: Path, records: int, repeat: int) -> None:
     print(f"1. import vs a plain numpy decode of the same file (goal >= {GOAL})")
-    print("format      records    ours records/s             plain decode records/s     ratio")
-    for name, (module, suffix, scale) in FORMATS.items():
+    print(
+        "file                records    ours records/s             plain decode records/s     ratio"
+    )
+    for what, (format_name, module, suffix, scale) in FORMATS.items():
         packer = importlib.import_module(module)
-        path = root / f"{name}{suffix}"
+        path = root / f"{what.replace(' ', '-')}{suffix}"
         count = packer.write_synthetic(path, int(records * scale))
         ours, plain = timed(
-            [lambda p=path, n=name: import_once(p, n), lambda p=path, m=packer: m.numpy_decode(p)],
+            [
+                lambda p=path, f=format_name: import_once(p, f),
+                lambda p=path, m=packer: m.numpy_decode(p),
+            ],
             repeat,
         )
-        assert ours.result == count, (name, ours.result, count)
+        assert ours.result == count, (what, ours.result, count)
         ours_rate = [count / s for s in ours.seconds]
         plain_rate = [count / s for s in plain.seconds]
         print(
-            f"{name:<11} {count:>8}   {spread([r / 1e6 for r in ours_rate], ' M/s'):<26} "
+            f"{what:<18} {count:>8}   {spread([r / 1e6 for r in ours_rate], ' M/s'):<26} "
             f"{spread([r / 1e6 for r in plain_rate], ' M/s'):<26} "
             f"{spread(ratios(ours_rate, plain_rate), 'x', 2)}"
         )
-        rss(path, name)
+        rss(path, format_name)
 
 
 def rss(path: Path, name: str) -> None:
@@ -133,14 +139,14 @@ def rss(path: Path, name: str) -> None:
     )
     before, after = (int(v) / 1024 for v in done.stdout.split())
     print(
-        f"{'':<11} peak RSS {after:.0f} MiB (started at {before:.0f} MiB) for a "
+        f"{'':<18} peak RSS {after:.0f} MiB (started at {before:.0f} MiB) for a "
         f"{path.stat().st_size / 2**20:.0f} MiB file"
     )
 
 
 def producer_writer(root: Path, python: str | None, repeat: int) -> None:
     print("\n2. FlashInfer: the producer's own Perfetto writer (tg4perfetto) on the same buffer")
-    path = root / "flashinfer.npy"
+    path = root / "flashinfer-buffer.npy"
     if python is None:
         print("   not measured: give --tg4perfetto-python (an interpreter with tg4perfetto)")
         return
@@ -156,9 +162,12 @@ def producer_writer(root: Path, python: str | None, repeat: int) -> None:
         theirs.append(int(events) / float(seconds))
     imported = timed([lambda: import_once(path, "flashinfer")], repeat)[0]
     ours = [imported.result / s for s in imported.seconds]
+    events = [2 * r for r in ours]  # a record is a begin and an end event of the buffer
     print(
         f"   tg4perfetto {spread([r / 1e6 for r in theirs], ' M events/s')}, "
-        f"ours {spread([r / 1e6 for r in ours], ' M records/s')} (a record is a begin and an end)"
+        f"ours {spread([r / 1e6 for r in events], ' M events/s')}: "
+        f"{spread(ratios(events, theirs), 'x', 1)} (not interleaved: theirs runs in another "
+        "interpreter)"
     )
 
 
