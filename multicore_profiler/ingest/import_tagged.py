@@ -32,8 +32,9 @@ from multicore_profiler.abi import DESC_TRIGGER_EVENT, DESC_WAIT_DEPENDENCY, Cor
 from multicore_profiler.errors import DroppedRecordsWarning, ImportFormatError
 from multicore_profiler.ingest.imported import ImportedInvocation
 from multicore_profiler.ingest.imports import ImportOptions
+from multicore_profiler.ingest.mapped_file import MappedFile
 
-CHUNK_ROWS = 1 << 20
+CHUNK_ROWS = 1 << 18
 WRAP = 1 << 32
 """The period of ``globaltimer_lo``, in ns (4.29 s)."""
 AMBIGUOUS_STEP = 1 << 31
@@ -141,15 +142,21 @@ TAG_LAYOUTS = {
 def read(path: Path, options: ImportOptions) -> Iterator[ImportedInvocation]:
     """The one launch of a raw buffer saved as ``.npy``, ``.pt`` (a single tensor) or
     little-endian ``.bin``."""
-    yield decode(load_buffer(path), TAG_LAYOUTS[options.format], options, str(path))
+    slots, mapped = load_buffer(path)
+    yield decode(slots, TAG_LAYOUTS[options.format], options, str(path), mapped)
 
 
-def load_buffer(path: Path) -> np.ndarray:
-    """The buffer's slots as little-endian ``uint64`` (memory-mapped where the file allows)."""
+def load_buffer(path: Path) -> tuple[np.ndarray, MappedFile | None]:
+    """The buffer's slots as little-endian ``uint64``, and the map they are a view of
+    where the file allows one (its pages are released after each batch of writers)."""
     suffix = path.suffix.lower()
+    mapped = None
     try:
         if suffix == ".npy":
             array = np.load(path, mmap_mode="r", allow_pickle=False)
+            if array.size and array.flags.c_contiguous:
+                mapped = MappedFile(path)
+                array = mapped.array(array.dtype, array.offset, array.size)
         elif suffix == ".pt":
             array = _load_torch(path)
         elif suffix == ".bin":
@@ -161,7 +168,8 @@ def load_buffer(path: Path) -> np.ndarray:
                 )
             if not size:
                 raise ImportFormatError(f"{path}: the file is empty")
-            array = np.memmap(path, dtype="<u8", mode="r")
+            mapped = MappedFile(path)
+            array = mapped.array("<u8")
         else:
             raise ImportFormatError(
                 f"{path}: a raw profile buffer must be saved as .npy, .pt or .bin"
@@ -171,7 +179,9 @@ def load_buffer(path: Path) -> np.ndarray:
     if array.dtype.kind not in "iu" or array.dtype.itemsize != 8:
         raise ImportFormatError(f"{path}: the buffer holds {array.dtype}, not 64-bit slots")
     flat = array.reshape(-1)
-    return flat.astype("<u8") if flat.dtype.byteorder == ">" else flat.view("<u8")
+    if flat.dtype.byteorder == ">":
+        return flat.astype("<u8"), None
+    return flat.view("<u8"), mapped
 
 
 def _load_torch(path: Path) -> np.ndarray:
@@ -240,10 +250,15 @@ class _Spans:
 
 
 def decode(
-    slots: np.ndarray, layout: TagLayout, options: ImportOptions, source: str
+    slots: np.ndarray,
+    layout: TagLayout,
+    options: ImportOptions,
+    source: str,
+    mapped: MappedFile | None = None,
 ) -> ImportedInvocation:
     """One launch from a buffer's slots, decoded by ``layout``: every check runs over all
-    writers (a batch at a time) before any record is handed over."""
+    writers (a batch at a time) before any record is handed over. ``mapped``: the map
+    ``slots`` views, whose pages are released after each batch."""
     header = _header(slots, layout, source)
     aux = _aux_types(layout, options)
     rows = -(-(header.length - header.first) // header.writers)
@@ -255,26 +270,27 @@ def decode(
     dropped: dict[tuple[int, int], int] = {}
     for batch in batches:
         spans = _spans(slots, header, layout, aux, batch, source)
+        if mapped is not None:
+            mapped.release()
         cores.append(spans.columns["block_id"])
         starts.append(spans.columns["start_cycle"])
         descs.append(spans.columns["desc_id"])
         tasks.append(spans.tasks)
         events.append(np.unique(spans.events))
         dropped.update(spans.dropped)
+    # Each whole-launch array is freed as soon as it is used: they are the import's
+    # memory (about 40 bytes a span), besides one batch.
     start = np.concatenate(starts)
+    starts.clear()
     if not len(start):
         raise ImportFormatError(f"{source}: the buffer holds no record")
     low = int(start.min())
     shift = (header.reference + low) % WRAP - low
     in_time = np.argsort(start, kind="stable")  # ties: writer, then record order
-    del start, starts
-    core = np.concatenate(cores)
-    order = in_time[np.argsort(_dense(core)[in_time], kind="stable")]  # one core type
-    record_index = _numbered(core[order], order)
-    del core, cores, order
-    desc = np.concatenate(descs)
-    stage_index = _numbered(desc[in_time], in_time, _dense(desc)[in_time])
-    del desc, descs, in_time
+    del start
+    record_index = _numbered(_joined(cores), in_time)  # one core type
+    stage_index = _numbered(_joined(descs), in_time)
+    del in_time
     if dropped:
         warnings.warn(
             f"{source}: {sum(dropped.values())} begins lost their end: their writers filled "
@@ -287,6 +303,8 @@ def decode(
         done, task_base = 0, 0
         for batch, batch_tasks in zip(batches, tasks, strict=True):
             columns = _spans(slots, header, layout, aux, batch, source).columns
+            if mapped is not None:
+                mapped.release()
             count = len(columns["start_cycle"])
             columns["start_cycle"] += shift
             columns["end_cycle"] += shift
@@ -667,24 +685,29 @@ def _next_task(writer: np.ndarray, is_aux: np.ndarray) -> np.ndarray:
     return task
 
 
-def _dense(values: np.ndarray) -> np.ndarray:
-    """Small non-negative integers in the order of ``values`` (16 bits where they fit, so
-    that numpy's stable sort is a radix sort)."""
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts as one array; the list is emptied, so that only the result holds them."""
+    joined = np.concatenate(parts)
+    parts.clear()
+    return joined
+
+
+def _numbered(values: np.ndarray, in_time: np.ndarray) -> np.ndarray:
+    """Each row's number among the rows of its value, in the order ``in_time``."""
     present = np.unique(values)
-    dense = np.searchsorted(present, values)
-    return dense.astype(np.uint16 if len(present) <= 1 << 16 else np.uint32)
-
-
-def _numbered(grouped: np.ndarray, order: np.ndarray, key: np.ndarray | None = None) -> np.ndarray:
-    """Each row's number within its group: ``grouped`` holds the rows in ``order``, a group's
-    rows contiguous where ``key`` is None, else in the order of a stable sort by ``key``."""
-    if key is not None:
-        by_key = np.argsort(key, kind="stable")
-        grouped, order = grouped[by_key], order[by_key]
-    position = np.arange(len(order))
-    new = np.concatenate(([True], grouped[1:] != grouped[:-1]))
+    # Small non-negative integers (16 bits where they fit, so that numpy's stable sort is
+    # a radix sort) in the order of ``values``.
+    dense = np.searchsorted(present, values).astype(
+        np.uint16 if len(present) <= 1 << 16 else np.uint32
+    )
+    del values
+    sizes = np.bincount(dense, minlength=len(present))
+    order = in_time[np.argsort(dense[in_time], kind="stable")]  # by value, then in time
+    del dense
+    ranks = np.arange(len(order), dtype=np.uint32)
+    ranks -= np.repeat((np.cumsum(sizes) - sizes).astype(np.uint32), sizes)
     numbers = np.empty(len(order), dtype=np.uint32)
-    numbers[order] = position - np.maximum.accumulate(np.where(new, position, 0))
+    numbers[order] = ranks
     return numbers
 
 
