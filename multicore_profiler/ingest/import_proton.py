@@ -6,7 +6,8 @@ circular segment, plus a per-CTA header with ``globaltimer`` anchors (init, pre-
 post-final ns). Two artefacts carry them; ``read`` tells them apart by their content:
 
 - the **host buffer** (``InstrumentationHook.host_buffer``, the test/debug hook): every
-  entry and every anchor, raw. It is read a group of SMs at a time from a memory map;
+  entry and every anchor, raw. It is read a group of SMs at a time from a memory map
+  whose pages are released after each group;
 - the **chrome trace** (``<name>.chrome_trace``, ``StreamChromeTraceWriter``): one ``X``
   event per scope instance, its cycles made relative to its CTA's first record and placed
   by the CTA's init time, as Proton's viewer shows them. It is read in chunks by the trace
@@ -43,6 +44,7 @@ from multicore_profiler.errors import (
     TraceFormatError,
 )
 from multicore_profiler.ingest.imported import RECORD_COLUMNS, CoreClock, ImportedInvocation
+from multicore_profiler.ingest.mapped_file import MappedFile
 from multicore_profiler.ingest.trace_reader import EventBlock, field_name, read_trace
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ CLOCK_BITS = 43
 CLOCK_MODULUS = 1 << CLOCK_BITS
 NAMED_SCOPES_FROM = 0x100
 """The first desc id given to a scope that a chrome trace names without its id."""
-CHUNK_ENTRIES = 1 << 21
+CHUNK_ENTRIES = 1 << 19
 """Entries decoded at once (whole SMs: an SM's CTAs share its counter and its records'
 order); a chunk's records are at most half as many."""
 CHROME_ARGS = (
@@ -127,7 +129,8 @@ class _HostBuffer:
 
     path: Path
     blocks: np.ndarray
-    """``(block_num, scratch_mem_size)`` bytes (a memory map)."""
+    """``(block_num, scratch_mem_size)`` bytes (a view of ``mapped``)."""
+    mapped: MappedFile
     blocks_at: int
     """The file offset of block 0."""
     device_type: int
@@ -178,7 +181,8 @@ def _open_buffer(path: Path) -> _HostBuffer:
         raise ImportFormatError(
             f"{path}: truncated: {size} bytes hold no Proton host header ({4 * HOST_FIELDS})"
         )
-    mapped = np.memmap(path, np.uint8, "r")
+    mapping = MappedFile(path)
+    mapped = mapping.array(np.uint8)
     fields = mapped[: 4 * HOST_FIELDS].view("<u4").astype(np.int64)
     (version, header_offset, header_size, payload_offset, payload_size, device_type) = (
         int(v) for v in fields[:6]
@@ -234,8 +238,9 @@ def _open_buffer(path: Path) -> _HostBuffer:
     counts = head[:, 40:meta].view("<u4").astype(np.int64)[:, uids]
     preamble = words[:, 0]
     odd = np.flatnonzero((preamble != 0) & (preamble != PREAMBLE))
+    mapping.release()
     buffer = _HostBuffer(
-        path, blocks, payload_offset, device_type, total_unit, uids, 0,
+        path, blocks, mapping, payload_offset, device_type, total_unit, uids, 0,
         np.flatnonzero(preamble == PREAMBLE), words[:, 1], words[:, 2], times[:, 0],
         times[:, 1], counts,
     )  # fmt: skip
@@ -338,6 +343,7 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
     data = np.ascontiguousarray(
         buffer.blocks[block_ids, buffer.meta : buffer.meta + buffer.data_bytes]
     )
+    buffer.mapped.release()  # copied: the file's pages need not stay in memory
     words = data.view("<u4").reshape(-1, 2)
     warps = np.repeat(np.arange(kept.size), kept)
     position = np.arange(warps.size) - np.repeat(np.cumsum(kept) - kept, kept)
