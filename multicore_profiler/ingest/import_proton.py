@@ -69,6 +69,8 @@ NAMED_SCOPES_FROM = 0x100
 CHUNK_ENTRIES = 1 << 19
 """Entries decoded at once (whole SMs: an SM's CTAs share its counter and its records'
 order); a chunk's records are at most half as many."""
+HEAD_READ_BYTES = 16 << 20
+"""The blocks whose CTA headers are read between two releases of the map's pages."""
 CHROME_ARGS = (
     "Init Time (ns)",
     "Post Final Time (ns)",
@@ -233,13 +235,17 @@ def _open_buffer(path: Path) -> _HostBuffer:
     blocks = mapped[payload_offset : payload_offset + block_num * scratch].reshape(
         block_num, scratch
     )
-    head = np.ascontiguousarray(blocks[:, :meta])
+    head = np.empty((block_num, meta), np.uint8)
+    # A header's read maps the pages around it too: a batch of blocks at a time, released.
+    step = max(1, HEAD_READ_BYTES // scratch)
+    for at in range(0, block_num, step):
+        head[at : at + step] = blocks[at : at + step, :meta]
+        mapping.release()
     words = head[:, :16].view("<u4").astype(np.int64)
     times = head[:, 16:40].view("<u8").astype(np.int64)
     counts = head[:, 40:meta].view("<u4").astype(np.int64)[:, uids]
     preamble = words[:, 0]
     odd = np.flatnonzero((preamble != 0) & (preamble != PREAMBLE))
-    mapping.release()
     buffer = _HostBuffer(
         path, blocks, mapping, payload_offset, device_type, total_unit, uids, 0,
         np.flatnonzero(preamble == PREAMBLE), words[:, 1], words[:, 2], times[:, 0],
