@@ -21,7 +21,7 @@ A refused buffer is refused before any record is handed over.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,8 @@ from multicore_profiler.ingest.imports import ImportOptions
 from multicore_profiler.ingest.mapped_file import MappedFile
 
 CHUNK_ROWS = 1 << 18
+GATHER_BYTES = 16 << 20
+"""The buffer's rows read between two releases of its map's pages."""
 WRAP = 1 << 32
 """The period of ``globaltimer_lo``, in ns (4.29 s)."""
 AMBIGUOUS_STEP = 1 << 31
@@ -260,6 +262,7 @@ def decode(
     writers (a batch at a time) before any record is handed over. ``mapped``: the map
     ``slots`` views, whose pages are released after each batch."""
     header = _header(slots, layout, source)
+    release = mapped.release if mapped is not None else lambda: None
     aux = _aux_types(layout, options)
     rows = -(-(header.length - header.first) // header.writers)
     per_batch = max(1, 2 * CHUNK_ROWS // rows)
@@ -269,9 +272,7 @@ def decode(
     cores, starts, descs, tasks, events = [], [], [], [], []
     dropped: dict[tuple[int, int], int] = {}
     for batch in batches:
-        spans = _spans(slots, header, layout, aux, batch, source)
-        if mapped is not None:
-            mapped.release()
+        spans = _spans(slots, header, layout, aux, batch, source, release)
         cores.append(spans.columns["block_id"])
         starts.append(spans.columns["start_cycle"])
         descs.append(spans.columns["desc_id"])
@@ -302,9 +303,7 @@ def decode(
     def records() -> Iterator[pa.Table]:
         done, task_base = 0, 0
         for batch, batch_tasks in zip(batches, tasks, strict=True):
-            columns = _spans(slots, header, layout, aux, batch, source).columns
-            if mapped is not None:
-                mapped.release()
+            columns = _spans(slots, header, layout, aux, batch, source, release).columns
             count = len(columns["start_cycle"])
             columns["start_cycle"] += shift
             columns["end_cycle"] += shift
@@ -370,10 +369,11 @@ def _spans(
     aux: dict[str, int],
     batch: range,
     source: str,
+    release: Callable[[], None],
 ) -> _Spans:
     """The spans of writer columns ``batch``, checked."""
     writers, first, ngroups = header.writers, header.first, header.ngroups
-    records = _written(slots[first:], header, layout, batch, source)
+    records = _written(slots[first:], header, layout, batch, source, release)
 
     def field(spec: tuple[int, int]) -> np.ndarray:
         return (records.tag >> np.uint32(spec[0])) & np.uint32(spec[1])
@@ -436,16 +436,27 @@ def _block_sms(slots: np.ndarray, nblocks: int, source: str) -> np.ndarray:
 
 
 def _written(
-    data: np.ndarray, header: _Header, layout: TagLayout, columns: range, source: str
+    data: np.ndarray,
+    header: _Header,
+    layout: TagLayout,
+    columns: range,
+    source: str,
+    release: Callable[[], None],
 ) -> _Records:
     """The records of writer ``columns`` (each a prefix of its column), times unwrapped
-    relative to the launch's reference."""
+    relative to the launch's reference. A batch's columns cross every row of the buffer:
+    they are gathered ``GATHER_BYTES`` of rows at a time, the map's pages released after
+    each (``release``), so that memory holds those rows, not the file."""
     writers, first = header.writers, header.first
     rows = -(-len(data) // writers)
     where = np.arange(rows)[:, None] * writers + np.arange(columns.start, columns.stop)[None, :]
     inside = where < len(data)
     values = np.zeros(where.shape, dtype=np.uint64)
-    values[inside] = data[where[inside]]
+    step = max(1, GATHER_BYTES // (8 * writers))
+    for at in range(0, rows, step):
+        part = slice(at, at + step)
+        values[part][inside[part]] = data[where[part][inside[part]]]
+        release()
     occupied = values != 0
     if layout.meta_slots:
         occupied &= values != np.uint64(EMPTY_TRITON)
