@@ -294,3 +294,32 @@ def numpy_decode(path: str | Path) -> dict[str, np.ndarray]:
         "scope": ((word0 >> 23) & 0xFF).astype(np.uint8),
         "cycle": ((word0 & 0x7FF).astype(np.uint64) << 32) | word1,
     }
+
+
+def write_synthetic_chrome(path: str | Path, records: int) -> int:
+    """A ``.chrome_trace`` of about ``records`` scope events as Proton's writer lays them
+    out (one kernel; CTAs of 4 warps, two waves on 132 SMs; each CTA's first event at its
+    init time less the earliest init), written a CTA at a time; returns the events."""
+    per_warp = 256
+    ctas = max(1, -(-records // (per_warp * SYNTHETIC_WARPS)))
+    k = np.arange(per_warp)
+    with open(path, "w") as file:
+        file.write('{"displayTimeUnit":"ns","traceEvents":[')
+        for cta in range(ctas):
+            hw, wave = cta % SYNTHETIC_SMS, cta // SYNTHETIC_SMS
+            init = 10**12 + wave * 10**6 + hw * 7
+            post, final = init + 10**6 - 100, 50
+            lines = []
+            for warp in range(SYNTHETIC_WARPS):
+                starts = (init - 10**12) + warp + 100 * k
+                lines.extend(
+                    f'{{"args":{{"Finalization Time (ns)":{final},"Frequency (MHz)":1000.0,'
+                    f'"Init Time (ns)":{init},"Post Final Time (ns)":{post},"call_stack":[]}},'
+                    f'"cat":"kern","cname":"good","dur":0.05,"name":"scope_{s}","ph":"X",'
+                    f'"pid":"kern Core{hw} CTA{cta}","tid":"warp {warp} (line 0)",'
+                    f'"ts":{t / 1000.0}}}'
+                    for s, t in zip((k % 3).tolist(), starts.tolist(), strict=True)
+                )
+            file.write(("," if cta else "") + ",".join(lines))
+        file.write("]}\n")
+    return ctas * SYNTHETIC_WARPS * per_warp

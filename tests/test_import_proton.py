@@ -24,6 +24,7 @@ from tests.proton_packer import (
     pack_buffer,
     scopes,
     write_synthetic,
+    write_synthetic_chrome,
 )
 from tests.shared_fixtures import shared_fixture
 
@@ -512,3 +513,28 @@ def test_the_synthetic_buffer_decodes_as_the_numpy_baseline(tmp_path: Path) -> N
     assert launch.dropped == {}
     begins = np.sort(baseline["cycle"][~baseline["end"]])
     assert np.array_equal(np.sort(table["start_cycle"].to_numpy()), begins)
+
+
+def test_a_chrome_trace_read_a_few_sms_at_a_time_gives_the_same_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 3 CTAs x 4 warps x 256 scope events on SMs 0, 1, 2; whole SMs per chunk.
+    from multicore_profiler.ingest import import_proton
+
+    path = tmp_path / "big.chrome_trace"
+    assert write_synthetic_chrome(path, 3000) == 3072
+    (whole,) = launches(path)
+    expected = pa.concat_tables(list(whole.records))
+    monkeypatch.setattr(import_proton, "CHUNK_ENTRIES", 2)
+    (launch,) = launches(path)
+    chunks = list(launch.records)
+    assert [(c["block_id"][0].as_py(), c.num_rows) for c in chunks] == [(0, 1024), (1, 1024),
+                                                                       (2, 1024)]  # fmt: skip
+    assert pa.concat_tables(chunks).equals(expected)
+    assert launch.clocks == whole.clocks
+    # Each SM's records are numbered 0.. in time order; each warp's scope_0 events 0..85.
+    assert expected["record_index"].to_pylist() == list(range(1024)) * 3
+    first = expected.filter(pa.compute.equal(expected["owner_id"], 0))
+    assert first.filter(pa.compute.equal(first["desc_id"], 0))["stage_task_index"].to_pylist() == (
+        list(range(86))
+    )

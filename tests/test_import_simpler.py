@@ -434,3 +434,40 @@ def test_synthetic_file_decodes_the_same_by_the_baseline_and_the_importer(tmp_pa
     assert all(
         np.all(np.array(v)[1:, 0] > np.array(v)[:-1, 1]) for v in map(sorted, by_core.values())
     )
+
+
+def test_raw_rows_read_in_small_chunks_give_the_same_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rows are decoded a chunk of text at a time; cuts after every few rows (and rows as
+    # u64 strings, pretty-printed) change nothing.
+    from multicore_profiler.ingest import import_simpler
+
+    path = tmp_path / "big.json"
+    write_synthetic(path, 300)
+    document = json.loads(path.read_text())
+    document["aicore_tasks"] = [[str(v) for v in row] for row in document["aicore_tasks"]]
+    pretty = write_json(tmp_path / "pretty.json", None)
+    pretty.write_text(json.dumps(document, indent=1))
+    whole = [records_of(launch) for launch in launches(path)]
+    monkeypatch.setattr(import_simpler, "ROWS_CHUNK_BYTES", 40)
+    for file in (path, pretty):  # streamed, not read whole
+        streamed = import_simpler._streamed_records(file, "f", ImportOptions(format="simpler"))
+        assert streamed is not None
+        assert streamed[2].shape == (300, 7)
+    assert [records_of(launch) for launch in launches(path)] == whole
+    assert [records_of(launch) for launch in launches(pretty)] == whole
+    monkeypatch.setattr(import_simpler, "ROWS_CHUNK_BYTES", 1)  # one row's text grows it
+    assert [records_of(launch) for launch in launches(pretty)] == whole
+
+
+def test_raw_rows_of_another_width_in_a_later_chunk_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from multicore_profiler.ingest import import_simpler
+
+    rows = [[0, 5, 7, 100, 200]] * 3 + [[0, 5, 8, 300, 400, 0]]
+    path = write_json(tmp_path / "r.json", records_document(CORES, rows))
+    monkeypatch.setattr(import_simpler, "ROWS_CHUNK_BYTES", 20)
+    with pytest.raises(ImportFormatError, match=r"5, 6 or 7 columns, found \[5, 6\]"):
+        launches(path)

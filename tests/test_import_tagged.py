@@ -504,6 +504,7 @@ def test_writer_batches_decode_as_one(
     path = save(tmp_path, make())  # type: ignore[operator]
     whole, launch = rows(path, format, names=names)
     monkeypatch.setattr(import_tagged, "CHUNK_ROWS", 1)
+    monkeypatch.setattr(import_tagged, "GATHER_BYTES", 1)  # and one row read at a time
     batched, batched_launch = rows(path, format, names=names)
     assert batched == whole
     assert (batched_launch.anchor_cycle, batched_launch.stage_names) == (

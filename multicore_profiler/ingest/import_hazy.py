@@ -602,7 +602,10 @@ def _read_mkprof(path: Path, options: ImportOptions) -> Iterator[ImportedInvocat
     for gpu in range(gpus):
         where = f"{path} (GPU {gpu})"
         spans = arrays.spans(gpu * sms, (gpu + 1) * sms)
-        opcodes = np.unique(np.concatenate([arrays.words(lo, hi)[:, 0] for lo, hi in spans]))
+        # Each span's distinct opcodes, not its words: a column view would hold them all.
+        opcodes = np.unique(
+            np.concatenate([np.unique(arrays.words(lo, hi)[:, 0]) for lo, hi in spans])
+        )
         yield _invocation(
             where,
             options,

@@ -6,7 +6,8 @@ circular segment, plus a per-CTA header with ``globaltimer`` anchors (init, pre-
 post-final ns). Two artefacts carry them; ``read`` tells them apart by their content:
 
 - the **host buffer** (``InstrumentationHook.host_buffer``, the test/debug hook): every
-  entry and every anchor, raw. It is read a group of SMs at a time from a memory map;
+  entry and every anchor, raw. It is read a group of SMs at a time from a memory map
+  whose pages are released after each group;
 - the **chrome trace** (``<name>.chrome_trace``, ``StreamChromeTraceWriter``): one ``X``
   event per scope instance, its cycles made relative to its CTA's first record and placed
   by the CTA's init time, as Proton's viewer shows them. It is read in chunks by the trace
@@ -28,6 +29,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +45,7 @@ from multicore_profiler.errors import (
     TraceFormatError,
 )
 from multicore_profiler.ingest.imported import RECORD_COLUMNS, CoreClock, ImportedInvocation
+from multicore_profiler.ingest.mapped_file import MappedFile
 from multicore_profiler.ingest.trace_reader import EventBlock, field_name, read_trace
 
 if TYPE_CHECKING:
@@ -63,9 +66,11 @@ CLOCK_BITS = 43
 CLOCK_MODULUS = 1 << CLOCK_BITS
 NAMED_SCOPES_FROM = 0x100
 """The first desc id given to a scope that a chrome trace names without its id."""
-CHUNK_ENTRIES = 1 << 21
+CHUNK_ENTRIES = 1 << 19
 """Entries decoded at once (whole SMs: an SM's CTAs share its counter and its records'
 order); a chunk's records are at most half as many."""
+HEAD_READ_BYTES = 16 << 20
+"""The blocks whose CTA headers are read between two releases of the map's pages."""
 CHROME_ARGS = (
     "Init Time (ns)",
     "Post Final Time (ns)",
@@ -127,7 +132,8 @@ class _HostBuffer:
 
     path: Path
     blocks: np.ndarray
-    """``(block_num, scratch_mem_size)`` bytes (a memory map)."""
+    """``(block_num, scratch_mem_size)`` bytes (a view of ``mapped``)."""
+    mapped: MappedFile
     blocks_at: int
     """The file offset of block 0."""
     device_type: int
@@ -178,7 +184,8 @@ def _open_buffer(path: Path) -> _HostBuffer:
         raise ImportFormatError(
             f"{path}: truncated: {size} bytes hold no Proton host header ({4 * HOST_FIELDS})"
         )
-    mapped = np.memmap(path, np.uint8, "r")
+    mapping = MappedFile(path)
+    mapped = mapping.array(np.uint8)
     fields = mapped[: 4 * HOST_FIELDS].view("<u4").astype(np.int64)
     (version, header_offset, header_size, payload_offset, payload_size, device_type) = (
         int(v) for v in fields[:6]
@@ -228,14 +235,19 @@ def _open_buffer(path: Path) -> _HostBuffer:
     blocks = mapped[payload_offset : payload_offset + block_num * scratch].reshape(
         block_num, scratch
     )
-    head = np.ascontiguousarray(blocks[:, :meta])
+    head = np.empty((block_num, meta), np.uint8)
+    # A header's read maps the pages around it too: a batch of blocks at a time, released.
+    step = max(1, HEAD_READ_BYTES // scratch)
+    for at in range(0, block_num, step):
+        head[at : at + step] = blocks[at : at + step, :meta]
+        mapping.release()
     words = head[:, :16].view("<u4").astype(np.int64)
     times = head[:, 16:40].view("<u8").astype(np.int64)
     counts = head[:, 40:meta].view("<u4").astype(np.int64)[:, uids]
     preamble = words[:, 0]
     odd = np.flatnonzero((preamble != 0) & (preamble != PREAMBLE))
     buffer = _HostBuffer(
-        path, blocks, payload_offset, device_type, total_unit, uids, 0,
+        path, blocks, mapping, payload_offset, device_type, total_unit, uids, 0,
         np.flatnonzero(preamble == PREAMBLE), words[:, 1], words[:, 2], times[:, 0],
         times[:, 1], counts,
     )  # fmt: skip
@@ -338,6 +350,7 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
     data = np.ascontiguousarray(
         buffer.blocks[block_ids, buffer.meta : buffer.meta + buffer.data_bytes]
     )
+    buffer.mapped.release()  # copied: the file's pages need not stay in memory
     words = data.view("<u4").reshape(-1, 2)
     warps = np.repeat(np.arange(kept.size), kept)
     position = np.arange(warps.size) - np.repeat(np.cumsum(kept) - kept, kept)
@@ -650,8 +663,13 @@ def _chrome_events(path: Path) -> _ChromeEvents:
         )
     if not sum(map(len, columns["ts"])):
         raise ImportFormatError(f"{path}: a chrome trace without any scope event")
-    joined = {k: (pa.concat_arrays(v) if k in ("kernels", "names") else np.concatenate(v))
-              for k, v in columns.items()}  # fmt: skip
+    joined = {}
+    for key in list(columns):  # a column's blocks are freed once joined: one held twice
+        parts = columns.pop(key)
+        joined[key] = (
+            pa.concat_arrays(parts) if key in ("kernels", "names") else np.concatenate(parts)
+        )
+        del parts
     return _ChromeEvents(**joined)
 
 
@@ -764,9 +782,11 @@ def _chrome_launches(path: Path, options: ImportOptions) -> Iterator[ImportedInv
     for kernel in range(len(kernel_names)):
         for number in range(int(launch_of[head_kernel == kernel].max()) + 1):
             rows = np.flatnonzero((kernel_ids == kernel) & (launch == number))
+            ctas = _Ctas(instance[rows], heads)
             yield _chrome_launch(
-                path, options, events, rows, relative, scopes, stage_names, kernel_names[kernel]
-            )
+                path, options, events, rows, ctas, relative, scopes, stage_names,
+                kernel_names[kernel],
+            )  # fmt: skip
 
 
 def _codes(strings: pa.Array) -> tuple[np.ndarray, list[str]]:
@@ -776,31 +796,52 @@ def _codes(strings: pa.Array) -> tuple[np.ndarray, list[str]]:
     return encoded.indices.to_numpy(False).astype(np.int64), encoded.dictionary.to_pylist()
 
 
+class _Ctas:
+    """A launch's CTA instances (``heads``: each instance's first event), numbered in
+    order of init time, then CTA id; ``of_row``: each of the launch's events' number."""
+
+    def __init__(self, instances: np.ndarray, heads: np.ndarray) -> None:
+        present = np.flatnonzero(np.bincount(instances, minlength=heads.size))
+        self.heads = heads[present]
+        self._instances = instances
+        self._present = present
+
+    def numbered(self, init: np.ndarray, cta: np.ndarray) -> np.ndarray:
+        """The events' CTA numbers, the instances sorted by ``(init, cta)`` of their heads
+        (``self.heads`` is put in that order)."""
+        by = np.lexsort((cta[self.heads], init[self.heads]))
+        self.heads = self.heads[by]
+        number = np.zeros(self._present[-1] + 1, np.int64)
+        number[self._present[by]] = np.arange(by.size)
+        return number[self._instances]
+
+
 def _chrome_launch(
     path: Path,
     options: ImportOptions,
     events: _ChromeEvents,
     rows: np.ndarray,
+    launch_ctas: _Ctas,
     relative: np.ndarray,
     scopes: np.ndarray,
     stage_names: Mapping[int, str],
     kernel: str,
 ) -> ImportedInvocation:
     """One launch of a chrome trace: its CTAs' records on their SMs' clocks."""
+    instance = launch_ctas.numbered(events.init, events.cta)
+    heads = launch_ctas.heads  # hw and the anchors are one per CTA instance (checked)
+    ctas = np.stack([events.init[heads], events.cta[heads]])
+    sm_of_cta = events.hw[heads]
+    cta_prefinal = events.post[heads] - events.finalization[heads]
     hw, cta, warp = events.hw[rows], events.cta[rows], events.warp[rows]
-    init, prefinal = events.init[rows], events.post[rows] - events.finalization[rows]
     starts = relative[rows]
     ends = starts + events.dur[rows]
     frequency = _frequency(options)
     # Place every CTA of an SM as the writer did, by its own init: on the SM's clock, the
     # CTA that started first (lowest init, then CTA id) begins at 0.
     rate = Fraction(frequency) / 10**9
-    origin = int(init.min())
-    ctas, instance = np.unique(np.stack([init, cta]), axis=1, return_inverse=True)
-    instance = instance.ravel()
+    origin = int(ctas[0].min())
     placed = np.array([math.ceil((t - origin) * rate) for t in ctas[0].tolist()], np.int64)
-    sm_of_cta = np.zeros(ctas.shape[1], np.int64)
-    sm_of_cta[instance] = hw
     base = {}
     for h, p in zip(sm_of_cta.tolist(), placed.tolist(), strict=True):
         base.setdefault(h, p)  # ctas are sorted by init, then CTA id
@@ -811,8 +852,7 @@ def _chrome_launch(
     last = np.full(ctas.shape[1], -1)
     np.minimum.at(first, instance, starts)
     np.maximum.at(last, instance, ends)
-    cta_prefinal = np.zeros(ctas.shape[1], np.int64)
-    cta_prefinal[instance] = prefinal
+    del instance
     clocks = _sm_clocks(path, sm_of_cta, ctas[0], cta_prefinal, first, last, ctas[1], frequency)
     scopes = scopes[rows]
     warps = int(warp.max()) + 1
@@ -821,12 +861,16 @@ def _chrome_launch(
             f"{path}: CTA {int(cta.max())} x {warps} warps does not fit the 32-bit owner id"
         )
     names = {int(i): stage_names[int(i)] for i in np.unique(scopes).tolist()}
-    table = _records(hw, starts, ends, scopes, cta, cta * warps + warp)
+    owners = cta * warps + warp
+    del warp
+    by_sm = np.argsort(hw, kind="stable")
 
     def chunks() -> Iterator[pa.Table]:
-        step = CHUNK_ENTRIES // 2
-        for at in range(0, table.num_rows, step):
-            yield table.slice(at, step)
+        """Whole SMs at a time (an SM's records are numbered together), in hw order."""
+        for group in _whole_sms(hw[by_sm], CHUNK_ENTRIES // 2):
+            rows = by_sm[group]
+            yield _records(hw[rows], starts[rows], ends[rows], scopes[rows], cta[rows],
+                           owners[rows])  # fmt: skip
 
     return ImportedInvocation(
         kernel_name=options.kernel_name or kernel,
@@ -841,6 +885,19 @@ def _chrome_launch(
         clocks=clocks,
         rank=options.rank or 0,
     )
+
+
+def _whole_sms(hw: np.ndarray, step: int) -> list[slice]:
+    """Slices of sorted ``hw`` of whole SMs, a new one at the first SM that starts ``step``
+    or more rows after the slice's start."""
+    firsts = np.flatnonzero(np.concatenate([[True], hw[1:] != hw[:-1]]))
+    cuts, at = [], 0
+    for first in firsts.tolist():
+        if first - at >= step:
+            cuts.append(first)
+            at = first
+    bounds = [0, *cuts, hw.size]
+    return [slice(a, b) for a, b in pairwise(bounds)]
 
 
 def _scope_ids(names: list[str], given: Mapping[int, str]) -> np.ndarray:

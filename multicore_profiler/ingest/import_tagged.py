@@ -21,7 +21,7 @@ A refused buffer is refused before any record is handed over.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +32,11 @@ from multicore_profiler.abi import DESC_TRIGGER_EVENT, DESC_WAIT_DEPENDENCY, Cor
 from multicore_profiler.errors import DroppedRecordsWarning, ImportFormatError
 from multicore_profiler.ingest.imported import ImportedInvocation
 from multicore_profiler.ingest.imports import ImportOptions
+from multicore_profiler.ingest.mapped_file import MappedFile
 
-CHUNK_ROWS = 1 << 20
+CHUNK_ROWS = 1 << 18
+GATHER_BYTES = 16 << 20
+"""The buffer's rows read between two releases of its map's pages."""
 WRAP = 1 << 32
 """The period of ``globaltimer_lo``, in ns (4.29 s)."""
 AMBIGUOUS_STEP = 1 << 31
@@ -147,15 +150,21 @@ def read(path: Path, options: ImportOptions) -> Iterator[ImportedInvocation]:
     if import_tg4perfetto.is_perfetto_trace(path):
         yield from import_tg4perfetto.read_trace(path, options)
         return
-    yield decode(load_buffer(path), TAG_LAYOUTS[options.format], options, str(path))
+    slots, mapped = load_buffer(path)
+    yield decode(slots, TAG_LAYOUTS[options.format], options, str(path), mapped)
 
 
-def load_buffer(path: Path) -> np.ndarray:
-    """The buffer's slots as little-endian ``uint64`` (memory-mapped where the file allows)."""
+def load_buffer(path: Path) -> tuple[np.ndarray, MappedFile | None]:
+    """The buffer's slots as little-endian ``uint64``, and the map they are a view of
+    where the file allows one (its pages are released after each batch of writers)."""
     suffix = path.suffix.lower()
+    mapped = None
     try:
         if suffix == ".npy":
             array = np.load(path, mmap_mode="r", allow_pickle=False)
+            if array.size and array.flags.c_contiguous:
+                mapped = MappedFile(path)
+                array = mapped.array(array.dtype, array.offset, array.size)
         elif suffix == ".pt":
             array = _load_torch(path)
         elif suffix == ".bin":
@@ -167,7 +176,8 @@ def load_buffer(path: Path) -> np.ndarray:
                 )
             if not size:
                 raise ImportFormatError(f"{path}: the file is empty")
-            array = np.memmap(path, dtype="<u8", mode="r")
+            mapped = MappedFile(path)
+            array = mapped.array("<u8")
         else:
             raise ImportFormatError(
                 f"{path}: a raw profile buffer must be saved as .npy, .pt or .bin"
@@ -177,7 +187,9 @@ def load_buffer(path: Path) -> np.ndarray:
     if array.dtype.kind not in "iu" or array.dtype.itemsize != 8:
         raise ImportFormatError(f"{path}: the buffer holds {array.dtype}, not 64-bit slots")
     flat = array.reshape(-1)
-    return flat.astype("<u8") if flat.dtype.byteorder == ">" else flat.view("<u8")
+    if flat.dtype.byteorder == ">":
+        return flat.astype("<u8"), None
+    return flat.view("<u8"), mapped
 
 
 def _load_torch(path: Path) -> np.ndarray:
@@ -246,11 +258,17 @@ class _Spans:
 
 
 def decode(
-    slots: np.ndarray, layout: TagLayout, options: ImportOptions, source: str
+    slots: np.ndarray,
+    layout: TagLayout,
+    options: ImportOptions,
+    source: str,
+    mapped: MappedFile | None = None,
 ) -> ImportedInvocation:
     """One launch from a buffer's slots, decoded by ``layout``: every check runs over all
-    writers (a batch at a time) before any record is handed over."""
+    writers (a batch at a time) before any record is handed over. ``mapped``: the map
+    ``slots`` views, whose pages are released after each batch."""
     header = _header(slots, layout, source)
+    release = mapped.release if mapped is not None else lambda: None
     aux = _aux_types(layout, options)
     rows = -(-(header.length - header.first) // header.writers)
     per_batch = max(1, 2 * CHUNK_ROWS // rows)
@@ -260,27 +278,26 @@ def decode(
     cores, starts, descs, tasks, events = [], [], [], [], []
     dropped: dict[tuple[int, int], int] = {}
     for batch in batches:
-        spans = _spans(slots, header, layout, aux, batch, source)
+        spans = _spans(slots, header, layout, aux, batch, source, release)
         cores.append(spans.columns["block_id"])
         starts.append(spans.columns["start_cycle"])
         descs.append(spans.columns["desc_id"])
         tasks.append(spans.tasks)
         events.append(np.unique(spans.events))
         dropped.update(spans.dropped)
+    # Each whole-launch array is freed as soon as it is used: they are the import's
+    # memory (about 40 bytes a span), besides one batch.
     start = np.concatenate(starts)
+    starts.clear()
     if not len(start):
         raise ImportFormatError(f"{source}: the buffer holds no record")
     low = int(start.min())
     shift = (header.reference + low) % WRAP - low
     in_time = np.argsort(start, kind="stable")  # ties: writer, then record order
-    del start, starts
-    core = np.concatenate(cores)
-    order = in_time[np.argsort(_dense(core)[in_time], kind="stable")]  # one core type
-    record_index = _numbered(core[order], order)
-    del core, cores, order
-    desc = np.concatenate(descs)
-    stage_index = _numbered(desc[in_time], in_time, _dense(desc)[in_time])
-    del desc, descs, in_time
+    del start
+    record_index = _numbered(_joined(cores), in_time)  # one core type
+    stage_index = _numbered(_joined(descs), in_time)
+    del in_time
     if dropped:
         warnings.warn(
             f"{source}: {sum(dropped.values())} begins lost their end: their writers filled "
@@ -292,7 +309,7 @@ def decode(
     def records() -> Iterator[pa.Table]:
         done, task_base = 0, 0
         for batch, batch_tasks in zip(batches, tasks, strict=True):
-            columns = _spans(slots, header, layout, aux, batch, source).columns
+            columns = _spans(slots, header, layout, aux, batch, source, release).columns
             count = len(columns["start_cycle"])
             columns["start_cycle"] += shift
             columns["end_cycle"] += shift
@@ -358,10 +375,11 @@ def _spans(
     aux: dict[str, int],
     batch: range,
     source: str,
+    release: Callable[[], None],
 ) -> _Spans:
     """The spans of writer columns ``batch``, checked."""
     writers, first, ngroups = header.writers, header.first, header.ngroups
-    records = _written(slots[first:], header, layout, batch, source)
+    records = _written(slots[first:], header, layout, batch, source, release)
 
     def field(spec: tuple[int, int]) -> np.ndarray:
         return (records.tag >> np.uint32(spec[0])) & np.uint32(spec[1])
@@ -424,16 +442,27 @@ def _block_sms(slots: np.ndarray, nblocks: int, source: str) -> np.ndarray:
 
 
 def _written(
-    data: np.ndarray, header: _Header, layout: TagLayout, columns: range, source: str
+    data: np.ndarray,
+    header: _Header,
+    layout: TagLayout,
+    columns: range,
+    source: str,
+    release: Callable[[], None],
 ) -> _Records:
     """The records of writer ``columns`` (each a prefix of its column), times unwrapped
-    relative to the launch's reference."""
+    relative to the launch's reference. A batch's columns cross every row of the buffer:
+    they are gathered ``GATHER_BYTES`` of rows at a time, the map's pages released after
+    each (``release``), so that memory holds those rows, not the file."""
     writers, first = header.writers, header.first
     rows = -(-len(data) // writers)
     where = np.arange(rows)[:, None] * writers + np.arange(columns.start, columns.stop)[None, :]
     inside = where < len(data)
     values = np.zeros(where.shape, dtype=np.uint64)
-    values[inside] = data[where[inside]]
+    step = max(1, GATHER_BYTES // (8 * writers))
+    for at in range(0, rows, step):
+        part = slice(at, at + step)
+        values[part][inside[part]] = data[where[part][inside[part]]]
+        release()
     occupied = values != 0
     if layout.meta_slots:
         occupied &= values != np.uint64(EMPTY_TRITON)
@@ -673,24 +702,29 @@ def _next_task(writer: np.ndarray, is_aux: np.ndarray) -> np.ndarray:
     return task
 
 
-def _dense(values: np.ndarray) -> np.ndarray:
-    """Small non-negative integers in the order of ``values`` (16 bits where they fit, so
-    that numpy's stable sort is a radix sort)."""
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts as one array; the list is emptied, so that only the result holds them."""
+    joined = np.concatenate(parts)
+    parts.clear()
+    return joined
+
+
+def _numbered(values: np.ndarray, in_time: np.ndarray) -> np.ndarray:
+    """Each row's number among the rows of its value, in the order ``in_time``."""
     present = np.unique(values)
-    dense = np.searchsorted(present, values)
-    return dense.astype(np.uint16 if len(present) <= 1 << 16 else np.uint32)
-
-
-def _numbered(grouped: np.ndarray, order: np.ndarray, key: np.ndarray | None = None) -> np.ndarray:
-    """Each row's number within its group: ``grouped`` holds the rows in ``order``, a group's
-    rows contiguous where ``key`` is None, else in the order of a stable sort by ``key``."""
-    if key is not None:
-        by_key = np.argsort(key, kind="stable")
-        grouped, order = grouped[by_key], order[by_key]
-    position = np.arange(len(order))
-    new = np.concatenate(([True], grouped[1:] != grouped[:-1]))
+    # Small non-negative integers (16 bits where they fit, so that numpy's stable sort is
+    # a radix sort) in the order of ``values``.
+    dense = np.searchsorted(present, values).astype(
+        np.uint16 if len(present) <= 1 << 16 else np.uint32
+    )
+    del values
+    sizes = np.bincount(dense, minlength=len(present))
+    order = in_time[np.argsort(dense[in_time], kind="stable")]  # by value, then in time
+    del dense
+    ranks = np.arange(len(order), dtype=np.uint32)
+    ranks -= np.repeat((np.cumsum(sizes) - sizes).astype(np.uint32), sizes)
     numbers = np.empty(len(order), dtype=np.uint32)
-    numbers[order] = position - np.maximum.accumulate(np.where(new, position, 0))
+    numbers[order] = ranks
     return numbers
 
 

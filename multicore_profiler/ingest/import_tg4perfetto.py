@@ -44,7 +44,6 @@ from multicore_profiler.ingest.import_tagged import (
     WAIT_NAME,
     WRAP,
     _chunks,
-    _dense,
     _next_task,
     _numbered,
     _offsets,
@@ -467,11 +466,8 @@ def _launch(
     reference = int(events.ts[0])
     shift = (reference + low) % WRAP - low
     in_time = np.argsort(start, kind="stable")
-    by_core = in_time[
-        np.argsort(_dense(core.astype(np.int64) << 8 | core_type)[in_time], kind="stable")
-    ]
-    record_index = _numbered((core.astype(np.int64) << 8 | core_type)[by_core], by_core)
-    stage_index = _numbered(desc[in_time], in_time, _dense(desc)[in_time])
+    record_index = _numbered(core.astype(np.int64) << 8 | core_type, in_time)
+    stage_index = _numbered(desc, in_time)
     dropped = _dropped(dropped_at, layout, source)
     columns = {
         "core_type": core_type,
