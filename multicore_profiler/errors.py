@@ -150,3 +150,9 @@ class ImportFormatError(ProfileError):
 
 class DroppedRecordsWarning(UserWarning):
     """The device dropped records because a slot was full; the rest are kept."""
+
+
+class ClockAnchorWarning(UserWarning):
+    """An imported core's records do not fit between its anchors at the frequency used (its
+    clock runs faster than that), or cores sharing a counter disagree on its offset: the
+    core's offset interval is empty and its offset is the anchor's lower bound."""

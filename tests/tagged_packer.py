@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 BEGIN, END, INSTANT = 0, 1, 2
 EMPTY_TRITON = 0x7FFF_FFFF_FFFF_FFFF
@@ -20,6 +22,24 @@ def flashinfer_tag(kind: int, event: int, block: int, smid: int) -> int:
     """FlashInfer since #1305: type bits 0-1, event 2-11, block 12-23, smid 24-31 (a block
     past 12 bits ORs into the smid, as the device code does)."""
     return (kind | event << 2 | block << 12 | smid << 24) & 0xFFFF_FFFF
+
+
+def fi(kind: int, event: int, block: int, smid: int, time: int) -> tuple[int, int]:
+    """A FlashInfer record: its tag and its globaltimer_lo."""
+    return flashinfer_tag(kind, event, block, smid), time
+
+
+COLUMNS = (
+    "core_type", "block_id", "record_index", "start_cycle", "end_cycle", "desc_id", "task_id",
+    "stage_task_index", "owner_id", "phase",
+)  # fmt: skip
+"""The record columns the tests compare, in this order."""
+
+
+def launch_rows(launch: Any) -> list[tuple]:
+    """An imported launch's records as tuples of ``COLUMNS``, in core and record order."""
+    table = pa.concat_tables(list(launch.records))
+    return sorted(zip(*(table[c].to_pylist() for c in COLUMNS), strict=True))
 
 
 def mpk_tag(kind: int, task_type: int, worker: int, event_no: int) -> int:

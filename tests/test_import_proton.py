@@ -10,9 +10,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from multicore_profiler.errors import ArgumentError, DroppedRecordsWarning, ImportFormatError
+from multicore_profiler.errors import (
+    ArgumentError,
+    ClockAnchorWarning,
+    DroppedRecordsWarning,
+    ImportFormatError,
+)
 from multicore_profiler.export.chrome_trace import export_chrome_trace
-from multicore_profiler.ingest.import_proton import ClockAnchorWarning, read
+from multicore_profiler.ingest.import_proton import read
 from multicore_profiler.ingest.imported import CoreClock, ImportedInvocation
 from multicore_profiler.ingest.imports import ImportOptions, import_profile
 from multicore_profiler.storage.store import open_store

@@ -9,14 +9,15 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from tagged_packer import (
     BEGIN,
     END,
     INSTANT,
+    fi,
     flashinfer_tag,
+    launch_rows,
     mpk_tag,
     numpy_decode,
     pack,
@@ -33,22 +34,13 @@ from multicore_profiler.ingest.import_tagged import MPK_TASK_NAMES, read
 from multicore_profiler.ingest.imports import ImportOptions, import_profile
 
 SM, CTA = int(CoreType.SM), int(CoreType.CTA)
-COLUMNS = (
-    "core_type", "block_id", "record_index", "start_cycle", "end_cycle", "desc_id", "task_id",
-    "stage_task_index", "owner_id", "phase",
-)  # fmt: skip
-
-
-def fi(kind: int, event: int, block: int, smid: int, time: int) -> tuple[int, int]:
-    return flashinfer_tag(kind, event, block, smid), time
 
 
 def rows(path: Path, format: str, **options: object) -> tuple[list[tuple], object]:
     """The records of a buffer file's one launch, as tuples of ``COLUMNS`` in core and
     record order, and the launch."""
     (launch,) = read(path, ImportOptions(format=format, **options))  # type: ignore[arg-type]
-    table = pa.concat_tables(list(launch.records))
-    return sorted(zip(*(table[c].to_pylist() for c in COLUMNS), strict=True)), launch
+    return launch_rows(launch), launch
 
 
 def save(tmp_path: Path, buffer: np.ndarray, name: str = "buf.npy") -> Path:

@@ -11,10 +11,18 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb2
-from tagged_packer import BEGIN, END, INSTANT, flashinfer_tag, mpk_tag, pack, triton_tag
+from tagged_packer import (
+    BEGIN,
+    END,
+    INSTANT,
+    fi,
+    launch_rows,
+    mpk_tag,
+    pack,
+    triton_tag,
+)
 from tg4perfetto_packer import (
     TraceWriter,
     flashinfer_trace,
@@ -34,32 +42,19 @@ from multicore_profiler.ingest.import_tg4perfetto import is_perfetto_trace, read
 from multicore_profiler.ingest.imports import ImportOptions, import_profile
 
 SM, CTA = int(CoreType.SM), int(CoreType.CTA)
-COLUMNS = (
-    "core_type", "block_id", "record_index", "start_cycle", "end_cycle", "desc_id", "task_id",
-    "stage_task_index", "owner_id", "phase",
-)  # fmt: skip
 EVENTS = ["prefill", "decode", "merge", "rope", "sync"]
 TOP = 2**32
 
 
-def fi(kind: int, event: int, block: int, smid: int, time: int) -> tuple[int, int]:
-    return flashinfer_tag(kind, event, block, smid), time
-
-
-def rows(launch: object) -> list[tuple]:
-    table = pa.concat_tables(list(launch.records))  # type: ignore[attr-defined]
-    return sorted(zip(*(table[c].to_pylist() for c in COLUMNS), strict=True))
-
-
 def from_trace(path: Path, format: str, **options: object) -> tuple[list[tuple], object]:
     (launch,) = read_trace(path, ImportOptions(format=format, **options))  # type: ignore[arg-type]
-    return rows(launch), launch
+    return launch_rows(launch), launch
 
 
 def from_raw(buffer: np.ndarray, tmp_path: Path, format: str, **options: object) -> list[tuple]:
     np.save(tmp_path / "raw.npy", buffer)
     (launch,) = import_tagged.read(tmp_path / "raw.npy", ImportOptions(format=format, **options))  # type: ignore[arg-type]
-    return rows(launch)
+    return launch_rows(launch)
 
 
 def packets(path: Path) -> list[pb2.TracePacket]:

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from multicore_profiler.abi import CoreType
 from multicore_profiler.errors import (
     ArgumentError,
+    ClockAnchorWarning,
     DroppedRecordsWarning,
     ImportFormatError,
     TraceFormatError,
@@ -86,12 +87,6 @@ _TID = r"^warp (?P<warp>\d{1,4}) \(line (?P<line>\d+)\)$"
 """A CTA's process and a warp's thread, with ids the store's 32-bit columns hold."""
 _SCOPE_NAME = re.compile(r"scope_(\d+)")
 _UINT32 = 1 << 32
-
-
-class ClockAnchorWarning(UserWarning):
-    """A CTA's records do not fit between its init and pre-final times at the frequency
-    used (the SM clock runs faster than it), or CTAs sharing an SM disagree on its offset:
-    the SM's interval is empty and its offset is the anchor's lower bound."""
 
 
 def read(path: Path, options: ImportOptions) -> Iterator[ImportedInvocation]:
