@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from shared_fixtures import shared_fixture
 
-from multicore_profiler import export_chrome_trace
+from multicore_profiler import export_chrome_trace, merge_chrome_traces
 from multicore_profiler.abi import CoreType
 from multicore_profiler.analysis.analyze import analyze
 from multicore_profiler.cli import main
@@ -288,3 +289,39 @@ def test_spans_that_overlap_on_a_core_get_no_replay(
     out = capsys.readouterr().out
     assert "replay: no invocation could be replayed (the notes say why)\n" in out
     assert "speed-up curves" not in out
+
+
+def test_an_imported_launch_fuses_into_the_torch_trace_of_its_kernel(
+    store: Store, tmp_path: Path
+) -> None:
+    # Proton's seq capture, named as the one Triton kernel of a real A100 kineto trace.
+    kernel = "triton_poi_fused_add_cos_sin_0"
+    import_profile(
+        store,
+        [shared_fixture("import/proton_seq_hip.bin")],
+        format="proton",
+        kernel_name=kernel,
+        frequency_hz=2e9,
+        run_id="seq",
+    )
+    outer = shared_fixture("kineto/a100_triton_example.json.gz")
+    merged = merge_chrome_traces(outer, store, tmp_path / "fused.json", run="seq")
+    (invocation,) = merged.report["invocations"]
+    assert (merged.records, invocation["internalEventCount"], invocation["spanUs"]) == (
+        24,
+        24,
+        0.393,
+    )
+    assert (invocation["outerKernel"]["tsNs"], invocation["outerKernel"]["durNs"]) == (
+        2413669097444592,
+        1760,
+    )
+    events = json.loads((tmp_path / "fused.json").read_text())["traceEvents"]
+    records = [e for e in events if e.get("cat") == "MegaKernelInternal"]
+    assert min(e["ts"] for e in records) == 2413669097444.592  # the kernel's start
+    threads = {
+        e["args"]["name"].split(" overlap")[0]
+        for e in events
+        if e.get("name") == "thread_name" and e["args"]["name"].startswith(kernel)
+    }
+    assert threads == {f"{kernel}/SM/94", f"{kernel}/SM/130"}

@@ -28,6 +28,7 @@ from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.report import write_report
 from multicore_profiler.ingest.buffers import ingest_buffers
+from multicore_profiler.ingest.imports import import_profile
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
@@ -484,3 +485,20 @@ def test_report_draws_step_by_rank_heatmaps_of_a_job_and_a_runs_ranks(
     ]
     with pytest.raises(ExportError, match="no job 'nope'"):
         write_report(store, "label:ranks", out, job="nope")
+
+
+def test_report_of_an_import_the_replay_cannot_take_says_why(store: Store, tmp_path: Path) -> None:
+    # simpler's V200 sample: a task graph of dependency edges alone, which the replay
+    # cannot release: the report draws everything else and says why it has no curves.
+    sample = shared_fixture("import/simpler_v200_block_table_merged_swimlane.json")
+    import_profile(store, [sample], format="simpler", run_id="v200")
+    dom = rendered(write_report(store, "run:v200", tmp_path / "v200.html"))
+    assert 'data-ready="1"' in dom
+    title = re.search(r'id="curves-title"[^>]*>([^<]*)<', dom)
+    assert title is not None
+    assert title.group(1) == (
+        "No speed-up curves: no selected invocation can be replayed: their cores counted on "
+        "clocks of their own with no anchor (clock domain per_core), or their producer recorded "
+        "spans that overlap on one core or a task graph of dependency edges alone, which the "
+        "replay cannot chain or release (see analyze's notes)."
+    )

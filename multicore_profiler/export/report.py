@@ -23,7 +23,7 @@ from multicore_profiler.analysis.analyze import speedup_curves
 from multicore_profiler.analysis.compare import Comparison
 from multicore_profiler.analysis.replay import FIDELITY_LIMIT
 from multicore_profiler.analysis.selection import RecordSelection
-from multicore_profiler.errors import ExportError
+from multicore_profiler.errors import AnalysisError, ExportError
 from multicore_profiler.export.files import written_aside
 from multicore_profiler.storage.runs import CAPTURE_COLUMNS, CaptureCost
 from multicore_profiler.storage.selectors import RunSelector
@@ -634,7 +634,10 @@ def _curves(store: Store, run: str, graphed: set[tuple[int, int]]) -> dict[str, 
             "absent": f"No speed-up curves: no invocation of run {run} carries a task graph, "
             "so the replay cannot tell what a faster stage would release."
         }
-    rows = speedup_curves(store, RecordSelection(run=run)).to_pylist()
+    try:
+        rows = speedup_curves(store, RecordSelection(run=run)).to_pylist()
+    except AnalysisError as refused:  # an import the replay cannot take: say why
+        return {"absent": f"No speed-up curves: {refused}."}
     ratios: dict[str, dict[float, list[float]]] = {}
     used: set[tuple[int, int]] = set()
     for row in rows:
