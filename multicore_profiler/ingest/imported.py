@@ -200,6 +200,7 @@ def _write_launch(
     partition = {"run_id": run_id, "step": step}
     if not _written(store, partition, chunks()):
         raise ImportFormatError(f"{launch.source}: the launch holds no record")
+    cores.check_clocks()
     core_rows = cores.table(launch.rank, invocation_id, write_id)
     write_partition(store.location, CORES, partition, core_rows, durable=False)
     anchor = cores.anchor() if launch.anchor_cycle is None else launch.anchor_cycle
@@ -307,25 +308,31 @@ class _CoreTally:
     def dropped(self) -> int:
         return sum(self._launch.dropped.values())
 
-    def _offset(self, key: tuple[int, int]) -> int:
-        clock = self._launch.clocks.get(key)
+    def check_clocks(self) -> None:
+        """``ImportFormatError`` unless every core of an anchored launch has an offset that
+        keeps its records at or after cycle 0 of the common clock."""
         if self._launch.clock_domain != "anchored":
-            return 0
-        if clock is None:
-            raise ImportFormatError(
-                f"{self._launch.source}: core {CORE_NAMES.get(key[0])}/{key[1]} of an anchored "
-                "launch has no clock offset"
-            )
-        if self._first[key] + clock.offset_cycles < 0:
-            raise ImportFormatError(
-                f"{self._launch.source}: core {CORE_NAMES.get(key[0])}/{key[1]}'s clock offset "
-                f"{clock.offset_cycles} places its first record before cycle 0"
-            )
-        return clock.offset_cycles
+            return
+        for key, first in self._first.items():
+            clock = self._launch.clocks.get(key)
+            core = f"core {CORE_NAMES.get(key[0])}/{key[1]}"
+            if clock is None:
+                raise ImportFormatError(
+                    f"{self._launch.source}: {core} of an anchored launch has no clock offset"
+                )
+            if first + clock.offset_cycles < 0:
+                raise ImportFormatError(
+                    f"{self._launch.source}: {core}'s clock offset {clock.offset_cycles} places "
+                    "its first record before cycle 0"
+                )
 
     def anchor(self) -> int:
-        """The launch's earliest record start on the common clock."""
-        return min(first + self._offset(key) for key, first in self._first.items())
+        """The launch's earliest record start on the common clock (clocks checked)."""
+        anchored = self._launch.clock_domain == "anchored"
+        return min(
+            first + (self._launch.clocks[key].offset_cycles if anchored else 0)
+            for key, first in self._first.items()
+        )
 
     def table(self, rank: int, invocation_id: int, write_id: int) -> pa.Table:
         keys = sorted(set(self._counts) | set(self._launch.dropped))
@@ -333,8 +340,6 @@ class _CoreTally:
         rows = []
         for slot, key in enumerate(keys):
             clock = self._launch.clocks.get(key) if key not in unknown else None
-            if key in self._counts:
-                self._offset(key)
             rows.append(
                 {
                     "rank": rank,
