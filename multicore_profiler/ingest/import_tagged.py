@@ -537,6 +537,18 @@ def _pair(
     writers, first = header.writers, header.first
     n = len(kind)
     paired = np.flatnonzero(kind != INSTANT)
+    couples = _adjacent_couples(paired, records.writer, kind, event, event_no)
+    if couples is not None:
+        begins, ends = couples
+        _same_sm(begins, ends, smid, records, header, source)
+        if len(paired) == n:  # no instant: every span starts at a begin
+            return np.stack((begins, ends)), paired[:0]
+        partner = np.full(n, -1, dtype=np.int64)
+        partner[begins] = ends
+        instants = np.flatnonzero(kind == INSTANT)
+        partner[instants] = instants
+        starts = np.flatnonzero(partner >= 0)
+        return np.stack((starts, partner[starts])), paired[:0]
     # One key per (writer, event, event_no). The records come writer by writer in record
     # order, so a stable sort keeps each key's records in record order (by radix where the
     # keys fit 16 bits, as FlashInfer's few writers x events do).
@@ -566,19 +578,59 @@ def _pair(
         )
     begins = paired[(parity == 0) & ~open_begin]
     ends = paired[parity == 1]
-    if smid is not None and np.any(smid[begins] != smid[ends]):
-        at = int(np.argmax(smid[begins] != smid[ends]))
-        raise ImportFormatError(
-            f"{source}: slots {_slot(records, int(begins[at]), writers, first)} and "
-            f"{_slot(records, int(ends[at]), writers, first)} begin and end one span on SMs "
-            f"{int(smid[begins[at]])} and {int(smid[ends[at]])}"
-        )
+    _same_sm(begins, ends, smid, records, header, source)
     partner = np.full(n, -1, dtype=np.int64)
     partner[begins] = ends
     instants = np.flatnonzero(kind == INSTANT)
     partner[instants] = instants
     starts = np.flatnonzero(partner >= 0)  # writer by writer, in record order
     return np.stack((starts, partner[starts])), paired[open_begin]
+
+
+def _adjacent_couples(
+    paired: np.ndarray,
+    writer: np.ndarray,
+    kind: np.ndarray,
+    event: np.ndarray,
+    event_no: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(begins, ends)`` where the begin/end records (``paired``) come as adjacent couples
+    of one writer and event, a begin then its end (the common case, unnested spans): the
+    pairs the sort by key would give, found without sorting. None where they do not."""
+    if len(paired) % 2:
+        return None
+    begins, ends = paired[0::2], paired[1::2]
+    if not (
+        np.all(kind[begins] == BEGIN)
+        and np.all(kind[ends] == END)
+        and np.array_equal(writer[begins], writer[ends])
+        and np.array_equal(event[begins], event[ends])
+        and np.array_equal(event_no[begins], event_no[ends])
+    ):
+        return None
+    return begins, ends
+
+
+def _same_sm(
+    begins: np.ndarray,
+    ends: np.ndarray,
+    smid: np.ndarray | None,
+    records: _Records,
+    header: _Header,
+    source: str,
+) -> None:
+    """Refuse a span whose begin and end name different SMs."""
+    if smid is None:
+        return
+    differ = smid[begins] != smid[ends]
+    if np.any(differ):
+        at = int(np.argmax(differ))
+        writers, first = header.writers, header.first
+        raise ImportFormatError(
+            f"{source}: slots {_slot(records, int(begins[at]), writers, first)} and "
+            f"{_slot(records, int(ends[at]), writers, first)} begin and end one span on SMs "
+            f"{int(smid[begins[at]])} and {int(smid[ends[at]])}"
+        )
 
 
 def _columns(
