@@ -454,32 +454,36 @@ def _written(
     they are gathered ``GATHER_BYTES`` of rows at a time, the map's pages released after
     each (``release``), so that memory holds those rows, not the file."""
     writers, first = header.writers, header.first
-    rows = -(-len(data) // writers)
-    where = np.arange(rows)[:, None] * writers + np.arange(columns.start, columns.stop)[None, :]
-    inside = where < len(data)
-    values = np.zeros(where.shape, dtype=np.uint64)
+    rows, full = -(-len(data) // writers), len(data) // writers
+    grid = data[: full * writers].reshape(full, writers)
+    values = np.zeros((len(columns), rows), dtype=np.uint64)  # a column per writer
     step = max(1, GATHER_BYTES // (8 * writers))
-    for at in range(0, rows, step):
-        part = slice(at, at + step)
-        values[part][inside[part]] = data[where[part][inside[part]]]
+    for at in range(0, full, step):
+        part = slice(at, min(at + step, full))
+        values[:, part] = grid[part, columns.start : columns.stop].T
+        release()
+    if full < rows:  # the last row is partial
+        tail = data[full * writers + columns.start : full * writers + columns.stop]
+        values[: len(tail), full] = tail
         release()
     occupied = values != 0
     if layout.meta_slots:
         occupied &= values != np.uint64(EMPTY_TRITON)
+    written = occupied.sum(axis=1)
     counts = np.zeros(writers, dtype=np.int64)
-    counts[columns.start : columns.stop] = occupied.sum(axis=0)
-    first_empty = np.where(occupied.all(axis=0), rows, occupied.argmin(axis=0))
-    gap = occupied & (np.arange(rows)[:, None] > first_empty[None, :])
-    if np.any(gap):
+    counts[columns.start : columns.stop] = written
+    if rows > 1 and np.any(occupied[:, 1:] > occupied[:, :-1]):
+        gap = (occupied & (np.cumsum(~occupied, axis=1) > 0)).T
         k, w = (int(v[0]) for v in np.nonzero(gap))
         raise ImportFormatError(
-            f"{source}: slot {first + int(where[k, w])} holds a record after an empty slot of "
-            f"the same writer (column {columns.start + w}): not this producer's layout, or a "
-            "wrong header"
+            f"{source}: slot {first + k * writers + columns.start + w} holds a record after "
+            f"an empty slot of the same writer (column {columns.start + w}): not this "
+            "producer's layout, or a wrong header"
         )
-    column, k = np.nonzero(occupied.T)
-    values = values[k, column]
-    writer = column + columns.start
+    # Each column is a prefix: its records, writer by writer in record order.
+    values = values.reshape(-1) if written.min(initial=rows) == rows else values[occupied]
+    writer = np.repeat(np.arange(columns.start, columns.stop), written)
+    k = np.arange(len(values)) - np.repeat(np.cumsum(written) - written, written)
     time = _unwrap((values >> np.uint64(32)).astype(np.int64), writer, k, header, source)
     tag = (values & np.uint64(0xFFFF_FFFF)).astype(np.uint32)
     return _Records(writer, k, tag, time, counts)
