@@ -283,7 +283,7 @@ def decode(
         starts.append(spans.columns["start_cycle"])
         descs.append(spans.columns["desc_id"])
         tasks.append(spans.tasks)
-        events.append(np.unique(spans.events))
+        events.append(np.flatnonzero(np.bincount(spans.events)))  # event fields: <= 11 bits
         dropped.update(spans.dropped)
     # Each whole-launch array is freed as soon as it is used: they are the import's
     # memory (about 40 bytes a span), besides one batch.
@@ -767,12 +767,18 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
 
 def _numbered(values: np.ndarray, in_time: np.ndarray) -> np.ndarray:
     """Each row's number among the rows of its value, in the order ``in_time``."""
-    present = np.unique(values)
     # Small non-negative integers (16 bits where they fit, so that numpy's stable sort is
-    # a radix sort) in the order of ``values``.
-    dense = np.searchsorted(present, values).astype(
-        np.uint16 if len(present) <= 1 << 16 else np.uint32
-    )
+    # a radix sort) in the order of ``values``: by a table where the values' range is small.
+    if len(values) and int(values.max()) < 1 << 20:
+        seen = np.bincount(values) > 0
+        present = np.flatnonzero(seen)
+        kind = np.uint16 if len(present) <= 1 << 16 else np.uint32
+        dense = (np.cumsum(seen, dtype=kind) - kind(1))[values]
+    else:
+        present = np.unique(values)
+        dense = np.searchsorted(present, values).astype(
+            np.uint16 if len(present) <= 1 << 16 else np.uint32
+        )
     del values
     sizes = np.bincount(dense, minlength=len(present))
     order = in_time[np.argsort(dense[in_time], kind="stable")]  # by value, then in time
