@@ -333,6 +333,9 @@ class _Chunk:
     """Kept entries without a partner (a begin with no end, an end with no begin)."""
     orphaned: np.ndarray
     """Of those, ends whose begin the overwrite took (first of their scope in the window)."""
+    occurrence: np.ndarray | None
+    """Each instance's number among its warp's instances of its scope, where their starts
+    come in order (else None: ``_records`` sorts them)."""
 
 
 def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
@@ -386,9 +389,18 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
         np.bincount(group_warps[m], minlength=kept.size).reshape(shape) for m in (~paired, orphan)
     ]
     rows, segments = np.divmod(warps[begin], uid_num)
+    starts = cycles[begin]
+    # The pairs come by scope, then warp (one owner each: program ids and uids are unique),
+    # then entry order: each (owner, scope)'s instances are adjacent, numbered in a run.
+    new = np.concatenate([[True], (group_scopes[pairs[1:]] != group_scopes[pairs[:-1]])
+                          | (group_warps[pairs[1:]] != group_warps[pairs[:-1]])])  # fmt: skip
+    occurrence = None
+    if not np.any((starts[1:] < starts[:-1]) & ~new[1:]):
+        runs = np.flatnonzero(new)
+        occurrence = np.arange(starts.size) - np.repeat(runs, np.diff(np.append(runs, starts.size)))
     return _Chunk(
-        block_ids[rows], segments, scopes[begin], cycles[begin], cycles[end], block_ids,
-        (written - kept.reshape(shape)), *counted,
+        block_ids[rows], segments, scopes[begin], starts, cycles[end], block_ids,
+        (written - kept.reshape(shape)), *counted, occurrence,
     )  # fmt: skip
 
 
@@ -470,6 +482,7 @@ def _buffer_launch(path: Path, options: ImportOptions) -> ImportedInvocation:
                     buffer.hw[chunk.blocks], chunk.starts, chunk.ends, chunk.scopes,
                     buffer.program[chunk.blocks],
                     buffer.program[chunk.blocks] * buffer.total_unit + buffer.uids[chunk.segments],
+                    chunk.occurrence,
                 )  # fmt: skip
 
     return ImportedInvocation(
@@ -582,18 +595,21 @@ def _records(
     scopes: np.ndarray,
     tasks: np.ndarray,
     owners: np.ndarray,
+    occurrence: np.ndarray | None = None,
 ) -> pa.Table:
     """Record rows of whole SMs: numbered in time order on each SM (start, then warp, scope
-    and end), each the n-th instance of its scope in its warp (``stage_task_index``)."""
-    by_warp = np.lexsort((starts, scopes, owners))
-    occurrence = np.empty(starts.size, np.int64)
-    new = np.concatenate([[True], (owners[by_warp][1:] != owners[by_warp][:-1])
-                          | (scopes[by_warp][1:] != scopes[by_warp][:-1])])  # fmt: skip
-    runs = np.flatnonzero(new)
-    occurrence[by_warp] = np.arange(starts.size) - np.repeat(
-        runs, np.diff(np.append(runs, starts.size))
-    )
-    order = np.lexsort((ends, scopes, owners, starts, hw))
+    and end), each the n-th instance of its scope in its warp (``stage_task_index``; given
+    as ``occurrence`` where the caller knows it)."""
+    if occurrence is None:
+        by_warp = np.lexsort((starts, scopes, owners))
+        occurrence = np.empty(starts.size, np.int64)
+        new = np.concatenate([[True], (owners[by_warp][1:] != owners[by_warp][:-1])
+                              | (scopes[by_warp][1:] != scopes[by_warp][:-1])])  # fmt: skip
+        runs = np.flatnonzero(new)
+        occurrence[by_warp] = np.arange(starts.size) - np.repeat(
+            runs, np.diff(np.append(runs, starts.size))
+        )
+    order = _in_time(hw, starts, ends, scopes, owners)
     hw = hw[order]
     core_new = np.flatnonzero(np.concatenate([[True], hw[1:] != hw[:-1]]))
     index = np.arange(order.size) - np.repeat(core_new, np.diff(np.append(core_new, order.size)))
@@ -614,6 +630,28 @@ def _records(
             ),
         }
     ).select(list(RECORD_COLUMNS))
+
+
+def _in_time(
+    hw: np.ndarray, starts: np.ndarray, ends: np.ndarray, scopes: np.ndarray, owners: np.ndarray
+) -> np.ndarray:
+    """The rows by SM, start, then owner, scope and end: one sort of (SM, start) packed in
+    an integer where their ranges allow and no two rows tie on it, else a lexsort."""
+    if starts.size:
+        low, high = int(starts.min()), int(starts.max())
+        if int(hw.max()) < 1 << 20:  # hw ids: a table of the SMs present
+            seen = np.bincount(hw) > 0
+            sms, dense = np.flatnonzero(seen), (np.cumsum(seen) - 1)[hw]
+        else:
+            sms, dense = np.unique(hw, return_inverse=True)
+        bits = (high - low).bit_length()
+        if low >= 0 and (sms.size - 1).bit_length() + bits <= 62:
+            key = (dense.astype(np.int64) << bits) | (starts - low)
+            order = np.argsort(key, kind="stable")
+            key = key[order]
+            if not np.any(key[1:] == key[:-1]):
+                return order
+    return np.lexsort((ends, scopes, owners, starts, hw))
 
 
 # --- the chrome trace --------------------------------------------------------------------
