@@ -350,18 +350,19 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
     )
     buffer.mapped.release()  # copied: the file's pages need not stay in memory
     words = data.view("<u4").reshape(-1, 2)
-    warps = np.repeat(np.arange(kept.size), kept)
+    warps = np.repeat(np.arange(kept.size, dtype=np.int32), kept)
     position = np.arange(warps.size) - np.repeat(np.cumsum(kept) - kept, kept)
     if kept.size and kept.min() == capacity and not first_slot.any():
         slots, entries = position, words  # every segment full and in order: no gather
     else:
         slots = (first_slot[warps] + position) % capacity
-        entries = words[warps * capacity + slots]
+        entries = words[warps.astype(np.int64) * capacity + slots]
+    del position
     word0 = entries[:, 0]
     ends = (word0 >> 31).astype(bool)
-    scopes = ((word0 >> 23) & 0xFF).astype(np.uint8)
-    cycles = ((word0 & 0x7FF).astype(np.int64) << 32) | entries[:, 1].astype(np.int64)
-    _unwrap(cycles, buffer.hw[block_ids][warps // uid_num])
+    scopes = (word0 >> 23).astype(np.uint8)  # the byte below the end bit
+    cycles = ((word0 & 0x7FF).astype(np.int64) << 32) | entries[:, 1]
+    _unwrap(cycles, buffer.hw[block_ids], kept.reshape(-1, uid_num).sum(axis=1))
 
     order = np.argsort(scopes, kind="stable")  # by scope, then warp and time: groups adjacent
     group_warps, group_scopes, group_ends = warps[order], scopes[order], ends[order]
@@ -404,12 +405,15 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
     )  # fmt: skip
 
 
-def _unwrap(cycles: np.ndarray, hw: np.ndarray) -> None:
+def _unwrap(cycles: np.ndarray, hw: np.ndarray, entries: np.ndarray) -> None:
     """Add 2^43 to the low cycles of an SM whose cycles span more than half the clock's
-    range: its 43-bit counter wrapped while it ran (entries of one SM are adjacent)."""
+    range: its 43-bit counter wrapped while it ran (entries of one SM are adjacent; block
+    i, on SM ``hw[i]``, has ``entries[i]`` of them)."""
     if not cycles.size:
         return
-    starts = np.flatnonzero(np.concatenate([[True], hw[1:] != hw[:-1]]))
+    hw = hw[entries > 0]
+    at = (np.cumsum(entries) - entries)[entries > 0]
+    starts = at[np.concatenate([[True], hw[1:] != hw[:-1]])]
     span = np.maximum.reduceat(cycles, starts) - np.minimum.reduceat(cycles, starts)
     wrapped = span > CLOCK_MODULUS // 2
     if wrapped.any():
