@@ -238,7 +238,7 @@ def _lexsorted(keys: tuple[np.ndarray, ...]) -> np.ndarray:
 def _stage_indices(desc: np.ndarray, counter: dict[int, int]) -> np.ndarray:
     """Each record's number among the records of its desc id so far (the chunks before
     included, through ``counter``)."""
-    if len(desc) and 0 <= int(desc.min()) and int(desc.max()) < 1 << 20:
+    if len(desc) and int(desc.min()) >= 0 and int(desc.max()) < 1 << 20:
         # Desc ids are few and small: dense 16-bit codes sort by radix.
         sizes = np.bincount(desc)
         ids = np.flatnonzero(sizes)
