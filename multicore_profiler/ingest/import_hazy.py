@@ -633,10 +633,8 @@ def _read_mkprof(path: Path, options: ImportOptions) -> Iterator[ImportedInvocat
     for gpu in range(gpus):
         where = f"{path} (GPU {gpu})"
         spans = arrays.spans(gpu * sms, (gpu + 1) * sms)
-        # Each span's distinct opcodes, not its words: a column view would hold them all.
-        opcodes = np.unique(
-            np.concatenate([np.unique(arrays.opcodes(lo, hi)) for lo, hi in spans])
-        )
+        # Each span's distinct opcodes: memory holds one span's opcodes at a time.
+        opcodes = np.unique(np.concatenate([np.unique(arrays.opcodes(lo, hi)) for lo, hi in spans]))
         yield _invocation(
             where,
             options,
