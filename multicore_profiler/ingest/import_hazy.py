@@ -181,23 +181,23 @@ def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int
             f"{where}: SM {found.block[row]}, instruction {found.task[row]}: slot {close_slot} "
             f"({closing[row]}), which closes it, lies before its first start ({first[row]})"
         )
-    units = np.array([p[2] for p in layout.pairs])
-    owners = np.array([p[3] for p in layout.pairs], np.uint32)
-    rows, cols = np.nonzero(recorded)
-    whole_rows = np.flatnonzero(whole)
-    unit = np.concatenate([np.zeros(len(whole_rows), np.int64), units[cols]])
-    row = np.concatenate([whole_rows, rows])
-    start = np.concatenate([first[whole_rows], starts[rows, cols]])
-    end = np.concatenate([last[whole_rows], ends[rows, cols]])
-    owner = np.concatenate([np.full(len(whole_rows), NO_OWNER, np.uint32), owners[cols]])
+    # Column 0: the whole instruction, then its pairs; row by row, each row's records in
+    # column order, which is often time order on each core already.
+    units = np.array([0, *(p[2] for p in layout.pairs)])
+    owners = np.array([NO_OWNER, *(p[3] for p in layout.pairs)], np.uint32)
+    row, col = np.nonzero(np.column_stack((whole, recorded)))
+    start = np.column_stack((first, starts))[row, col]
+    end = np.column_stack((last, ends))[row, col]
+    unit, owner = units[col], owners[col]
     wait = unit == _WAIT
     desc = np.where(wait, DESC_WAIT_DEPENDENCY, found.opcode[row] + UNIT_STRIDE * unit)
     block = found.block[row]
     # Time order per core; at one start the whole instruction before its units.
     order = _lexsorted((np.where(wait, len(UNITS), unit), found.task[row], start, block))
-    block, row, start, end, desc, owner, wait = (
-        a[order] for a in (block, row, start, end, desc, owner, wait)
-    )
+    if order is not None:
+        block, row, start, end, desc, owner, wait = (
+            a[order] for a in (block, row, start, end, desc, owner, wait)
+        )
     first_of_core = np.r_[0, np.flatnonzero(np.diff(block)) + 1]
     index = np.arange(len(block)) - np.repeat(
         first_of_core, np.diff(np.r_[first_of_core, len(block)])
@@ -218,11 +218,12 @@ def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int
     )
 
 
-def _lexsorted(keys: tuple[np.ndarray, ...]) -> np.ndarray:
-    """``np.lexsort(keys)`` (last key first) of non-negative integer keys, by one stable
-    sort of the keys packed into an int64 where their ranges fit 63 bits."""
+def _lexsorted(keys: tuple[np.ndarray, ...]) -> np.ndarray | None:
+    """``np.lexsort(keys)`` (last key first) of integer keys, by one stable sort of the
+    keys packed into an int64 where their ranges fit 63 bits; None where the rows are in
+    that order already."""
     if not len(keys[0]):
-        return np.lexsort(keys)
+        return None
     lows = [int(k.min()) for k in keys]
     bits = [(int(k.max()) - low).bit_length() for k, low in zip(keys, lows, strict=True)]
     if sum(bits) > 63:
@@ -232,6 +233,8 @@ def _lexsorted(keys: tuple[np.ndarray, ...]) -> np.ndarray:
     for key, low, width in zip(keys, lows, bits, strict=True):
         packed |= (key.astype(np.int64) - low) << shift
         shift += width
+    if np.all(packed[1:] >= packed[:-1]):
+        return None
     return np.argsort(packed, kind="stable")
 
 
