@@ -338,9 +338,10 @@ class _Chunk:
     come in order (else None: ``_records`` sorts them)."""
 
 
-def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
+def _decode(buffer: _HostBuffer, block_ids: np.ndarray, numbered: bool = True) -> _Chunk:
     """Decode the kept entries of some blocks (sorted by hw id: whole SMs) in time order,
-    unwrap each SM's 43-bit clock, and pair begins with ends per (CTA, warp, scope)."""
+    unwrap each SM's 43-bit clock, and pair begins with ends per (CTA, warp, scope);
+    ``numbered``: also number each (warp, scope)'s instances (``_Chunk.occurrence``)."""
     uid_num, capacity = buffer.uids.size, buffer.segment_entries
     written = buffer.counts[block_ids] // 2
     kept = np.minimum(written, capacity).ravel()
@@ -368,11 +369,14 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
     group_warps, group_scopes, group_ends = warps[order], scopes[order], ends[order]
     same = (group_warps[1:] == group_warps[:-1]) & (group_scopes[1:] == group_scopes[:-1])
     pairs = np.flatnonzero(same & ~group_ends[:-1] & group_ends[1:])
-    paired = np.zeros(order.size, bool)
-    paired[pairs] = paired[pairs + 1] = True
+    unpaired = orphan = None  # where every entry is paired, and where no segment wrapped
+    if 2 * pairs.size < order.size:
+        unpaired = np.ones(order.size, bool)
+        unpaired[pairs] = unpaired[pairs + 1] = False
     wrapped = (written > capacity).ravel()
-    first_of_scope = np.concatenate([[True], ~same]) if order.size else paired
-    orphan = first_of_scope & group_ends & wrapped[group_warps]
+    if wrapped.any() and order.size:
+        first_of_scope = np.concatenate([[True], ~same])
+        orphan = first_of_scope & group_ends & wrapped[group_warps]
     begin, end = order[pairs], order[pairs + 1]
     backwards = np.flatnonzero(cycles[end] < cycles[begin])
     if backwards.size:
@@ -387,18 +391,24 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
         )
     shape = (block_ids.size, uid_num)
     counted = [
-        np.bincount(group_warps[m], minlength=kept.size).reshape(shape) for m in (~paired, orphan)
+        np.bincount(group_warps[m], minlength=kept.size).reshape(shape)
+        if m is not None
+        else np.zeros(shape, np.int64)
+        for m in (unpaired, orphan)
     ]
     rows, segments = np.divmod(warps[begin], uid_num)
     starts = cycles[begin]
     # The pairs come by scope, then warp (one owner each: program ids and uids are unique),
     # then entry order: each (owner, scope)'s instances are adjacent, numbered in a run.
-    new = np.concatenate([[True], (group_scopes[pairs[1:]] != group_scopes[pairs[:-1]])
-                          | (group_warps[pairs[1:]] != group_warps[pairs[:-1]])])  # fmt: skip
     occurrence = None
-    if not np.any((starts[1:] < starts[:-1]) & ~new[1:]):
-        runs = np.flatnonzero(new)
-        occurrence = np.arange(starts.size) - np.repeat(runs, np.diff(np.append(runs, starts.size)))
+    if numbered:
+        new = np.concatenate([[True], (group_scopes[pairs[1:]] != group_scopes[pairs[:-1]])
+                              | (group_warps[pairs[1:]] != group_warps[pairs[:-1]])])  # fmt: skip
+        if not np.any((starts[1:] < starts[:-1]) & ~new[1:]):
+            runs = np.flatnonzero(new)
+            occurrence = np.arange(starts.size) - np.repeat(
+                runs, np.diff(np.append(runs, starts.size))
+            )
     return _Chunk(
         block_ids[rows], segments, scopes[begin], starts, cycles[end], block_ids,
         (written - kept.reshape(shape)), *counted, occurrence,
@@ -453,7 +463,7 @@ def _buffer_launch(path: Path, options: ImportOptions) -> ImportedInvocation:
     kept: _Chunk | None = None
     seen = np.zeros(256, bool)
     for blocks in groups:
-        chunk = _decode(buffer, blocks)
+        chunk = _decode(buffer, blocks, numbered=len(groups) == 1)
         seen[chunk.scopes] = True
         np.minimum.at(first, chunk.blocks, chunk.starts)
         np.maximum.at(last, chunk.blocks, chunk.ends)
