@@ -352,13 +352,14 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray, numbered: bool = True) -
     buffer.mapped.release()  # copied: the file's pages need not stay in memory
     words = data.view("<u4").reshape(-1, 2)
     warps = np.repeat(np.arange(kept.size, dtype=np.int32), kept)
-    position = np.arange(warps.size) - np.repeat(np.cumsum(kept) - kept, kept)
+    warp_at = np.cumsum(kept) - kept  # each warp's first entry
     if kept.size and kept.min() == capacity and not first_slot.any():
-        slots, entries = position, words  # every segment full and in order: no gather
+        entries = words  # every segment full and in order: no gather
     else:
+        position = np.arange(warps.size) - np.repeat(warp_at, kept)
         slots = (first_slot[warps] + position) % capacity
         entries = words[warps.astype(np.int64) * capacity + slots]
-    del position
+        del position, slots
     word0 = entries[:, 0]
     ends = (word0 >> 31).astype(bool)
     scopes = (word0 >> 23).astype(np.uint8)  # the byte below the end bit
@@ -383,10 +384,12 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray, numbered: bool = True) -
         at = int(end[backwards[0]])
         row, segment = divmod(int(warps[at]), uid_num)
         block = int(block_ids[row])
+        warp = int(warps[at])
+        slot = (int(first_slot[warp]) + at - int(warp_at[warp])) % capacity
         raise ImportFormatError(
             f"{buffer.path}: {buffer.where(block, segment)}: the end of scope {int(scopes[at])} "
             "at byte "
-            f"{buffer.entry_at(block, segment, int(slots[at]))} has cycle {int(cycles[at])}, "
+            f"{buffer.entry_at(block, segment, slot)} has cycle {int(cycles[at])}, "
             f"before its begin's {int(cycles[begin[backwards[0]]])}"
         )
     shape = (block_ids.size, uid_num)
