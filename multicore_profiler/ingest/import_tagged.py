@@ -44,6 +44,8 @@ AMBIGUOUS_STEP = 1 << 31
 also be that plus any number of wraps: it is refused rather than guessed."""
 EMPTY_TRITON = 0x7FFF_FFFF_FFFF_FFFF
 """Triton-distributed's filler of unwritten slots (FlashInfer and MPK leave them 0)."""
+Rows = np.ndarray | slice
+"""Rows of a batch's records: indices, or a strided slice where that is what they are."""
 GROUP_RADIX = 1000
 """``owner_id`` = block x 1000 + group where a launch has several groups (else the block)."""
 NO_TASK = 0xFFFF_FFFF
@@ -535,24 +537,27 @@ def _pair(
     smid: np.ndarray | None,
     header: _Header,
     source: str,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[tuple[Rows, Rows], np.ndarray]:
     """Begin/end pairs and instants as ``(start record, end record)`` row pairs, and the
     begins whose end the buffer had no room for (the writer filled its column)."""
     writers, first = header.writers, header.first
     n = len(kind)
     paired = np.flatnonzero(kind != INSTANT)
-    couples = _adjacent_couples(paired, records.writer, kind, event, event_no)
+    every = len(paired) == n  # no instant: every span starts at a begin
+    couples = _adjacent_couples(
+        slice(None) if every else paired, records.writer, kind, event, event_no
+    )
     if couples is not None:
         begins, ends = couples
         _same_sm(begins, ends, smid, records, header, source)
-        if len(paired) == n:  # no instant: every span starts at a begin
-            return np.stack((begins, ends)), paired[:0]
+        if every:
+            return (begins, ends), paired[:0]
         partner = np.full(n, -1, dtype=np.int64)
         partner[begins] = ends
         instants = np.flatnonzero(kind == INSTANT)
         partner[instants] = instants
         starts = np.flatnonzero(partner >= 0)
-        return np.stack((starts, partner[starts])), paired[:0]
+        return (starts, partner[starts]), paired[:0]
     # One key per (writer, event, event_no). The records come writer by writer in record
     # order, so a stable sort keeps each key's records in record order (by radix where the
     # keys fit 16 bits, as FlashInfer's few writers x events do).
@@ -588,22 +593,28 @@ def _pair(
     instants = np.flatnonzero(kind == INSTANT)
     partner[instants] = instants
     starts = np.flatnonzero(partner >= 0)  # writer by writer, in record order
-    return np.stack((starts, partner[starts])), paired[open_begin]
+    return (starts, partner[starts]), paired[open_begin]
 
 
 def _adjacent_couples(
-    paired: np.ndarray,
+    paired: np.ndarray | slice,
     writer: np.ndarray,
     kind: np.ndarray,
     event: np.ndarray,
     event_no: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(begins, ends)`` where the begin/end records (``paired``) come as adjacent couples
-    of one writer and event, a begin then its end (the common case, unnested spans): the
-    pairs the sort by key would give, found without sorting. None where they do not."""
-    if len(paired) % 2:
-        return None
-    begins, ends = paired[0::2], paired[1::2]
+) -> tuple[Rows, Rows] | None:
+    """``(begins, ends)`` where the begin/end records (``paired``; ``slice(None)``: all)
+    come as adjacent couples of one writer and event, a begin then its end (the common
+    case, unnested spans): the pairs the sort by key would give, found without sorting
+    (as strided slices where ``paired`` is all). None where they do not."""
+    if isinstance(paired, slice):
+        if len(kind) % 2:
+            return None
+        begins, ends = slice(0, None, 2), slice(1, None, 2)
+    else:
+        if len(paired) % 2:
+            return None
+        begins, ends = paired[0::2], paired[1::2]
     if not (
         np.all(kind[begins] == BEGIN)
         and np.all(kind[ends] == END)
@@ -616,8 +627,8 @@ def _adjacent_couples(
 
 
 def _same_sm(
-    begins: np.ndarray,
-    ends: np.ndarray,
+    begins: Rows,
+    ends: Rows,
     smid: np.ndarray | None,
     records: _Records,
     header: _Header,
@@ -630,15 +641,16 @@ def _same_sm(
     if np.any(differ):
         at = int(np.argmax(differ))
         writers, first = header.writers, header.first
+        begin, end = (np.arange(len(smid))[rows][at] for rows in (begins, ends))
         raise ImportFormatError(
-            f"{source}: slots {_slot(records, int(begins[at]), writers, first)} and "
-            f"{_slot(records, int(ends[at]), writers, first)} begin and end one span on SMs "
-            f"{int(smid[begins[at]])} and {int(smid[ends[at]])}"
+            f"{source}: slots {_slot(records, int(begin), writers, first)} and "
+            f"{_slot(records, int(end), writers, first)} begin and end one span on SMs "
+            f"{int(smid[begin])} and {int(smid[end])}"
         )
 
 
 def _columns(
-    spans: np.ndarray,
+    spans: tuple[Rows, Rows],
     records: _Records,
     dropped_rows: np.ndarray,
     event: np.ndarray,
@@ -656,9 +668,9 @@ def _columns(
     block = writer // header.ngroups
     core_type, core = _cores(block, begin, smid, header.sm_of_block, layout, source)
     desc = event[begin].astype(np.uint32)
-    phase = np.zeros(len(begin), dtype=np.int8)  # 0 compute, 1 wait, 2 trigger
-    task = np.arange(len(begin), dtype=np.uint32)
-    tasks = len(begin)
+    phase = np.zeros(len(writer), dtype=np.int8)  # 0 compute, 1 wait, 2 trigger
+    task = np.arange(len(writer), dtype=np.uint32)
+    tasks = len(writer)
     if layout.event_no is not None:
         task = (block * (layout.event_no[1] + 1) + event_no[begin]).astype(np.uint32)
         trigger = desc == SCHD_EVENTS
@@ -685,8 +697,8 @@ def _columns(
     columns = {
         "core_type": core_type,
         "block_id": core,
-        "start_cycle": records.time[begin],
-        "end_cycle": records.time[end],
+        "start_cycle": np.ascontiguousarray(records.time[begin]),
+        "end_cycle": np.ascontiguousarray(records.time[end]),
         "desc_id": desc,
         "task_id": task,
         "owner_id": owner.astype(np.uint32),
@@ -697,7 +709,7 @@ def _columns(
 
 def _cores(
     block: np.ndarray,
-    rows: np.ndarray,
+    rows: Rows,
     smid: np.ndarray | None,
     sm_of_block: np.ndarray | None,
     layout: TagLayout,
@@ -706,16 +718,16 @@ def _cores(
     """``(core_type, block_id)`` of records: the SM the tag (FlashInfer) or the block's meta
     slot (Triton-distributed) names; MPK records no SM, so its block, as a CTA."""
     if smid is not None:
-        return np.full(len(rows), CoreType.SM, np.uint8), smid[rows].astype(np.uint32)
+        return np.full(len(block), CoreType.SM, np.uint8), smid[rows].astype(np.uint32)
     if sm_of_block is None:
-        return np.full(len(rows), CoreType.CTA, np.uint8), block.astype(np.uint32)
+        return np.full(len(block), CoreType.CTA, np.uint8), block.astype(np.uint32)
     sm = sm_of_block[block]
     if np.any(sm < 0):
         raise ImportFormatError(
             f"{source}: block {int(block[np.argmax(sm < 0)])} wrote records but not its meta "
             "slot {pid, smid}: its SM is unknown"
         )
-    return np.full(len(rows), CoreType.SM, np.uint8), sm.astype(np.uint32)
+    return np.full(len(block), CoreType.SM, np.uint8), sm.astype(np.uint32)
 
 
 def _aux_types(layout: TagLayout, options: ImportOptions) -> dict[str, int]:
