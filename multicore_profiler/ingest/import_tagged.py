@@ -499,7 +499,7 @@ def _unwrap(
     wrap of the reference (``_header`` checked that for all of them)."""
     if not len(raw):
         return raw
-    step = np.diff(raw) % WRAP
+    step = np.diff(raw) & (WRAP - 1)  # modulo the wrap (a power of two)
     starts = k == 0
     step = np.concatenate(([0], step))
     step[starts] = 0
