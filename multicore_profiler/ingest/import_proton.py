@@ -379,7 +379,8 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray, numbered: bool = True) -
         first_of_scope = np.concatenate([[True], ~same])
         orphan = first_of_scope & group_ends & wrapped[group_warps]
     begin, end = order[pairs], order[pairs + 1]
-    backwards = np.flatnonzero(cycles[end] < cycles[begin])
+    starts, finishes = cycles[begin], cycles[end]
+    backwards = np.flatnonzero(finishes < starts)
     if backwards.size:
         at = int(end[backwards[0]])
         row, segment = divmod(int(warps[at]), uid_num)
@@ -390,7 +391,7 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray, numbered: bool = True) -
             f"{buffer.path}: {buffer.where(block, segment)}: the end of scope {int(scopes[at])} "
             "at byte "
             f"{buffer.entry_at(block, segment, slot)} has cycle {int(cycles[at])}, "
-            f"before its begin's {int(cycles[begin[backwards[0]]])}"
+            f"before its begin's {int(starts[backwards[0]])}"
         )
     shape = (block_ids.size, uid_num)
     counted = [
@@ -400,7 +401,6 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray, numbered: bool = True) -
         for m in (unpaired, orphan)
     ]
     rows, segments = np.divmod(warps[begin], uid_num)
-    starts = cycles[begin]
     # The pairs come by scope, then warp (one owner each: program ids and uids are unique),
     # then entry order: each (owner, scope)'s instances are adjacent, numbered in a run.
     occurrence = None
@@ -413,7 +413,7 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray, numbered: bool = True) -
                 runs, np.diff(np.append(runs, starts.size))
             )
     return _Chunk(
-        block_ids[rows], segments, scopes[begin], starts, cycles[end], block_ids,
+        block_ids[rows], segments, scopes[begin], starts, finishes, block_ids,
         (written - kept.reshape(shape)), *counted, occurrence,
     )  # fmt: skip
 
