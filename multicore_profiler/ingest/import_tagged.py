@@ -474,18 +474,24 @@ def _written(
     written = occupied.sum(axis=1)
     counts = np.zeros(writers, dtype=np.int64)
     counts[columns.start : columns.stop] = written
-    if rows > 1 and np.any(occupied[:, 1:] > occupied[:, :-1]):
-        gap = (occupied & (np.cumsum(~occupied, axis=1) > 0)).T
+    partial = np.flatnonzero(written < rows)  # only these columns can hold a gap
+    held = occupied[partial]
+    if rows > 1 and np.any(held[:, 1:] > held[:, :-1]):
+        gap = (held & (np.cumsum(~held, axis=1) > 0)).T
         k, w = (int(v[0]) for v in np.nonzero(gap))
+        column = columns.start + int(partial[w])
         raise ImportFormatError(
-            f"{source}: slot {first + k * writers + columns.start + w} holds a record after "
-            f"an empty slot of the same writer (column {columns.start + w}): not this "
-            "producer's layout, or a wrong header"
+            f"{source}: slot {first + k * writers + column} holds a record after an empty "
+            f"slot of the same writer (column {column}): not this producer's layout, or a "
+            "wrong header"
         )
     # Each column is a prefix: its records, writer by writer in record order.
-    values = values.reshape(-1) if written.min(initial=rows) == rows else values[occupied]
     writer = np.repeat(np.arange(columns.start, columns.stop), written)
-    k = np.arange(len(values)) - np.repeat(np.cumsum(written) - written, written)
+    if not len(partial):  # every column full
+        values, k = values.reshape(-1), np.tile(np.arange(rows), len(written))
+    else:
+        values = values[occupied]
+        k = np.arange(len(values)) - np.repeat(np.cumsum(written) - written, written)
     time = _unwrap((values >> np.uint64(32)).astype(np.int64), writer, k, header, source)
     tag = (values & np.uint64(0xFFFF_FFFF)).astype(np.uint32)
     return _Records(writer, k, tag, time, counts)
