@@ -29,7 +29,7 @@ import io
 import json
 import pickle
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from multicore_profiler.abi import DESC_WAIT_DEPENDENCY, NO_OWNER, CoreType
 from multicore_profiler.errors import ImportFormatError
 from multicore_profiler.ingest.imported import ImportedInvocation
 from multicore_profiler.ingest.imports import ImportOptions
+from multicore_profiler.ingest.mapped_file import MappedFile
 
 MKPROF_MAGIC = b"MKPROF1.2\n"
 TIMING_WIDTH = 128
@@ -180,23 +181,23 @@ def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int
             f"{where}: SM {found.block[row]}, instruction {found.task[row]}: slot {close_slot} "
             f"({closing[row]}), which closes it, lies before its first start ({first[row]})"
         )
-    units = np.array([p[2] for p in layout.pairs])
-    owners = np.array([p[3] for p in layout.pairs], np.uint32)
-    rows, cols = np.nonzero(recorded)
-    whole_rows = np.flatnonzero(whole)
-    unit = np.concatenate([np.zeros(len(whole_rows), np.int64), units[cols]])
-    row = np.concatenate([whole_rows, rows])
-    start = np.concatenate([first[whole_rows], starts[rows, cols]])
-    end = np.concatenate([last[whole_rows], ends[rows, cols]])
-    owner = np.concatenate([np.full(len(whole_rows), NO_OWNER, np.uint32), owners[cols]])
+    # Column 0: the whole instruction, then its pairs; row by row, each row's records in
+    # column order, which is often time order on each core already.
+    units = np.array([0, *(p[2] for p in layout.pairs)])
+    owners = np.array([NO_OWNER, *(p[3] for p in layout.pairs)], np.uint32)
+    row, col = np.nonzero(np.column_stack((whole, recorded)))
+    start = np.column_stack((first, starts))[row, col]
+    end = np.column_stack((last, ends))[row, col]
+    unit, owner = units[col], owners[col]
     wait = unit == _WAIT
     desc = np.where(wait, DESC_WAIT_DEPENDENCY, found.opcode[row] + UNIT_STRIDE * unit)
     block = found.block[row]
     # Time order per core; at one start the whole instruction before its units.
-    order = np.lexsort((np.where(wait, len(UNITS), unit), found.task[row], start, block))
-    block, row, start, end, desc, owner, wait = (
-        a[order] for a in (block, row, start, end, desc, owner, wait)
-    )
+    order = _lexsorted((np.where(wait, len(UNITS), unit), found.task[row], start, block))
+    if order is not None:
+        block, row, start, end, desc, owner, wait = (
+            a[order] for a in (block, row, start, end, desc, owner, wait)
+        )
     first_of_core = np.r_[0, np.flatnonzero(np.diff(block)) + 1]
     index = np.arange(len(block)) - np.repeat(
         first_of_core, np.diff(np.r_[first_of_core, len(block)])
@@ -217,11 +218,40 @@ def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int
     )
 
 
+def _lexsorted(keys: tuple[np.ndarray, ...]) -> np.ndarray | None:
+    """``np.lexsort(keys)`` (last key first) of integer keys, by one stable sort of the
+    keys packed into an int64 where their ranges fit 63 bits; None where the rows are in
+    that order already."""
+    if not len(keys[0]):
+        return None
+    lows = [int(k.min()) for k in keys]
+    bits = [(int(k.max()) - low).bit_length() for k, low in zip(keys, lows, strict=True)]
+    if sum(bits) > 63:
+        return np.lexsort(keys)
+    packed = np.zeros(len(keys[0]), np.int64)
+    shift = 0
+    for key, low, width in zip(keys, lows, bits, strict=True):
+        packed |= (key.astype(np.int64) - low) << shift
+        shift += width
+    if np.all(packed[1:] >= packed[:-1]):
+        return None
+    return np.argsort(packed, kind="stable")
+
+
 def _stage_indices(desc: np.ndarray, counter: dict[int, int]) -> np.ndarray:
     """Each record's number among the records of its desc id so far (the chunks before
     included, through ``counter``)."""
-    order = np.argsort(desc, kind="stable")
-    ids, first, counts = np.unique(desc[order], return_index=True, return_counts=True)
+    if len(desc) and int(desc.min()) >= 0 and int(desc.max()) < 1 << 20:
+        # Desc ids are few and small: dense 16-bit codes sort by radix.
+        sizes = np.bincount(desc)
+        ids = np.flatnonzero(sizes)
+        counts = sizes[ids]
+        code = np.uint16 if len(ids) <= 1 << 16 else np.uint32
+        order = np.argsort((np.cumsum(sizes > 0, dtype=code) - code(1))[desc], kind="stable")
+        first = np.cumsum(counts) - counts
+    else:
+        order = np.argsort(desc, kind="stable")
+        ids, first, counts = np.unique(desc[order], return_index=True, return_counts=True)
     base = np.array([counter.get(int(i), 0) for i in ids], np.int64)
     within = np.arange(len(desc)) - np.repeat(first, counts) + np.repeat(base, counts)
     for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
@@ -591,7 +621,11 @@ def _read_mkprof(path: Path, options: ImportOptions) -> Iterator[ImportedInvocat
             "belongs to which GPU is not in the file"
         )
     arrays = _MkprofArrays(
-        path, offset, offset + cells * 4 * (INSTRUCTION_WIDTH + 2), per_instruction
+        path,
+        offset,
+        offset + cells * 4 * (INSTRUCTION_WIDTH + 2),
+        per_instruction,
+        MappedFile(path),
     )
     names = {
         int(k): str(v["name"])
@@ -602,10 +636,8 @@ def _read_mkprof(path: Path, options: ImportOptions) -> Iterator[ImportedInvocat
     for gpu in range(gpus):
         where = f"{path} (GPU {gpu})"
         spans = arrays.spans(gpu * sms, (gpu + 1) * sms)
-        # Each span's distinct opcodes, not its words: a column view would hold them all.
-        opcodes = np.unique(
-            np.concatenate([np.unique(arrays.words(lo, hi)[:, 0]) for lo, hi in spans])
-        )
+        # Each span's distinct opcodes: memory holds one span's opcodes at a time.
+        opcodes = np.unique(np.concatenate([np.unique(arrays.opcodes(lo, hi)) for lo, hi in spans]))
         yield _invocation(
             where,
             options,
@@ -621,32 +653,36 @@ def _read_mkprof(path: Path, options: ImportOptions) -> Iterator[ImportedInvocat
 
 @dataclass(frozen=True)
 class _MkprofArrays:
-    """Where a ``.mkprof``'s instruction words and events lie. Each read takes whole
-    processors with one ``np.fromfile``, so memory holds a chunk, not the file."""
+    """Where a ``.mkprof``'s instruction words and events lie. Each read copies some columns
+    of whole processors out of the file's map and releases its pages, so that memory holds
+    those columns of a chunk, not the file."""
 
     path: Path
     words_at: int
     events_at: int
     queue: int
+    mapped: MappedFile
 
     def spans(self, first: int, end: int) -> list[tuple[int, int]]:
         """Processors first..end in runs of about CHUNK_INSTRUCTIONS instructions."""
         step = max(1, CHUNK_INSTRUCTIONS // max(1, self.queue))
         return [(lo, min(end, lo + step)) for lo in range(first, end, step)]
 
-    def words(self, lo: int, hi: int) -> np.ndarray:
-        """Processors lo..hi's instruction words, [instructions, 32] int32."""
-        return self._read(self.words_at, lo, hi, INSTRUCTION_WIDTH)
+    def opcodes(self, lo: int, hi: int) -> np.ndarray:
+        """Processors lo..hi's opcodes (word 0 of their [instructions, 32] int32 words)."""
+        return self._read(self.words_at, lo, hi, INSTRUCTION_WIDTH, [0])[:, 0]
 
-    def events(self, lo: int, hi: int) -> np.ndarray:
-        """Processors lo..hi's events, [instructions, 128]: uint32 in the file, read as the
-        device's int32 (a time in the upper half is negative)."""
-        return self._read(self.events_at, lo, hi, TIMING_WIDTH)
+    def events(self, lo: int, hi: int, columns: Sequence[int]) -> np.ndarray:
+        """Processors lo..hi's events' ``columns`` (of [instructions, 128]): uint32 in the
+        file, read as the device's int32 (a time in the upper half is negative)."""
+        return self._read(self.events_at, lo, hi, TIMING_WIDTH, columns)
 
-    def _read(self, at: int, lo: int, hi: int, width: int) -> np.ndarray:
+    def _read(self, at: int, lo: int, hi: int, width: int, columns: Sequence[int]) -> np.ndarray:
         count = (hi - lo) * self.queue * width
         offset = at + lo * self.queue * width * 4
-        return np.fromfile(self.path, "<i4", count, offset=offset).reshape(-1, width)
+        values = self.mapped.array("<i4", offset, count).reshape(-1, width)[:, list(columns)]
+        self.mapped.release()  # copied by the column selection
+        return values
 
 
 def _mkprof_header(path: Path) -> tuple[dict, int]:
@@ -682,8 +718,8 @@ def _mkprof_chunks(
     the GPU's first processor)."""
     queue = arrays.queue
     for lo, hi in spans:
-        slots = arrays.events(lo, hi)[:, THROUGHPUT.used].astype(np.int64)
-        opcode = arrays.words(lo, hi)[:, 0].astype(np.int64)
+        slots = arrays.events(lo, hi, THROUGHPUT.used).astype(np.int64)
+        opcode = arrays.opcodes(lo, hi).astype(np.int64)
         block = np.repeat(np.arange(lo - first, hi - first), queue)
         task = np.arange((lo - first) * queue, (hi - first) * queue)
         keep = _started(slots, THROUGHPUT)

@@ -333,11 +333,15 @@ class _Chunk:
     """Kept entries without a partner (a begin with no end, an end with no begin)."""
     orphaned: np.ndarray
     """Of those, ends whose begin the overwrite took (first of their scope in the window)."""
+    occurrence: np.ndarray | None
+    """Each instance's number among its warp's instances of its scope, where their starts
+    come in order (else None: ``_records`` sorts them)."""
 
 
-def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
+def _decode(buffer: _HostBuffer, block_ids: np.ndarray, numbered: bool = True) -> _Chunk:
     """Decode the kept entries of some blocks (sorted by hw id: whole SMs) in time order,
-    unwrap each SM's 43-bit clock, and pair begins with ends per (CTA, warp, scope)."""
+    unwrap each SM's 43-bit clock, and pair begins with ends per (CTA, warp, scope);
+    ``numbered``: also number each (warp, scope)'s instances (``_Chunk.occurrence``)."""
     uid_num, capacity = buffer.uids.size, buffer.segment_entries
     written = buffer.counts[block_ids] // 2
     kept = np.minimum(written, capacity).ravel()
@@ -347,57 +351,82 @@ def _decode(buffer: _HostBuffer, block_ids: np.ndarray) -> _Chunk:
     )
     buffer.mapped.release()  # copied: the file's pages need not stay in memory
     words = data.view("<u4").reshape(-1, 2)
-    warps = np.repeat(np.arange(kept.size), kept)
-    position = np.arange(warps.size) - np.repeat(np.cumsum(kept) - kept, kept)
+    warps = np.repeat(np.arange(kept.size, dtype=np.int32), kept)
+    warp_at = np.cumsum(kept) - kept  # each warp's first entry
     if kept.size and kept.min() == capacity and not first_slot.any():
-        slots, entries = position, words  # every segment full and in order: no gather
+        entries = words  # every segment full and in order: no gather
     else:
+        position = np.arange(warps.size) - np.repeat(warp_at, kept)
         slots = (first_slot[warps] + position) % capacity
-        entries = words[warps * capacity + slots]
+        entries = words[warps.astype(np.int64) * capacity + slots]
+        del position, slots
     word0 = entries[:, 0]
     ends = (word0 >> 31).astype(bool)
-    scopes = ((word0 >> 23) & 0xFF).astype(np.uint8)
-    cycles = ((word0 & 0x7FF).astype(np.int64) << 32) | entries[:, 1].astype(np.int64)
-    _unwrap(cycles, buffer.hw[block_ids][warps // uid_num])
+    scopes = (word0 >> 23).astype(np.uint8)  # the byte below the end bit
+    cycles = ((word0 & 0x7FF).astype(np.int64) << 32) | entries[:, 1]
+    _unwrap(cycles, buffer.hw[block_ids], kept.reshape(-1, uid_num).sum(axis=1))
 
     order = np.argsort(scopes, kind="stable")  # by scope, then warp and time: groups adjacent
     group_warps, group_scopes, group_ends = warps[order], scopes[order], ends[order]
     same = (group_warps[1:] == group_warps[:-1]) & (group_scopes[1:] == group_scopes[:-1])
     pairs = np.flatnonzero(same & ~group_ends[:-1] & group_ends[1:])
-    paired = np.zeros(order.size, bool)
-    paired[pairs] = paired[pairs + 1] = True
+    unpaired = orphan = None  # where every entry is paired, and where no segment wrapped
+    if 2 * pairs.size < order.size:
+        unpaired = np.ones(order.size, bool)
+        unpaired[pairs] = unpaired[pairs + 1] = False
     wrapped = (written > capacity).ravel()
-    first_of_scope = np.concatenate([[True], ~same]) if order.size else paired
-    orphan = first_of_scope & group_ends & wrapped[group_warps]
+    if wrapped.any() and order.size:
+        first_of_scope = np.concatenate([[True], ~same])
+        orphan = first_of_scope & group_ends & wrapped[group_warps]
     begin, end = order[pairs], order[pairs + 1]
-    backwards = np.flatnonzero(cycles[end] < cycles[begin])
+    starts, finishes = cycles[begin], cycles[end]
+    backwards = np.flatnonzero(finishes < starts)
     if backwards.size:
         at = int(end[backwards[0]])
         row, segment = divmod(int(warps[at]), uid_num)
         block = int(block_ids[row])
+        warp = int(warps[at])
+        slot = (int(first_slot[warp]) + at - int(warp_at[warp])) % capacity
         raise ImportFormatError(
             f"{buffer.path}: {buffer.where(block, segment)}: the end of scope {int(scopes[at])} "
             "at byte "
-            f"{buffer.entry_at(block, segment, int(slots[at]))} has cycle {int(cycles[at])}, "
-            f"before its begin's {int(cycles[begin[backwards[0]]])}"
+            f"{buffer.entry_at(block, segment, slot)} has cycle {int(cycles[at])}, "
+            f"before its begin's {int(starts[backwards[0]])}"
         )
     shape = (block_ids.size, uid_num)
     counted = [
-        np.bincount(group_warps[m], minlength=kept.size).reshape(shape) for m in (~paired, orphan)
+        np.bincount(group_warps[m], minlength=kept.size).reshape(shape)
+        if m is not None
+        else np.zeros(shape, np.int64)
+        for m in (unpaired, orphan)
     ]
     rows, segments = np.divmod(warps[begin], uid_num)
+    # The pairs come by scope, then warp (one owner each: program ids and uids are unique),
+    # then entry order: each (owner, scope)'s instances are adjacent, numbered in a run.
+    occurrence = None
+    if numbered:
+        new = np.concatenate([[True], (group_scopes[pairs[1:]] != group_scopes[pairs[:-1]])
+                              | (group_warps[pairs[1:]] != group_warps[pairs[:-1]])])  # fmt: skip
+        if not np.any((starts[1:] < starts[:-1]) & ~new[1:]):
+            runs = np.flatnonzero(new)
+            occurrence = np.arange(starts.size) - np.repeat(
+                runs, np.diff(np.append(runs, starts.size))
+            )
     return _Chunk(
-        block_ids[rows], segments, scopes[begin], cycles[begin], cycles[end], block_ids,
-        (written - kept.reshape(shape)), *counted,
+        block_ids[rows], segments, scopes[begin], starts, finishes, block_ids,
+        (written - kept.reshape(shape)), *counted, occurrence,
     )  # fmt: skip
 
 
-def _unwrap(cycles: np.ndarray, hw: np.ndarray) -> None:
+def _unwrap(cycles: np.ndarray, hw: np.ndarray, entries: np.ndarray) -> None:
     """Add 2^43 to the low cycles of an SM whose cycles span more than half the clock's
-    range: its 43-bit counter wrapped while it ran (entries of one SM are adjacent)."""
+    range: its 43-bit counter wrapped while it ran (entries of one SM are adjacent; block
+    i, on SM ``hw[i]``, has ``entries[i]`` of them)."""
     if not cycles.size:
         return
-    starts = np.flatnonzero(np.concatenate([[True], hw[1:] != hw[:-1]]))
+    hw = hw[entries > 0]
+    at = (np.cumsum(entries) - entries)[entries > 0]
+    starts = at[np.concatenate([[True], hw[1:] != hw[:-1]])]
     span = np.maximum.reduceat(cycles, starts) - np.minimum.reduceat(cycles, starts)
     wrapped = span > CLOCK_MODULUS // 2
     if wrapped.any():
@@ -437,7 +466,7 @@ def _buffer_launch(path: Path, options: ImportOptions) -> ImportedInvocation:
     kept: _Chunk | None = None
     seen = np.zeros(256, bool)
     for blocks in groups:
-        chunk = _decode(buffer, blocks)
+        chunk = _decode(buffer, blocks, numbered=len(groups) == 1)
         seen[chunk.scopes] = True
         np.minimum.at(first, chunk.blocks, chunk.starts)
         np.maximum.at(last, chunk.blocks, chunk.ends)
@@ -470,6 +499,7 @@ def _buffer_launch(path: Path, options: ImportOptions) -> ImportedInvocation:
                     buffer.hw[chunk.blocks], chunk.starts, chunk.ends, chunk.scopes,
                     buffer.program[chunk.blocks],
                     buffer.program[chunk.blocks] * buffer.total_unit + buffer.uids[chunk.segments],
+                    chunk.occurrence,
                 )  # fmt: skip
 
     return ImportedInvocation(
@@ -582,18 +612,21 @@ def _records(
     scopes: np.ndarray,
     tasks: np.ndarray,
     owners: np.ndarray,
+    occurrence: np.ndarray | None = None,
 ) -> pa.Table:
     """Record rows of whole SMs: numbered in time order on each SM (start, then warp, scope
-    and end), each the n-th instance of its scope in its warp (``stage_task_index``)."""
-    by_warp = np.lexsort((starts, scopes, owners))
-    occurrence = np.empty(starts.size, np.int64)
-    new = np.concatenate([[True], (owners[by_warp][1:] != owners[by_warp][:-1])
-                          | (scopes[by_warp][1:] != scopes[by_warp][:-1])])  # fmt: skip
-    runs = np.flatnonzero(new)
-    occurrence[by_warp] = np.arange(starts.size) - np.repeat(
-        runs, np.diff(np.append(runs, starts.size))
-    )
-    order = np.lexsort((ends, scopes, owners, starts, hw))
+    and end), each the n-th instance of its scope in its warp (``stage_task_index``; given
+    as ``occurrence`` where the caller knows it)."""
+    if occurrence is None:
+        by_warp = np.lexsort((starts, scopes, owners))
+        occurrence = np.empty(starts.size, np.int64)
+        new = np.concatenate([[True], (owners[by_warp][1:] != owners[by_warp][:-1])
+                              | (scopes[by_warp][1:] != scopes[by_warp][:-1])])  # fmt: skip
+        runs = np.flatnonzero(new)
+        occurrence[by_warp] = np.arange(starts.size) - np.repeat(
+            runs, np.diff(np.append(runs, starts.size))
+        )
+    order = _in_time(hw, starts, ends, scopes, owners)
     hw = hw[order]
     core_new = np.flatnonzero(np.concatenate([[True], hw[1:] != hw[:-1]]))
     index = np.arange(order.size) - np.repeat(core_new, np.diff(np.append(core_new, order.size)))
@@ -614,6 +647,28 @@ def _records(
             ),
         }
     ).select(list(RECORD_COLUMNS))
+
+
+def _in_time(
+    hw: np.ndarray, starts: np.ndarray, ends: np.ndarray, scopes: np.ndarray, owners: np.ndarray
+) -> np.ndarray:
+    """The rows by SM, start, then owner, scope and end: one sort of (SM, start) packed in
+    an integer where their ranges allow and no two rows tie on it, else a lexsort."""
+    if starts.size:
+        low, high = int(starts.min()), int(starts.max())
+        if int(hw.max()) < 1 << 20:  # hw ids: a table of the SMs present
+            seen = np.bincount(hw) > 0
+            sms, dense = np.flatnonzero(seen), (np.cumsum(seen) - 1)[hw]
+        else:
+            sms, dense = np.unique(hw, return_inverse=True)
+        bits = (high - low).bit_length()
+        if low >= 0 and (sms.size - 1).bit_length() + bits <= 62:
+            key = (dense.astype(np.int64) << bits) | (starts - low)
+            order = np.argsort(key, kind="stable")
+            key = key[order]
+            if not np.any(key[1:] == key[:-1]):
+                return order
+    return np.lexsort((ends, scopes, owners, starts, hw))
 
 
 # --- the chrome trace --------------------------------------------------------------------

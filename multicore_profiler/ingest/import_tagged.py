@@ -44,6 +44,8 @@ AMBIGUOUS_STEP = 1 << 31
 also be that plus any number of wraps: it is refused rather than guessed."""
 EMPTY_TRITON = 0x7FFF_FFFF_FFFF_FFFF
 """Triton-distributed's filler of unwritten slots (FlashInfer and MPK leave them 0)."""
+Rows = np.ndarray | slice
+"""Rows of a batch's records: indices, or a strided slice where that is what they are."""
 GROUP_RADIX = 1000
 """``owner_id`` = block x 1000 + group where a launch has several groups (else the block)."""
 NO_TASK = 0xFFFF_FFFF
@@ -283,7 +285,7 @@ def decode(
         starts.append(spans.columns["start_cycle"])
         descs.append(spans.columns["desc_id"])
         tasks.append(spans.tasks)
-        events.append(np.unique(spans.events))
+        events.append(np.flatnonzero(np.bincount(spans.events)))  # event fields: <= 11 bits
         dropped.update(spans.dropped)
     # Each whole-launch array is freed as soon as it is used: they are the import's
     # memory (about 40 bytes a span), besides one batch.
@@ -454,32 +456,42 @@ def _written(
     they are gathered ``GATHER_BYTES`` of rows at a time, the map's pages released after
     each (``release``), so that memory holds those rows, not the file."""
     writers, first = header.writers, header.first
-    rows = -(-len(data) // writers)
-    where = np.arange(rows)[:, None] * writers + np.arange(columns.start, columns.stop)[None, :]
-    inside = where < len(data)
-    values = np.zeros(where.shape, dtype=np.uint64)
+    rows, full = -(-len(data) // writers), len(data) // writers
+    grid = data[: full * writers].reshape(full, writers)
+    values = np.zeros((len(columns), rows), dtype=np.uint64)  # a column per writer
     step = max(1, GATHER_BYTES // (8 * writers))
-    for at in range(0, rows, step):
-        part = slice(at, at + step)
-        values[part][inside[part]] = data[where[part][inside[part]]]
+    for at in range(0, full, step):
+        part = slice(at, min(at + step, full))
+        values[:, part] = grid[part, columns.start : columns.stop].T
+        release()
+    if full < rows:  # the last row is partial
+        tail = data[full * writers + columns.start : full * writers + columns.stop]
+        values[: len(tail), full] = tail
         release()
     occupied = values != 0
     if layout.meta_slots:
         occupied &= values != np.uint64(EMPTY_TRITON)
+    written = occupied.sum(axis=1)
     counts = np.zeros(writers, dtype=np.int64)
-    counts[columns.start : columns.stop] = occupied.sum(axis=0)
-    first_empty = np.where(occupied.all(axis=0), rows, occupied.argmin(axis=0))
-    gap = occupied & (np.arange(rows)[:, None] > first_empty[None, :])
-    if np.any(gap):
+    counts[columns.start : columns.stop] = written
+    partial = np.flatnonzero(written < rows)  # only these columns can hold a gap
+    held = occupied[partial]
+    if rows > 1 and np.any(held[:, 1:] > held[:, :-1]):
+        gap = (held & (np.cumsum(~held, axis=1) > 0)).T
         k, w = (int(v[0]) for v in np.nonzero(gap))
+        column = columns.start + int(partial[w])
         raise ImportFormatError(
-            f"{source}: slot {first + int(where[k, w])} holds a record after an empty slot of "
-            f"the same writer (column {columns.start + w}): not this producer's layout, or a "
+            f"{source}: slot {first + k * writers + column} holds a record after an empty "
+            f"slot of the same writer (column {column}): not this producer's layout, or a "
             "wrong header"
         )
-    column, k = np.nonzero(occupied.T)
-    values = values[k, column]
-    writer = column + columns.start
+    # Each column is a prefix: its records, writer by writer in record order.
+    writer = np.repeat(np.arange(columns.start, columns.stop), written)
+    if not len(partial):  # every column full
+        values, k = values.reshape(-1), np.tile(np.arange(rows), len(written))
+    else:
+        values = values[occupied]
+        k = np.arange(len(values)) - np.repeat(np.cumsum(written) - written, written)
     time = _unwrap((values >> np.uint64(32)).astype(np.int64), writer, k, header, source)
     tag = (values & np.uint64(0xFFFF_FFFF)).astype(np.uint32)
     return _Records(writer, k, tag, time, counts)
@@ -493,7 +505,7 @@ def _unwrap(
     wrap of the reference (``_header`` checked that for all of them)."""
     if not len(raw):
         return raw
-    step = np.diff(raw) % WRAP
+    step = np.diff(raw) & (WRAP - 1)  # modulo the wrap (a power of two)
     starts = k == 0
     step = np.concatenate(([0], step))
     step[starts] = 0
@@ -531,12 +543,27 @@ def _pair(
     smid: np.ndarray | None,
     header: _Header,
     source: str,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[tuple[Rows, Rows], np.ndarray]:
     """Begin/end pairs and instants as ``(start record, end record)`` row pairs, and the
     begins whose end the buffer had no room for (the writer filled its column)."""
     writers, first = header.writers, header.first
     n = len(kind)
     paired = np.flatnonzero(kind != INSTANT)
+    every = len(paired) == n  # no instant: every span starts at a begin
+    couples = _adjacent_couples(
+        slice(None) if every else paired, records.writer, kind, event, event_no
+    )
+    if couples is not None:
+        begins, ends = couples
+        _same_sm(begins, ends, smid, records, header, source)
+        if every:
+            return (begins, ends), paired[:0]
+        partner = np.full(n, -1, dtype=np.int64)
+        partner[begins] = ends
+        instants = np.flatnonzero(kind == INSTANT)
+        partner[instants] = instants
+        starts = np.flatnonzero(partner >= 0)
+        return (starts, partner[starts]), paired[:0]
     # One key per (writer, event, event_no). The records come writer by writer in record
     # order, so a stable sort keeps each key's records in record order (by radix where the
     # keys fit 16 bits, as FlashInfer's few writers x events do).
@@ -566,23 +593,70 @@ def _pair(
         )
     begins = paired[(parity == 0) & ~open_begin]
     ends = paired[parity == 1]
-    if smid is not None and np.any(smid[begins] != smid[ends]):
-        at = int(np.argmax(smid[begins] != smid[ends]))
-        raise ImportFormatError(
-            f"{source}: slots {_slot(records, int(begins[at]), writers, first)} and "
-            f"{_slot(records, int(ends[at]), writers, first)} begin and end one span on SMs "
-            f"{int(smid[begins[at]])} and {int(smid[ends[at]])}"
-        )
+    _same_sm(begins, ends, smid, records, header, source)
     partner = np.full(n, -1, dtype=np.int64)
     partner[begins] = ends
     instants = np.flatnonzero(kind == INSTANT)
     partner[instants] = instants
     starts = np.flatnonzero(partner >= 0)  # writer by writer, in record order
-    return np.stack((starts, partner[starts])), paired[open_begin]
+    return (starts, partner[starts]), paired[open_begin]
+
+
+def _adjacent_couples(
+    paired: np.ndarray | slice,
+    writer: np.ndarray,
+    kind: np.ndarray,
+    event: np.ndarray,
+    event_no: np.ndarray,
+) -> tuple[Rows, Rows] | None:
+    """``(begins, ends)`` where the begin/end records (``paired``; ``slice(None)``: all)
+    come as adjacent couples of one writer and event, a begin then its end (the common
+    case, unnested spans): the pairs the sort by key would give, found without sorting
+    (as strided slices where ``paired`` is all). None where they do not."""
+    if isinstance(paired, slice):
+        if len(kind) % 2:
+            return None
+        begins, ends = slice(0, None, 2), slice(1, None, 2)
+    else:
+        if len(paired) % 2:
+            return None
+        begins, ends = paired[0::2], paired[1::2]
+    if not (
+        np.all(kind[begins] == BEGIN)
+        and np.all(kind[ends] == END)
+        and np.array_equal(writer[begins], writer[ends])
+        and np.array_equal(event[begins], event[ends])
+        and np.array_equal(event_no[begins], event_no[ends])
+    ):
+        return None
+    return begins, ends
+
+
+def _same_sm(
+    begins: Rows,
+    ends: Rows,
+    smid: np.ndarray | None,
+    records: _Records,
+    header: _Header,
+    source: str,
+) -> None:
+    """Refuse a span whose begin and end name different SMs."""
+    if smid is None:
+        return
+    differ = smid[begins] != smid[ends]
+    if np.any(differ):
+        at = int(np.argmax(differ))
+        writers, first = header.writers, header.first
+        begin, end = (np.arange(len(smid))[rows][at] for rows in (begins, ends))
+        raise ImportFormatError(
+            f"{source}: slots {_slot(records, int(begin), writers, first)} and "
+            f"{_slot(records, int(end), writers, first)} begin and end one span on SMs "
+            f"{int(smid[begin])} and {int(smid[end])}"
+        )
 
 
 def _columns(
-    spans: np.ndarray,
+    spans: tuple[Rows, Rows],
     records: _Records,
     dropped_rows: np.ndarray,
     event: np.ndarray,
@@ -600,9 +674,9 @@ def _columns(
     block = writer // header.ngroups
     core_type, core = _cores(block, begin, smid, header.sm_of_block, layout, source)
     desc = event[begin].astype(np.uint32)
-    phase = np.zeros(len(begin), dtype=np.int8)  # 0 compute, 1 wait, 2 trigger
-    task = np.arange(len(begin), dtype=np.uint32)
-    tasks = len(begin)
+    phase = np.zeros(len(writer), dtype=np.int8)  # 0 compute, 1 wait, 2 trigger
+    task = np.arange(len(writer), dtype=np.uint32)
+    tasks = len(writer)
     if layout.event_no is not None:
         task = (block * (layout.event_no[1] + 1) + event_no[begin]).astype(np.uint32)
         trigger = desc == SCHD_EVENTS
@@ -629,8 +703,8 @@ def _columns(
     columns = {
         "core_type": core_type,
         "block_id": core,
-        "start_cycle": records.time[begin],
-        "end_cycle": records.time[end],
+        "start_cycle": np.ascontiguousarray(records.time[begin]),
+        "end_cycle": np.ascontiguousarray(records.time[end]),
         "desc_id": desc,
         "task_id": task,
         "owner_id": owner.astype(np.uint32),
@@ -641,7 +715,7 @@ def _columns(
 
 def _cores(
     block: np.ndarray,
-    rows: np.ndarray,
+    rows: Rows,
     smid: np.ndarray | None,
     sm_of_block: np.ndarray | None,
     layout: TagLayout,
@@ -650,16 +724,16 @@ def _cores(
     """``(core_type, block_id)`` of records: the SM the tag (FlashInfer) or the block's meta
     slot (Triton-distributed) names; MPK records no SM, so its block, as a CTA."""
     if smid is not None:
-        return np.full(len(rows), CoreType.SM, np.uint8), smid[rows].astype(np.uint32)
+        return np.full(len(block), CoreType.SM, np.uint8), smid[rows].astype(np.uint32)
     if sm_of_block is None:
-        return np.full(len(rows), CoreType.CTA, np.uint8), block.astype(np.uint32)
+        return np.full(len(block), CoreType.CTA, np.uint8), block.astype(np.uint32)
     sm = sm_of_block[block]
     if np.any(sm < 0):
         raise ImportFormatError(
             f"{source}: block {int(block[np.argmax(sm < 0)])} wrote records but not its meta "
             "slot {pid, smid}: its SM is unknown"
         )
-    return np.full(len(rows), CoreType.SM, np.uint8), sm.astype(np.uint32)
+    return np.full(len(block), CoreType.SM, np.uint8), sm.astype(np.uint32)
 
 
 def _aux_types(layout: TagLayout, options: ImportOptions) -> dict[str, int]:
@@ -711,12 +785,18 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
 
 def _numbered(values: np.ndarray, in_time: np.ndarray) -> np.ndarray:
     """Each row's number among the rows of its value, in the order ``in_time``."""
-    present = np.unique(values)
     # Small non-negative integers (16 bits where they fit, so that numpy's stable sort is
-    # a radix sort) in the order of ``values``.
-    dense = np.searchsorted(present, values).astype(
-        np.uint16 if len(present) <= 1 << 16 else np.uint32
-    )
+    # a radix sort) in the order of ``values``: by a table where the values' range is small.
+    if len(values) and int(values.max()) < 1 << 20:
+        seen = np.bincount(values) > 0
+        present = np.flatnonzero(seen)
+        kind = np.uint16 if len(present) <= 1 << 16 else np.uint32
+        dense = (np.cumsum(seen, dtype=kind) - kind(1))[values]
+    else:
+        present = np.unique(values)
+        dense = np.searchsorted(present, values).astype(
+            np.uint16 if len(present) <= 1 << 16 else np.uint32
+        )
     del values
     sizes = np.bincount(dense, minlength=len(present))
     order = in_time[np.argsort(dense[in_time], kind="stable")]  # by value, then in time
