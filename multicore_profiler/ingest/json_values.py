@@ -140,6 +140,10 @@ def _cast_numbers(
             return Numbers(integers * 10**decimals, present, quoted, none, none)
     if decimals == 0:
         return None
+    # Arrow's decimal cast wraps a far negative exponent around instead of refusing it
+    # (pyarrow 26: "486864e-71" reads as 7.056): exponents are read by _exact.
+    if pc.any(pc.match_substring(views.cast(pa.string()), "e", ignore_case=True)).as_py():
+        return None
     try:
         scaled = pc.cast(views, pa.decimal128(38, decimals))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
