@@ -30,8 +30,8 @@ from typing import Any
 # methods higher rooms give lower rooms' classes (extension.py) are in place before use.
 from multicore_profiler.abi import BufferLayout, CoreType
 from multicore_profiler.analysis.analyze import KernelAnalysis, analyze, speedup_curves, what_if
+from multicore_profiler.analysis.changes import Change
 from multicore_profiler.analysis.outer_kernel_rules import KernelRules, OuterKernelRules
-from multicore_profiler.analysis.what_if import Change
 from multicore_profiler.errors import ProfileError
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.export.files import ExportedTrace

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multicore_profiler.analysis import replay as replay_module
+from multicore_profiler.analysis.changes import parse_change
 from multicore_profiler.analysis.replay import (
     SCHEMA,
     prepare,
@@ -22,7 +23,7 @@ from multicore_profiler.analysis.replay import (
     replay_records,
     static_bound,
 )
-from multicore_profiler.analysis.what_if import parse_change, what_if
+from multicore_profiler.analysis.what_if import what_if
 from multicore_profiler.errors import AnalysisError
 
 AIC, AIV = 1, 2

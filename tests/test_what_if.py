@@ -1,5 +1,5 @@
-"""What-if changes (analysis/what_if.py): their text form, predictions against a plain-Python
-replay of the same semantics, and the speed-up curves."""
+"""What-if changes (analysis/changes.py, analysis/what_if.py): their text form,
+predictions against a plain-Python replay of the same semantics, and the speed-up curves."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from test_replay import (
     workloads,
 )
 
+from multicore_profiler.analysis.changes import Change, parse_change
 from multicore_profiler.analysis.replay import prepare
-from multicore_profiler.analysis.what_if import Change, parse_change, speedup_curves, what_if
+from multicore_profiler.analysis.what_if import speedup_curves, what_if
 from multicore_profiler.errors import AnalysisError, ArgumentError
 
 
@@ -79,8 +80,9 @@ def test_parse_change_rejects(text, message):
 def test_change_checks_its_fields_and_names_itself():
     with pytest.raises(ArgumentError, match="scale must be a finite number >= 0"):
         Change(stage="A", scale=-1.0)
-    with pytest.raises(ArgumentError, match="AIC or AIV"):
+    with pytest.raises(ArgumentError, match="core_type is one of AIC, AIV, SM, CTA, got 'GPU'"):
         Change(core_type="GPU")
+    assert Change(core_type="SM", scale=0.5).text == "SM*0.5"  # an import's GPU cores
     assert Change(stage="A", scale=0.5).text == "A*0.5"
     assert Change(core_type="AIC", tasks=(1, 2), shift_ns=-50.0).text == "AIC&task=1,2-50ns"
 

@@ -18,8 +18,9 @@ import pyarrow as pa
 
 from multicore_profiler.analysis import replay
 from multicore_profiler.analysis import what_if as changes_module
+from multicore_profiler.analysis.changes import Change
 from multicore_profiler.analysis.selection import RecordSelection
-from multicore_profiler.analysis.what_if import DEFAULT_SPEEDUPS, Change
+from multicore_profiler.analysis.what_if import DEFAULT_SPEEDUPS
 from multicore_profiler.errors import AnalysisError
 from multicore_profiler.storage.store import Store
 

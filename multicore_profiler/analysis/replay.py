@@ -64,16 +64,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from multicore_profiler.analysis.changes import Change, ComputeRecords
 from multicore_profiler.errors import AnalysisError, ArgumentError
-
-if TYPE_CHECKING:
-    from multicore_profiler.analysis.what_if import Change
 
 KEY_COLUMNS = ("run_id", "rank", "invocation_id", "write_id")
 """The columns that name an invocation, leading every table this module returns."""
@@ -131,19 +128,6 @@ _NO_RELEASE = -(1 << 62)
 _INT64_END = 2.0**63
 """The first float past int64: a float ``x`` converts to int64 exactly where
 ``-_INT64_END <= x < _INT64_END`` (the largest float below is 2^63 - 1024)."""
-
-
-@dataclass(frozen=True)
-class ComputeRecords:
-    """The compute records of one chunk, with the columns a change selects them by."""
-
-    stage: np.ndarray
-    """Index into ``stage_names`` (-1: no stage)."""
-    stage_names: tuple[str, ...]
-    core_type: np.ndarray
-    owner: np.ndarray
-    task: np.ndarray
-    frequency_hz: np.ndarray
 
 
 def _sum_wrapped(a: np.ndarray, b: np.ndarray, total: np.ndarray) -> np.ndarray:

@@ -7,9 +7,9 @@ import argparse
 import sys
 
 from multicore_profiler.analysis.analyze import analyze
+from multicore_profiler.analysis.changes import Change, parse_change
 from multicore_profiler.analysis.critical_path import DEFAULT_TOLERANCE_CYCLES
 from multicore_profiler.analysis.selection import RecordSelection
-from multicore_profiler.analysis.what_if import Change, parse_change
 from multicore_profiler.cli.arguments import (
     Parents,
     add_record_selection,
