@@ -38,9 +38,10 @@ _REPLAYED = "SEMI JOIN _replayed USING (run_id, rank, invocation_id)"
 # whose producer counted on a clock per core with no anchor (clock_domain per_core).
 # _overlapping: imported invocations whose producer recorded spans that overlap on one core
 # (concurrent warps, groups or units), which the replay, chaining each core's records, and
-# its static bound cannot hold. _replayed: what the replay takes, the comparable ones less
-# those and those whose task graph is recorded dependency edges alone (no wait or trigger
-# records for the replay to release their tasks by).
+# its static bound cannot hold. _dependency_graphs: the selected invocations whose task
+# graph is recorded dependency edges alone (no wait or trigger records for the replay to
+# release their tasks by). _replayed: what the replay takes, the comparable ones less those
+# two kinds. This is the one place that keeps invocations out of the replay.
 _REPLAY_SETS = """
 CREATE TEMP TABLE _comparable AS
 SELECT run_id, rank, invocation_id FROM _analyzed
@@ -62,15 +63,16 @@ placed AS (
     SEMI JOIN imported USING (run_id, rank, invocation_id, write_id)
 )
 SELECT DISTINCT run_id, rank, invocation_id FROM placed WHERE start_cycle < before_end;
+CREATE TEMP TABLE _dependency_graphs AS
+SELECT i.run_id, i.rank, i.invocation_id FROM invocations i
+SEMI JOIN _analyzed USING (run_id, rank, invocation_id)
+SEMI JOIN tasks g
+    ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
+    AND g.depends_on IS NOT NULL;
 CREATE TEMP TABLE _replayed AS
 SELECT c.* FROM _comparable c
 ANTI JOIN _overlapping USING (run_id, rank, invocation_id)
-ANTI JOIN (
-    SELECT i.run_id, i.rank, i.invocation_id FROM invocations i
-    SEMI JOIN tasks g
-        ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
-        AND g.depends_on IS NOT NULL
-) USING (run_id, rank, invocation_id);
+ANTI JOIN _dependency_graphs USING (run_id, rank, invocation_id);
 """
 
 # What the analyses cannot say of imported invocations, per run, kernel and reason: their
@@ -83,22 +85,13 @@ WITH selected AS (
     SEMI JOIN _analyzed USING (run_id, rank, invocation_id)
     WHERE i.producer IS NOT NULL
 ),
-graphs AS (
-    SELECT s.run_id, s.rank, s.invocation_id, s.write_id
-    FROM selected s
-    WHERE EXISTS (
-        SELECT 1 FROM tasks g
-        WHERE g.run_id = s.run_id AND g.rank = s.rank AND g.config_id = s.config_id
-            AND g.depends_on IS NOT NULL
-    )
-),
 waits AS (  -- recorded waits, or the dependency edges the blockers follow instead
-    SELECT DISTINCT run_id, rank, invocation_id, write_id
+    SELECT DISTINCT run_id, rank, invocation_id
     FROM raw_records
     SEMI JOIN selected USING (run_id, rank, invocation_id, write_id)
     WHERE phase = 'wait'
     UNION
-    SELECT * FROM graphs
+    SELECT * FROM _dependency_graphs
 ),
 spreads AS (
     SELECT c.run_id, c.rank, c.invocation_id, c.write_id,
@@ -116,12 +109,12 @@ reasons AS (
     WHERE clock_domain = 'anchored'
     UNION ALL
     SELECT s.*, 'no_waits', NULL
-    FROM selected s ANTI JOIN waits USING (run_id, rank, invocation_id, write_id)
+    FROM selected s ANTI JOIN waits USING (run_id, rank, invocation_id)
     UNION ALL
     SELECT s.*, 'no_task_graph', NULL FROM selected s WHERE config_id IS NULL
     UNION ALL
     SELECT s.*, 'dependency_graph', NULL
-    FROM selected s SEMI JOIN graphs USING (run_id, rank, invocation_id, write_id)
+    FROM selected s SEMI JOIN _dependency_graphs USING (run_id, rank, invocation_id)
     UNION ALL
     SELECT s.*, 'overlapping_records', NULL
     FROM selected s SEMI JOIN _overlapping USING (run_id, rank, invocation_id)

@@ -535,19 +535,9 @@ class ReplayGraph:
     """
 
     def __init__(
-        self,
-        keys: pa.Table,
-        records: pa.Table,
-        chunks: list[_Chunk],
-        stages: tuple[str, ...],
-        recorded_dependencies: np.ndarray | None = None,
+        self, keys: pa.Table, records: pa.Table, chunks: list[_Chunk], stages: tuple[str, ...]
     ) -> None:
         self.keys = keys
-        self.recorded_dependencies = (
-            np.zeros(keys.num_rows, bool)
-            if recorded_dependencies is None
-            else recorded_dependencies
-        )
         self.records = records
         self.chunks = chunks
         self.stages = stages
@@ -588,7 +578,6 @@ def prepare(table: pa.Table) -> ReplayGraph:
         raise AnalysisError(f"the replay needs the record columns {', '.join(missing)}")
     if table.num_rows == 0:
         raise AnalysisError("the selection holds no records to replay")
-    dependent = _recorded_dependencies(table)
     for name in COLUMNS:
         if name not in _NULLABLE and table.column(name).null_count:
             raise AnalysisError(f"the records' {name} column holds NULLs")
@@ -664,35 +653,7 @@ def prepare(table: pa.Table) -> ReplayGraph:
     compute = pc.equal(table.column("phase"), "compute")
     stages = pc.unique(table.column("stage").filter(compute).drop_null()).to_pylist()
     records = table.select([*order, "phase"])
-    flagged = np.array(
-        [key in dependent for key in zip(*keys.to_pydict().values(), strict=True)], bool
-    )
-    return ReplayGraph(keys, records, chunks, tuple(sorted(stages)), flagged)
-
-
-def _recorded_dependencies(table: pa.Table) -> set[tuple[object, ...]]:
-    """The keys of the invocations whose task graph is one of recorded dependency edges
-    (``replay_records.recorded_dependencies``: an imported simpler graph)."""
-    if "recorded_dependencies" not in table.column_names:
-        return set()
-    flagged = table.filter(pc.fill_null(table.column("recorded_dependencies"), False))
-    return set(zip(*flagged.select(list(KEY_COLUMNS)).to_pydict().values(), strict=True))
-
-
-def refuse_recorded_dependencies(graph: ReplayGraph) -> None:
-    """``AnalysisError`` where an invocation's task graph is one of recorded dependency
-    edges (``tasks.depends_on``, an imported simpler capture): the replay releases a task
-    only by the wait and trigger records that such a graph does not have, so a prediction
-    would ignore every dependency."""
-    flagged = np.flatnonzero(graph.recorded_dependencies)
-    if flagged.size:
-        raise AnalysisError(
-            f"what-if cannot replay {graph.describe(int(flagged[0]))}"
-            f"{f' (and {flagged.size - 1} more)' if flagged.size > 1 else ''}: its task graph "
-            "is one of recorded dependency edges (an imported simpler capture) with no wait "
-            "or trigger records, and the replay releases tasks only by those. Its critical "
-            "path and wait attribution do follow the dependency edges"
-        )
+    return ReplayGraph(keys, records, chunks, tuple(sorted(stages)))
 
 
 _Masks = dict["Change", list[np.ndarray]]
@@ -833,7 +794,7 @@ def replay_table(graph: ReplayGraph, replayed: np.ndarray, predicted: np.ndarray
     """The replay's table from the replayed (unchanged) and predicted makespans."""
     observed = graph.observed_makespan_ns
     error = _fidelity_error(replayed, observed)
-    faithful = (error <= FIDELITY_LIMIT) & ~graph.recorded_dependencies
+    faithful = error <= FIDELITY_LIMIT
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = predicted / observed
     return pa.table(
@@ -852,8 +813,7 @@ def replay_table(graph: ReplayGraph, replayed: np.ndarray, predicted: np.ndarray
 def replay(graph: ReplayGraph, changes: Sequence[Change] = ()) -> pa.Table:
     """One row per invocation: key columns, ``observed_makespan_ns``,
     ``replayed_makespan_ns`` (durations unchanged), ``fidelity_error``, ``faithful``
-    (error <= ``FIDELITY_LIMIT``; never for an invocation of recorded dependency edges,
-    which the replay cannot release), ``predicted_makespan_ns`` under the changes (NULL where
+    (error <= ``FIDELITY_LIMIT``), ``predicted_makespan_ns`` under the changes (NULL where
     not faithful) and ``ratio`` (predicted / observed)."""
     changes = tuple(changes)
     spans = predict_makespans(graph, [(), changes] if changes else [()])
@@ -863,8 +823,7 @@ def replay(graph: ReplayGraph, changes: Sequence[Change] = ()) -> pa.Table:
 def static_bound(graph: ReplayGraph) -> pa.Table:
     """One row per invocation: key columns, ``makespan_ns`` (observed), ``static_bound_ns``
     (the DAG's longest path), ``slack_ns`` (makespan - bound) and ``slack_share`` (slack /
-    makespan, NULL for a makespan of 0); the last three NULL for an invocation of recorded
-    dependency edges, whose DAG the replay does not hold."""
+    makespan, NULL for a makespan of 0)."""
     bounds = []
     for chunk in graph.chunks:
         last = np.maximum.reduceat(chunk.static_ends(), chunk.inv_starts)
@@ -879,8 +838,8 @@ def static_bound(graph: ReplayGraph) -> pa.Table:
         {
             **{name: graph.keys.column(name) for name in KEY_COLUMNS},
             "makespan_ns": pa.array(makespan),
-            "static_bound_ns": pa.array(bound, mask=graph.recorded_dependencies),
-            "slack_ns": pa.array(slack, mask=graph.recorded_dependencies),
-            "slack_share": pa.array(share, mask=(makespan == 0) | graph.recorded_dependencies),
+            "static_bound_ns": pa.array(bound),
+            "slack_ns": pa.array(slack),
+            "slack_share": pa.array(share, mask=makespan == 0),
         }
     )

@@ -15,7 +15,6 @@ from multicore_profiler.analysis.replay import (
     KEY_COLUMNS,
     ReplayGraph,
     predict_makespans,
-    refuse_recorded_dependencies,
     replay,
     replay_table,
 )
@@ -34,11 +33,7 @@ def what_if(
 ) -> pa.Table:
     """``replay`` with the changes (``Change`` objects or their text). With ``strict``,
     ``AnalysisError`` naming the invocations whose replay is not faithful instead of
-    their NULL predictions. An invocation of recorded dependency edges (an imported simpler
-    graph), which the replay cannot release, gets no prediction either (with ``strict``, an
-    ``AnalysisError`` naming it)."""
-    if strict:
-        refuse_recorded_dependencies(graph)
+    their NULL predictions."""
     table = replay(graph, _changes(changes))
     if strict:
         unfaithful = np.flatnonzero(~table.column("faithful").to_numpy())
@@ -65,8 +60,7 @@ def speedup_curves(
     ``observed_makespan_ns``, ``faithful``, ``predicted_makespan_ns`` with the stage's
     compute scaled by ``1 - speedup`` (NULL where not faithful) and ``ratio`` (predicted
     / observed). Stages default to every stage with compute records; all scenarios are
-    replayed together. An invocation of recorded dependency edges (an imported simpler
-    graph) is not faithful: the replay cannot release its tasks."""
+    replayed together."""
     stages = tuple(graph.stages if stages is None else stages)
     speedups = tuple(float(s) for s in speedups)
     bad = [s for s in speedups if not 0 <= s <= 1]

@@ -1,8 +1,6 @@
 -- The what-if replay's input (analysis/replay.py): every record with its cycles, its
 -- invocation's anchor and frequency, and for a wait or trigger of a task in the kernel's
--- task graph its event, wait count or triggered event (NULL otherwise). recorded_dependencies
--- says the invocation's graph is one of recorded predecessors (tasks.depends_on, an
--- imported simpler graph), which the replay refuses.
+-- task graph its event, wait count or triggered event (NULL otherwise).
 -- Needs: records.records_ns.
 CREATE OR REPLACE VIEW replay_records AS
 SELECT
@@ -13,12 +11,7 @@ SELECT
     CASE WHEN n.phase = 'wait' AND g.wait_event >= 0 THEN g.wait_event END AS wait_event,
     CASE WHEN n.phase = 'wait' AND g.wait_event >= 0 THEN g.wait_count END AS wait_count,
     CASE WHEN n.phase = 'trigger' AND g.trigger_event >= 0 THEN g.trigger_event END
-        AS trigger_event,
-    EXISTS (
-        SELECT 1 FROM tasks d
-        WHERE d.run_id = n.run_id AND d.rank = n.rank AND d.config_id = n.config_id
-            AND d.depends_on IS NOT NULL
-    ) AS recorded_dependencies
+        AS trigger_event
 FROM records_ns n
 JOIN invocations i
     ON i.run_id = n.run_id AND i.rank = n.rank AND i.invocation_id = n.invocation_id
