@@ -65,7 +65,7 @@ _PHASE_CODES[np.subtract(_CONTROL, min(_CONTROL))] = (1, 2, 3)
 
 
 @functools.cache
-def _phase_dictionary() -> pa.StringArray:
+def phase_dictionary() -> pa.StringArray:
     """The dictionary of ``records.phase``: ``PHASES``. Made on first use, as pyarrow imports
     pandas to convert Python values, which importing this module must not."""
     return pa.array(PHASES, pa.string())
@@ -436,7 +436,7 @@ def decode_buffers(
     _check_distances(where, layout, headers, active, anchors, records)
     phase = records.pop("phase")
     records["phase"] = pa.DictionaryArray.from_buffers(
-        _PHASE_TYPE, len(phase), [None, pa.py_buffer(phase)], _phase_dictionary()
+        _PHASE_TYPE, len(phase), [None, pa.py_buffer(phase)], phase_dictionary()
     )
     dropped = headers["dropped_count"].astype(np.int64) * active
     if warn_dropped and dropped.any():

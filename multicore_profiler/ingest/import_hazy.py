@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from multicore_profiler.abi import DESC_WAIT_DEPENDENCY, NO_OWNER, CoreType
 from multicore_profiler.errors import ImportFormatError
-from multicore_profiler.ingest.imported import ImportedInvocation
+from multicore_profiler.ingest.imported import ImportedInvocation, phase_column
 from multicore_profiler.ingest.imports import ImportOptions
 from multicore_profiler.ingest.mapped_file import MappedFile
 
@@ -55,7 +55,6 @@ UNITS = ("", "controller", "loader", "launcher", "consumer", "storer", "gmem_sto
 CHUNK_INSTRUCTIONS = 1 << 16
 """Instructions per record chunk (at most 23 records each)."""
 _WAIT = -1
-_PHASES = pa.array(["compute", "wait"])
 
 
 @dataclass(frozen=True)
@@ -213,7 +212,7 @@ def _records(found: _Instructions, layout: Layout, where: str, counter: dict[int
             "task_id": pa.array(found.task[row].astype(np.uint32)),
             "stage_task_index": pa.array(_stage_indices(desc, counter)),
             "owner_id": pa.array(owner),
-            "phase": pa.DictionaryArray.from_arrays(wait.astype(np.int8), _PHASES),
+            "phase": phase_column(wait),  # 1: a wait, 0: compute
         }
     )
 

@@ -45,7 +45,12 @@ from multicore_profiler.errors import (
     ImportFormatError,
     TraceFormatError,
 )
-from multicore_profiler.ingest.imported import RECORD_COLUMNS, CoreClock, ImportedInvocation
+from multicore_profiler.ingest.imported import (
+    RECORD_COLUMNS,
+    CoreClock,
+    ImportedInvocation,
+    phase_column,
+)
 from multicore_profiler.ingest.mapped_file import MappedFile
 from multicore_profiler.ingest.trace_reader import EventBlock, field_name, read_trace
 
@@ -642,9 +647,7 @@ def _records(
             "task_id": pa.array(tasks[order].astype(np.uint32)),
             "stage_task_index": pa.array(occurrence[order].astype(np.uint32)),
             "owner_id": pa.array(owners[order].astype(np.uint32)),
-            "phase": pa.DictionaryArray.from_arrays(
-                pa.array(np.zeros(count, np.int8)), pa.array(["compute"])
-            ),
+            "phase": phase_column(np.zeros(count, np.int8)),
         }
     ).select(list(RECORD_COLUMNS))
 

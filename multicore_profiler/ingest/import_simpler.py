@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from multicore_profiler.abi import NO_OWNER, CoreType
 from multicore_profiler.errors import ImportFormatError
-from multicore_profiler.ingest.imported import ImportedInvocation
+from multicore_profiler.ingest.imported import ImportedInvocation, phase_column
 from multicore_profiler.ingest.imports import ImportOptions
 from multicore_profiler.ingest.mapped_file import MappedFile
 from multicore_profiler.storage.schema import TASKS
@@ -581,9 +581,7 @@ def _launch(
                     "task_id": pa.array(task_id[rows], pa.uint32()),
                     "stage_task_index": pa.array(stage_task_index[rows], pa.uint32()),
                     "owner_id": pa.array(np.full(len(rows), NO_OWNER, np.uint32)),
-                    "phase": pa.DictionaryArray.from_arrays(
-                        pa.array(np.zeros(len(rows), np.int8)), pa.array(["compute"])
-                    ),
+                    "phase": phase_column(np.zeros(len(rows), np.int8)),
                 }
             )
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from multicore_profiler.abi import DESC_TRIGGER_EVENT, DESC_WAIT_DEPENDENCY, CoreType
 from multicore_profiler.errors import DroppedRecordsWarning, ImportFormatError
-from multicore_profiler.ingest.imported import ImportedInvocation
+from multicore_profiler.ingest.imported import ImportedInvocation, phase_column
 from multicore_profiler.ingest.imports import ImportOptions
 from multicore_profiler.ingest.mapped_file import MappedFile
 
@@ -808,15 +808,12 @@ def _numbered(values: np.ndarray, in_time: np.ndarray) -> np.ndarray:
     return numbers
 
 
-_PHASES = pa.array(["compute", "wait", "trigger", "terminate"])
-
-
 def _chunks(columns: Mapping[str, np.ndarray]) -> Iterator[pa.Table]:
     """The records as tables of at most ``CHUNK_ROWS`` rows."""
     total = len(columns["start_cycle"])
     for at in range(0, total, CHUNK_ROWS):
         part = {name: values[at : at + CHUNK_ROWS] for name, values in columns.items()}
-        phase = pa.DictionaryArray.from_arrays(pa.array(part.pop("phase")), _PHASES)
+        phase = phase_column(part.pop("phase"))
         yield pa.table(
             {
                 **{name: pa.array(values) for name, values in part.items()},

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from multicore_profiler.abi import CORE_NAMES, PHASES
 from multicore_profiler.errors import ImportFormatError
+from multicore_profiler.ingest.decode import phase_dictionary
 from multicore_profiler.ingest.step_rows import INVOCATION_ROWS, RECORD_ROWS
 from multicore_profiler.storage.claims import claimed_ids
 from multicore_profiler.storage.partitions import write_partition
@@ -37,6 +38,12 @@ RECORD_COLUMNS = tuple(n for n in RECORD_ROWS.names if n not in ("rank", "invoca
 """The columns of an imported record chunk: the store's, less what the writer stamps."""
 _PHASE_TYPE = pa.dictionary(pa.int8(), pa.string())
 _CORE_KEY = ("core_type", "block_id")
+
+
+def phase_column(codes: np.ndarray) -> pa.DictionaryArray:
+    """Records' ``phase`` column from their phase codes (indices into ``abi.PHASES``: 0
+    compute, 1 wait, 2 trigger, 3 terminate), with the dictionary the decoder writes."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, np.int8)), phase_dictionary())
 
 
 @dataclass(frozen=True)
