@@ -156,3 +156,9 @@ class ClockAnchorWarning(UserWarning):
     """An imported core's records do not fit between its anchors at the frequency used (its
     clock runs faster than that), or cores sharing a counter disagree on its offset: the
     core's offset interval is empty and its offset is the anchor's lower bound."""
+
+
+class ClockError(ProfileError):
+    """Records whose clocks cannot be reconciled: causal edges that contradict each other
+    around a cycle no per-core offset can fix (the message names the invocation and the
+    edges), or a correction that would move a core's records before cycle 0."""

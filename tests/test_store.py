@@ -116,6 +116,8 @@ def test_invocation_row_keeps_layout_frequency_and_names(store: Store) -> None:
         "producer": None,
         "producer_format": None,
         "clock_domain": "shared",
+        "host_launch_ns": None,
+        "host_sync_ns": None,
     }
     cores = store.sql(
         "SELECT slot, core_type, block_id, entry_cycle, record_count FROM cores ORDER BY slot"

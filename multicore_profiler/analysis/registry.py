@@ -11,6 +11,15 @@ from importlib import resources
 
 import duckdb
 
+from multicore_profiler.analysis.clock_offsets import install_clock_offsets
+from multicore_profiler.analysis.clock_settings import (
+    DEFAULT_CLOCK_TOLERANCE_NS,
+    check_clock_tolerance,
+    check_correction,
+    install_clock_tolerance,
+    install_correction,
+    no_correction,
+)
 from multicore_profiler.analysis.critical_path import (
     DEFAULT_TOLERANCE_CYCLES,
     check_tolerance,
@@ -27,9 +36,11 @@ from multicore_profiler.storage.sql_modules import Setting, SqlModule, register
 
 def mark_clock_offsets(con: duckdb.DuckDBPyConnection) -> None:
     """Set ``_clock_offsets_present()`` on ``con`` to whether an invocation it sees has
-    per-core clock offsets (an anchored import): a constant DuckDB prunes by."""
+    per-core clock offsets (an anchored import, or an applied clock correction): a constant
+    DuckDB prunes by."""
     present = con.execute(
-        "SELECT count(*) > 0 FROM raw_invocations WHERE clock_domain = 'anchored'"
+        "SELECT (SELECT count(*) FROM raw_invocations WHERE clock_domain = 'anchored') > 0 "
+        "OR (SELECT count(*) FROM _clock_corrections) > 0"
     ).fetchone()
     flag = "true" if present is not None and present[0] else "false"
     con.execute(f"CREATE OR REPLACE TEMP MACRO _clock_offsets_present() AS {flag}")
@@ -45,8 +56,16 @@ register(
     SqlModule("units", _sql("units.sql")),
     SqlModule("records.names", _sql("records/names.sql")),
     SqlModule(
+        "clock_correction",
+        setting=Setting(
+            default=no_correction, check=check_correction, install=install_correction, eager=True
+        ),
+        defines=("_clock_corrections",),
+    ),
+    SqlModule(
         "records.aligned_records",
         _sql("records/aligned_records.sql"),
+        needs=("clock_correction",),
         per_cursor=mark_clock_offsets,
     ),
     SqlModule(
@@ -106,6 +125,44 @@ register(
         "records.kernel_ranks",
         _sql("records/kernel_ranks.sql"),
         needs=("records.critical_path",),
+        on_demand=True,
+    ),
+)
+
+# Clock and schedule sanity: what the records' own causality, the host's launch times and
+# the planned queues say of the cores' clocks (docs/clocks.md).
+register(
+    SqlModule(
+        "clock_tolerance",
+        setting=Setting(
+            default=lambda: DEFAULT_CLOCK_TOLERANCE_NS,
+            check=check_clock_tolerance,
+            install=install_clock_tolerance,
+        ),
+        defines=("clock_tolerance_ns",),
+    ),
+    SqlModule(
+        "records.clock_sanity",
+        _sql("records/clock_sanity.sql"),
+        needs=("units", "records.names", "records.task_edges", "clock_tolerance"),
+        on_demand=True,
+    ),
+    SqlModule(
+        "records.clock_offsets",
+        needs=("units", "records.clock_sanity"),
+        defines=("clock_offsets",),
+        computed=install_clock_offsets,
+    ),
+    SqlModule(
+        "records.clock_frequency",
+        _sql("records/clock_frequency.sql"),
+        needs=("units", "records.aligned_records"),
+        on_demand=True,
+    ),
+    SqlModule(
+        "records.schedule_sanity",
+        _sql("records/schedule_sanity.sql"),
+        needs=("units", "records.names", "records.task_edges"),
         on_demand=True,
     ),
 )

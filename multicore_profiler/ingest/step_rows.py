@@ -141,6 +141,8 @@ def step_tables(
         "dropped_count": pa.array(decoded.dropped_counts),
         "window_id": _repeat("window_id", launches.window_id, count),
         "partial_slots": decoded.partial_slots,
+        "host_launch_ns": pa.nulls(count, pa.int64()),
+        "host_sync_ns": pa.nulls(count, pa.int64()),
     }
     invocations = pa.Table.from_arrays(
         [columns[name] for name in INVOCATION_ROWS.names], schema=INVOCATION_ROWS

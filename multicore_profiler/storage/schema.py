@@ -102,6 +102,8 @@ INVOCATIONS = TableSpec(
             ("producer", pa.string()),
             ("producer_format", pa.string()),
             ("clock_domain", pa.string()),
+            ("host_launch_ns", pa.int64()),
+            ("host_sync_ns", pa.int64()),
         ]
     ),
     partition_by=("run_id",),
@@ -136,7 +138,13 @@ records. ``clock_domain`` says whether the cycles of different cores are compara
 ``shared`` (one counter for the whole device: hyper-parallel's and mcprof's own, read as
 such where null), ``anchored`` (a counter per core, each placed on a common clock by an
 anchor: ``cores.clock_offset_cycles``) or ``per_core`` (a counter per core and no anchor:
-times of different cores cannot be compared)."""
+times of different cores cannot be compared).
+``host_launch_ns`` and ``host_sync_ns`` are the host's monotonic clock (ns) just before the
+launch and once the host knew the kernel had finished (its synchronize returned, or the
+launch itself returned for a backend whose kernels run inside their launch): the kernel
+ran between them, which bounds its counter's frequency (``clock_frequency``). Null where
+no capture session timed the launch (buffers ingested from files, imports, rows written
+before the columns existed)."""
 
 CORES = TableSpec(
     name="cores",
@@ -342,12 +350,19 @@ those tables but no trace (msprof's simplified export) has a row with no events 
 ``outputs``). Files written before these four columns existed read them as NULL."""
 
 OPTIONAL_COLUMNS = {
-    INVOCATIONS.name: ("producer", "producer_format", "clock_domain"),
+    INVOCATIONS.name: (
+        "producer",
+        "producer_format",
+        "clock_domain",
+        "host_launch_ns",
+        "host_sync_ns",
+    ),
     CORES.name: CLOCK_COLUMNS,
     TASKS.name: ("depends_on",),
 }
-"""Columns of imported producers' data that mcprof's own writers leave out: a writer's rows
-without them are written with them null (``StoreWrites``)."""
+"""Columns that some writers leave out (imported producers' data, which mcprof's own writers
+lack; the host's launch times, which only a capture session has): a writer's rows without
+them are written with them null (``StoreWrites``)."""
 
 TABLES = {
     spec.name: spec

@@ -9,8 +9,9 @@ views and macros are installed with the first read, unless they are marked ``on_
 (views whose creation, which binds them, costs milliseconds every store would pay on its
 first query). A materialized module's tables are built on install and rebuilt when
 its ``freshness`` query says the data under them changed; a module with a ``Setting`` (the
-outer-kernel rules) is configured per store, and one with ``per_cursor`` set up again on each
-cursor scoped to runs that needs it.
+outer-kernel rules) is configured per store, one with ``per_cursor`` set up again on each
+cursor scoped to runs that needs it, and a ``computed`` one (what numpy solves from the
+views, such as the clock offsets) computed again on each cursor whose query needs it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class Setting:
     default: Callable[[], Any]
     check: Callable[[duckdb.DuckDBPyConnection, Any], None]
     install: Callable[[duckdb.DuckDBPyConnection, Any], None]
+    eager: bool = False
+    """Installed with the first read, as modules of views are: for a setting whose install
+    is cheap and that views of the first read need (the clock correction's table)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,9 @@ class SqlModule:
     SQL: for what depends on the data such a cursor sees (a temporary macro that lets DuckDB
     prune a branch). A cursor over the whole store reads only the files its query does, so
     it gets no such setup."""
+    computed: Callable[[duckdb.DuckDBPyConnection], None] | None = None
+    """Run on every cursor whose query needs the module, after its SQL: defines, on that
+    cursor, the names (``defines``) that Python computes from the rows the cursor sees."""
     names: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -69,9 +76,14 @@ class SqlModule:
 
     @property
     def lazy(self) -> bool:
-        """Whether it waits for a query that names it (it builds tables, takes a setting or
-        is marked on demand)."""
-        return bool(self.materialized) or self.setting is not None or self.on_demand
+        """Whether it waits for a query that names it (it builds tables, takes a setting
+        that is not eager, is computed or is marked on demand)."""
+        return (
+            bool(self.materialized)
+            or (self.setting is not None and not self.setting.eager)
+            or self.on_demand
+            or self.computed is not None
+        )
 
 
 class ModuleRegistry:
@@ -211,6 +223,8 @@ class InstalledModules:
                 for table in module.materialized:
                     con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM _live_{table}")
             self._installed[module.name] = fresh
+            if module.computed is not None:
+                module.computed(con)
 
     def _configurable(self, name: str) -> SqlModule:
         module = self._registry.get(name)

@@ -1,5 +1,5 @@
 -- Records on their invocation's common clock.
--- Needs nothing.
+-- Needs: clock_correction (the table _clock_corrections, a store setting).
 --
 -- hyper-parallel's cores (and most producers' SMs) read one counter shared by the chip:
 -- their records' cycles are already comparable, and they pass through unchanged. Some
@@ -7,21 +7,35 @@
 -- each core on a common clock by an anchor (Proton's per-CTA globaltimer): the import
 -- stores that core's offset in cores.clock_offset_cycles (and the interval it may lie in,
 -- clock_low_cycles .. clock_high_cycles), chosen so that every shifted cycle is >= 0.
--- Every analysis that compares cycles of different cores reads these views, not the raw
--- ones; records and raw_records keep the cycles exactly as they were recorded.
+-- A clock correction (--clock-correction: offsets estimated from the records' causality,
+-- see records/clock_sanity.sql and analysis/clock_offsets.py) adds its offset per core on
+-- top. Every analysis that compares cycles of different cores reads these views, not the
+-- raw ones; records and raw_records keep the cycles exactly as they were recorded.
 
--- The cores of each invocation that carry a clock offset (none but imported ones).
+-- The cores of each invocation whose cycles are shifted, and by how much: the anchor's
+-- offset (none but imported ones have one) plus the applied correction's.
 CREATE OR REPLACE VIEW _core_clock_offsets AS
-SELECT run_id, step, rank, invocation_id, write_id, core_type, block_id, clock_offset_cycles
-FROM raw_cores
-WHERE clock_offset_cycles IS NOT NULL;
+SELECT
+    run_id, step, rank, invocation_id, write_id, core_type, block_id,
+    sum(offset_cycles)::BIGINT AS clock_offset_cycles
+FROM (
+    SELECT
+        run_id, step, rank, invocation_id, write_id, core_type, block_id,
+        clock_offset_cycles AS offset_cycles
+    FROM raw_cores
+    WHERE clock_offset_cycles IS NOT NULL
+    UNION ALL
+    SELECT run_id, step, rank, invocation_id, write_id, core_type, block_id, offset_cycles
+    FROM _clock_corrections
+)
+GROUP BY ALL;
 
 -- A raw cycle of a core on its invocation's common clock (the core's offset added).
 CREATE OR REPLACE MACRO aligned_cycle(cycle, offset_cycles) AS
 CASE WHEN offset_cycles IS NULL THEN cycle
      ELSE (cycle::HUGEINT + offset_cycles)::UBIGINT END;
 
--- Whether any invocation the cursor sees has clock offsets. A constant, so that DuckDB drops
+-- Whether any invocation the cursor sees has clock offsets (or a correction is applied). A constant, so that DuckDB drops
 -- the branch of aligned_raw_records that does not apply: records with nothing to align
 -- cost no join. A cursor scoped to runs (what the commands read through) sets it as a
 -- temporary macro from the invocations of those runs (analysis/registry.py); a query over

@@ -1,0 +1,2 @@
+-- Frequency sanity: each run's counter frequency against the host's launch-to-synchronize
+-- times (docs/clocks.md). Needs: units, records.aligned_records.

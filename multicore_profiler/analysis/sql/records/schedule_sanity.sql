@@ -1,0 +1,3 @@
+-- Schedule sanity: the recorded tasks of each worker against its planned queue, and each
+-- wait's event count against its triggers (docs/clocks.md).
+-- Needs: units, records.names, records.task_edges.
