@@ -188,14 +188,15 @@ def solve(inv: np.ndarray, src: np.ndarray, dst: np.ndarray, slack: np.ndarray) 
     cycles = {}
     for bad in np.unique(inv[changed]).tolist():
         cycles[bad] = _negative_cycle(np.flatnonzero(inv == bad), src, dst, slack)
-    # Each invocation's reference: its lowest core with an edge (else its first core).
-    first = np.searchsorted(inv, np.arange(len(per_inv)))
+    # Each invocation's reference: its lowest core with an edge (none: no edges at all, and
+    # every core keeps offset 0, unconstrained).
     with_edge = np.flatnonzero(edges > 0)
-    ref = first.copy()
     found_inv, found_at = np.unique(inv[with_edge], return_index=True)
-    ref[found_inv] = with_edge[found_at]
-    ref_of = ref[inv]
-    offset = moved - moved[ref_of]
+    ref = with_edge[found_at]
+    ref_of = np.full(len(per_inv), -1, dtype=np.int64)
+    ref_of[found_inv] = ref
+    node_ref = ref_of[inv]
+    offset = np.where(node_ref >= 0, moved - moved[np.maximum(node_ref, 0)], 0)
 
     start = np.full(n, _UNREACHED, dtype=np.int64)
     start[ref] = 0
