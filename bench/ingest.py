@@ -61,10 +61,12 @@ def store_launches(
     label: str,
     config_id: str | None = None,
     tasks: pa.Table | None = None,
+    batch: np.ndarray | None = None,
 ) -> str:
-    """A run of ``count`` launches of ``kernel``, ``LAUNCHES_PER_STEP`` a step (and its task
-    graph, if given); return its id."""
-    batch = launches(kernel, count)
+    """A run of ``count`` launches of ``kernel`` (``batch``'s buffers if given, else
+    ``launches``), ``LAUNCHES_PER_STEP`` a step (and its task graph, if given); return its
+    id."""
+    batch = launches(kernel, count) if batch is None else batch
     info = KernelInfo(
         kernel_name=kernel.kernel_name,
         owner_label=kernel.owner_label,

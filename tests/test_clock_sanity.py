@@ -188,7 +188,7 @@ def sanity(store: Store, invocation: int) -> list[tuple]:
     return [
         tuple(r.values())
         for r in store.sql(
-            "SELECT core, block_id, causality_violations, max_violation_ns, \"overlaps\", "
+            'SELECT core, block_id, causality_violations, max_violation_ns, "overlaps", '
             "backwards, late_entry_ns, verdict FROM clock_sanity WHERE invocation_id = ? "
             "ORDER BY core_type, block_id",
             [invocation],

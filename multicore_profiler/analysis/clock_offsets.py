@@ -8,10 +8,11 @@ an edge dst -> src of weight slack, and shortest paths solve it (Bellman-Ford): 
 invocation's cores are solved at once, one numpy relaxation per round over every edge of
 the selection, so no Python runs per edge.
 
-* The offsets: each core is moved back as little as causality forces and none forward (the
-  shortest paths from a source with an edge of weight 0 to every core), then all of an
-  invocation's cores by one amount, so that its reference core (the lowest core with an
-  edge) keeps offset 0. Where no edge is contradicted, every offset is 0.
+* The offsets, relative to each invocation's reference core (its lowest core with an
+  edge, which keeps offset 0): each core moves as little as causality forces, forward
+  only to the low end of its interval where that end is above 0, back only as far as the
+  edges force (the greatest solution below max(low, 0)). Where no edge is contradicted,
+  every offset is 0; a single core whose clock is off moves alone.
 * The interval a core's offset can lie in, relative to the reference: at most the shortest
   path from the reference to it, at least minus the shortest path from it to the
   reference; a side no path bounds is open (NULL), and a core no path joins to the
@@ -41,18 +42,19 @@ _UNREACHED = np.iinfo(np.int64).max // 4
 _CYCLES_SHOWN = 5
 """Contradictory invocations an error names one by one."""
 
-# The cores of the cursor's invocations (each core with a cores row, and any other that an
-# edge names), numbered in order, with their invocation's number.
+# The constraints, once; the cores of the cursor's invocations (each core with a cores row,
+# and any other that an edge names), numbered in order, with their invocation's number.
 _NODES = """
+CREATE OR REPLACE TEMP TABLE _clock_pairs AS SELECT * FROM _clock_constraints;
 CREATE OR REPLACE TEMP TABLE _clock_nodes AS
 WITH keys AS (
     SELECT run_id, step, rank, invocation_id, write_id, core_type, block_id FROM cores
     UNION
     SELECT run_id, step, rank, invocation_id, write_id, src_core_type, src_block_id
-    FROM _clock_constraints
+    FROM _clock_pairs
     UNION
     SELECT run_id, step, rank, invocation_id, write_id, dst_core_type, dst_block_id
-    FROM _clock_constraints
+    FROM _clock_pairs
 )
 SELECT
     *,
@@ -66,7 +68,7 @@ ORDER BY node
 _EDGES = """
 SELECT s.node AS src, d.node AS dst, c.slack_cycles, c.edges, c.tightest.kind AS kind,
     c.tightest.src_task_id AS src_task_id, c.tightest.dst_task_id AS dst_task_id
-FROM _clock_constraints c
+FROM _clock_pairs c
 JOIN _clock_nodes s
     ON s.run_id = c.run_id AND s.rank = c.rank AND s.invocation_id = c.invocation_id
     AND s.write_id = c.write_id AND s.core_type = c.src_core_type
@@ -183,20 +185,16 @@ def solve(inv: np.ndarray, src: np.ndarray, dst: np.ndarray, slack: np.ndarray) 
     per_inv = np.bincount(inv) if n else np.zeros(0, dtype=np.int64)
     rounds = int(per_inv.max(initial=0)) + 1
 
-    # Every core moved back as little as the edges force (a source at 0 to every core).
-    moved, changed = _relax(np.zeros(n, dtype=np.int64), tail, head, weight, rounds)
+    # Contradictions around a cycle, found from a source with an edge to every core.
+    _, changed = _relax(np.zeros(n, dtype=np.int64), tail, head, weight, rounds)
     cycles = {}
     for bad in np.unique(inv[changed]).tolist():
         cycles[bad] = _negative_cycle(np.flatnonzero(inv == bad), src, dst, slack)
     # Each invocation's reference: its lowest core with an edge (none: no edges at all, and
     # every core keeps offset 0, unconstrained).
     with_edge = np.flatnonzero(edges > 0)
-    found_inv, found_at = np.unique(inv[with_edge], return_index=True)
+    _, found_at = np.unique(inv[with_edge], return_index=True)
     ref = with_edge[found_at]
-    ref_of = np.full(len(per_inv), -1, dtype=np.int64)
-    ref_of[found_inv] = ref
-    node_ref = ref_of[inv]
-    offset = np.where(node_ref >= 0, moved - moved[np.maximum(node_ref, 0)], 0)
 
     start = np.full(n, _UNREACHED, dtype=np.int64)
     start[ref] = 0
@@ -204,6 +202,20 @@ def solve(inv: np.ndarray, src: np.ndarray, dst: np.ndarray, slack: np.ndarray) 
     behind, _ = _relax(start, rtail, rhead, rweight, rounds)  # x[v] >= -path v -> ref
     high_bounded = ahead < _UNREACHED
     low_bounded = behind < _UNREACHED
+    # Two ways to move each core as little as causality forces, both relative to the
+    # reference (which no path moves): the greatest offsets at most max(low, 0) (forward
+    # only to an interval's low end above 0, else back as far as the edges force), and the
+    # least at least min(high, 0) (the mirror image). Each invocation takes the one that
+    # moves its cores less in all (the first on a tie).
+    ceiling = np.where(low_bounded, np.maximum(-behind, 0), 0)
+    back_first, _ = _relax(ceiling, tail, head, weight, rounds)
+    floor = np.where(high_bounded, np.maximum(-ahead, 0), 0)
+    mirrored, _ = _relax(floor, rtail, rhead, rweight, rounds)
+    forward_first = -mirrored
+    size = len(per_inv)
+    back_cost = np.bincount(inv, weights=np.abs(back_first), minlength=size)
+    forward_cost = np.bincount(inv, weights=np.abs(forward_first), minlength=size)
+    offset = np.where((forward_cost < back_cost)[inv], forward_first, back_first)
     return Solution(
         offset=offset,
         low=np.where(low_bounded, -behind, 0),
