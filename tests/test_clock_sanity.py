@@ -314,3 +314,50 @@ def test_solve_alone_on_a_chain_a_cycle_and_a_lone_core() -> None:
     assert list(found.cycles) == [1]
     assert sorted(found.cycles[1]) == [3, 4]
     assert found.offset[:3].tolist() == [0, 0, -20]
+
+
+def test_check_clocks_reports_each_run_and_fails_on_a_contradiction(
+    clocks_store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from multicore_profiler.cli import main
+
+    report = clocks_store.check(clocks=True)
+    assert not report.ok
+    assert report.clocks.select(
+        ["run_id", "contradicted_edges", "max_violation_ns", "largest_offset_ns"]
+    ).to_pylist() == [
+        {
+            "run_id": "clocks-loop",
+            "contradicted_edges": 2,
+            "max_violation_ns": 10.0,
+            "largest_offset_ns": None,
+        },
+        {
+            "run_id": "clocks-run",
+            "contradicted_edges": 1,
+            "max_violation_ns": 20.0,
+            "largest_offset_ns": 20.0,
+        },
+    ]
+    status = main(["check", "--clocks", "--run", RUN, "--store", str(clocks_store.root)])
+    out = capsys.readouterr()
+    assert status == 1
+    assert out.out.splitlines() == [
+        "run clocks-run: clocks: NOT OK: 2 invocation(s), 7 core(s); 1 causal edge(s) "
+        "contradicted (1 beyond 0 ns, the largest 20 ns); largest estimated offset 20 ns on "
+        "1 core(s)",
+        "run clocks-run: clocks: 1 causal edge(s) in 1 invocation(s) contradict causality "
+        "beyond the tolerance of 0 ns (a wait or dependent task recorded before what "
+        "released it ended), the largest by 20 ns: the cores' clocks disagree (see "
+        "clock_violations and clock_offsets; --clock-correction applies the offsets)",
+        "run clocks-run: clocks: 1 core(s) recorded records that run backwards (a record "
+        "starting before the previous one on its core, or ending before it starts): the "
+        "counter went back (see clock_sanity)",
+        "run clocks-run: clocks: 1 core(s) recorded their entry cycle after their first "
+        "record (see clock_sanity)",
+        "run clocks-run: clocks: 1 core(s) with one writer recorded overlapping records "
+        "(see clock_sanity)",
+    ]
+    assert out.err.strip().endswith("4 problem(s) in the clocks of 1 run(s)")
+    tolerant = ["check", "--clocks", "--clock-tolerance", "20", "--store"]
+    assert main([*tolerant, str(clocks_store.root), "--run", RUN]) == 1  # backwards still

@@ -165,6 +165,12 @@ register(
         needs=("units", "records.names", "records.task_edges"),
         on_demand=True,
     ),
+    SqlModule(
+        "records.clock_check",
+        _sql("records/clock_check.sql"),
+        needs=("records.clock_sanity", "records.clock_frequency", "records.schedule_sanity"),
+        on_demand=True,
+    ),
 )
 
 # Outer-kernel analyses: the rules (a setting per store), then one module per topic. The

@@ -9,17 +9,27 @@ from datetime import timedelta
 
 import pyarrow as pa
 
+from multicore_profiler.analysis.clock_check import summary as clock_summary
 from multicore_profiler.cli.arguments import Parents, in_range, open_given_store
 from multicore_profiler.cli.output import emit, one_line
-from multicore_profiler.limits import COUNT, DAYS, HOURS
-from multicore_profiler.storage.check import check_store
+from multicore_profiler.limits import COUNT, DAYS, HOURS, INT64, Range
 from multicore_profiler.storage.vacuum import GRACE
+
+CLOCK_TOLERANCE = Range("a tolerance in ns", 0, INT64.high)
+"""``--clock-tolerance``: the clock checks' tolerance of causality, a whole number of ns."""
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Print each problem of the store's files as ``<file>: <check>: <reason>`` and the
-    summary on standard error; status 1 when a check failed."""
-    report = check_store(open_given_store(args), args.run or None)
+    """Print each problem of the store's files as ``<file>: <check>: <reason>`` (with
+    ``--clocks``, each run's clock check first) and the summary on standard error; status
+    1 when a check failed."""
+    store = open_given_store(args)
+    if args.clock_tolerance is not None:
+        store.configure("clock_tolerance", args.clock_tolerance)
+    report = store.check(args.run or None, clocks=args.clocks)
+    if report.clocks is not None:
+        for row in report.clocks.to_pylist():
+            print(one_line(clock_summary(row)))
     for problem in report.problems:
         print(one_line(str(problem)))
     print(report.summary(), file=sys.stderr)
@@ -62,12 +72,29 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         description="Read every file of the store (or of some runs) with its page checksums "
         "verified; compare its schema with its table's and each invocation's record count with "
         "its records; list orphan and leftover files, symbolic links, and runs left running "
-        "by a capture session whose job and writer are gone. Print one line per problem, "
-        "<file>: <check>: <reason>, and a summary on standard error. Exit status: 1 when a "
-        "check failed, else 0. Nothing is changed.",
+        "by a capture session whose job and writer are gone. With --clocks, also judge each "
+        "run's records by their own causality (a wait cannot end before the trigger that "
+        "released it), its frequency by the host's launch-to-synchronize times and its "
+        "workers by their planned queues, printing one line per run. Print one line per "
+        "problem, <file>: <check>: <reason> (a run's clock problems: run <id>: clocks: "
+        "<reason>), and a summary on standard error. Exit status: 1 when a check failed, "
+        "else 0. Nothing is changed.",
     )
     check.add_argument(
         "--run", action="append", default=[], help="check only this run (repeatable)"
+    )
+    check.add_argument(
+        "--clocks",
+        action="store_true",
+        help="also check each run's clocks, frequency and schedule against its records' own "
+        "causality and the host's launch times, and print one line per run (docs/clocks.md)",
+    )
+    check.add_argument(
+        "--clock-tolerance",
+        type=in_range(CLOCK_TOLERANCE),
+        metavar="NS",
+        help="with --clocks: how far (ns) a wait may end before the trigger that released it "
+        "before the clocks are called contradicted (default 0)",
     )
     check.set_defaults(func=cmd_check)
 

@@ -69,13 +69,15 @@ CHECKS = (
     "abandoned",
     "layout",
     "special",
+    "clocks",
 )
 """What a problem can be: a page failing its CRC; a file that is not readable Parquet;
 a schema that does not fit the table; an invocation whose counts disagree with its rows;
 a file of a write never committed; a dead writer's ``.parquet.tmp`` file or claim; a run
 left ``running`` by a capture session whose job and writer are gone; a file outside the
 store's layout; a symbolic link (or FIFO, socket, device), which the store never follows
-or reads."""
+or reads; a run whose records contradict their own clocks, frequency or schedule (only when
+``Store.check(clocks=True)`` asks: its "file" is ``run <run id>``)."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _COUNTS = """
 WITH records AS (
@@ -130,6 +132,8 @@ class CheckReport:
     """Every problem, by file (sorted by path, then check)."""
     in_progress: int = 0
     """``.parquet.tmp`` files and claims younger than ``ORPHAN_AGE``: writes under way."""
+    clocks: pa.Table | None = None
+    """With ``Store.check(clocks=True)``: the ``clock_check`` row of each run checked."""
 
     @property
     def ok(self) -> bool:
@@ -139,12 +143,23 @@ class CheckReport:
     def summary(self) -> str:
         """One line: what was checked and how many problems were found."""
         scope = "the store" if self.runs is None else f"{len(self.runs)} run(s) of the store"
-        line = f"checked {self.files_checked} file(s) of {scope} at {self.store}: "
+        line = f"checked {self.files_checked} file(s) of {scope} at {self.store}"
+        if self.clocks is not None:
+            line += f" and the clocks of {self.clocks.num_rows} run(s)"
+        line += ": "
         if self.ok:
             line += "no problem found"
         else:
-            files = len({p.path for p in self.problems})
-            line += f"{len(self.problems)} problem(s) in {files} file(s)"
+            files = len({p.path for p in self.problems if p.check != "clocks"})
+            runs = len({p.path for p in self.problems if p.check == "clocks"})
+            line += f"{len(self.problems)} problem(s) in " + " and ".join(
+                part
+                for part in (
+                    f"{files} file(s)" if files else "",
+                    f"the clocks of {runs} run(s)" if runs else "",
+                )
+                if part
+            )
         if self.in_progress:
             line += f"; {self.in_progress} file(s) of writes under way"
         return line

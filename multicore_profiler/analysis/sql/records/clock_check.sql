@@ -1,0 +1,42 @@
+-- The clock checks of each run in one row: what `mcprof check --clocks` and
+-- Store.check(clocks=True) judge a run by (docs/clocks.md).
+-- Needs: records.clock_sanity.
+
+-- Per run: its invocations and cores; the causal edges its records contradict, beyond the
+-- tolerance or not, the largest contradiction and the invocations holding one beyond the
+-- tolerance; the cores whose records run backwards, overlap on a core with one writer, or
+-- start before their core's entry cycle (clock_sanity's verdicts).
+CREATE OR REPLACE VIEW clock_check AS
+WITH cores AS (
+    SELECT
+        run_id,
+        count(DISTINCT (rank, invocation_id)) AS invocations,
+        count(*) AS cores,
+        count(*) FILTER (WHERE verdict = 'backwards') AS backwards_cores,
+        count(*) FILTER (WHERE verdict = 'overlapping') AS overlapping_cores,
+        count(*) FILTER (WHERE verdict = 'late_entry') AS late_entry_cores
+    FROM clock_sanity
+    GROUP BY run_id
+),
+edges AS (
+    SELECT
+        run_id,
+        count(*) AS contradicted_edges,
+        count(*) FILTER (WHERE beyond_tolerance) AS edges_beyond_tolerance,
+        max(violation_ns) AS max_violation_ns,
+        count(DISTINCT (rank, invocation_id)) FILTER (WHERE beyond_tolerance)
+            AS contradicted_invocations
+    FROM clock_violations
+    GROUP BY run_id
+)
+SELECT
+    c.run_id, c.invocations, c.cores,
+    coalesce(e.contradicted_edges, 0) AS contradicted_edges,
+    coalesce(e.edges_beyond_tolerance, 0) AS edges_beyond_tolerance,
+    e.max_violation_ns,
+    coalesce(e.contradicted_invocations, 0) AS contradicted_invocations,
+    clock_tolerance_ns() AS tolerance_ns,
+    c.backwards_cores, c.overlapping_cores, c.late_entry_cores
+FROM cores c
+LEFT JOIN edges e USING (run_id)
+ORDER BY c.run_id;
