@@ -130,7 +130,9 @@ def row(core: str, block: int, planned: int, recorded: int, **counts: object) ->
     )
 
 
-def event(number: int, planned: int, recorded: int, waits: int, max_count: int, **rest) -> dict:
+def event(
+    number: int, planned: int, recorded: int, waits: int, max_count: int | None, **rest: object
+) -> dict:
     """An event_sanity row of one waiter: no unreleased wait, nothing dropped, ok."""
     fields = {"unreleased_waits": 0, "trigger_dropped": 0, "verdict": "ok"} | rest
     return {
@@ -163,6 +165,16 @@ def test_a_missing_task_in_the_middle_of_a_queue(store: Store) -> None:
         {"core": "AIC", "block_id": 0, "fault": "missing", "task_id": 1, "position": 1,
          "record_index": None, "previous_position": None},
     ]  # fmt: skip
+
+
+def test_a_worker_that_recorded_nothing_misses_its_whole_queue(store: Store) -> None:
+    schedule, events, _ = judged(store, aiv1=[])
+    assert schedule == [
+        *CLEAN[:2],
+        row("AIV", 1, 1, 0, missing=1, tail_missing=1, verdict="missing"),
+    ]
+    # Task 5's wait for event 1 was not recorded either: no wait to judge.
+    assert events == [CLEAN_EVENTS[0], event(DONE, 1, 1, 0, None)]
 
 
 def test_a_task_run_by_another_worker_is_extra_there_and_missing_here(store: Store) -> None:

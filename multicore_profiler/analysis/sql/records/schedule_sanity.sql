@@ -171,7 +171,7 @@ counted AS (
         coalesce(r.repeated, 0) AS repeated,
         coalesce(r.out_of_order, 0) AS out_of_order,
         coalesce(p.planned, 0) - coalesce(r.last_position + 1, 0) AS tail_missing,
-        coalesce(c.dropped_count, 0) AS dropped
+        coalesce(c.dropped_count, 0)::BIGINT AS dropped
     FROM slots k
     JOIN _scheduled_invocations s
         ON s.run_id = k.run_id AND s.rank = k.rank AND s.invocation_id = k.invocation_id
@@ -238,7 +238,7 @@ planned AS (
 ),
 trigger_slots AS (
     SELECT s.run_id, s.rank, s.invocation_id, s.write_id, g.event,
-        sum(c.dropped_count) AS trigger_dropped
+        sum(c.dropped_count)::BIGINT AS trigger_dropped
     FROM _scheduled_invocations s
     JOIN (SELECT DISTINCT run_id, rank, config_id, event, core_type, worker
           FROM roles WHERE triggers) g
