@@ -1,6 +1,7 @@
 -- Schedule sanity: the recorded tasks of each worker against its planned queue, and each
 -- wait's event count against its triggers (docs/clocks.md).
--- Needs: units, records.names, records.task_edges.
+-- Needs: records.names (core_name). It reads the store's tables as recorded (tasks,
+-- invocations, cores, raw_records): counts and orders, no cycles, so no clock alignment.
 --
 -- The plan. An invocation is judged where its kernel handed over a planned schedule: a
 -- task graph (tasks, per run, rank and config_id) whose tasks list no recorded
