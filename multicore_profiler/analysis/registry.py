@@ -162,7 +162,7 @@ register(
     SqlModule(
         "records.schedule_sanity",
         _sql("records/schedule_sanity.sql"),
-        needs=("units", "records.names", "records.task_edges"),
+        needs=("records.names",),
         on_demand=True,
     ),
     SqlModule(
