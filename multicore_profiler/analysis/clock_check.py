@@ -78,6 +78,17 @@ def findings(row: dict[str, Any]) -> list[str]:
             f"{row['overlapping_cores']} core(s) with one writer recorded overlapping "
             "records (see clock_sanity)"
         )
+    if row["faulty_workers"]:
+        found.append(
+            f"{row['faulty_workers']} worker(s) ran other than their planned queue "
+            "(missing, extra, repeated or out-of-order tasks: see schedule_sanity and "
+            "schedule_faults)"
+        )
+    if row["faulty_events"]:
+        found.append(
+            f"{row['faulty_events']} event(s) whose recorded waits and triggers disagree "
+            "(see event_sanity)"
+        )
     if row["late_entry_cores"]:
         found.append(
             f"{row['late_entry_cores']} core(s) recorded their entry cycle after their "

@@ -1,11 +1,14 @@
 -- The clock checks of each run in one row: what `mcprof check --clocks` and
 -- Store.check(clocks=True) judge a run by (docs/clocks.md).
--- Needs: records.clock_sanity.
+-- Needs: records.clock_sanity, records.clock_frequency, records.schedule_sanity.
 
 -- Per run: its invocations and cores; the causal edges its records contradict, beyond the
 -- tolerance or not, the largest contradiction and the invocations holding one beyond the
 -- tolerance; the cores whose records run backwards, overlap on a core with one writer, or
--- start before their core's entry cycle (clock_sanity's verdicts).
+-- start before their core's entry cycle (clock_sanity's verdicts); the workers that ran
+-- other than their planned queue (schedule_sanity's verdicts but ok and dropped), those
+-- whose slot dropped records, and the events whose waits and triggers disagree
+-- (event_sanity's unreleased, extra_triggers and missing_triggers).
 CREATE OR REPLACE VIEW clock_check AS
 WITH cores AS (
     SELECT
@@ -28,6 +31,23 @@ edges AS (
             AS contradicted_invocations
     FROM clock_violations
     GROUP BY run_id
+),
+workers AS (
+    SELECT
+        run_id,
+        count(*) FILTER (WHERE verdict NOT IN ('ok', 'dropped')) AS faulty_workers,
+        count(*) FILTER (WHERE verdict = 'dropped') AS dropped_workers
+    FROM schedule_sanity
+    GROUP BY run_id
+),
+events AS (
+    SELECT
+        run_id,
+        count(*) FILTER (
+            WHERE verdict IN ('unreleased', 'extra_triggers', 'missing_triggers')
+        ) AS faulty_events
+    FROM event_sanity
+    GROUP BY run_id
 )
 SELECT
     c.run_id, c.invocations, c.cores,
@@ -36,7 +56,12 @@ SELECT
     e.max_violation_ns,
     coalesce(e.contradicted_invocations, 0) AS contradicted_invocations,
     clock_tolerance_ns() AS tolerance_ns,
-    c.backwards_cores, c.overlapping_cores, c.late_entry_cores
+    c.backwards_cores, c.overlapping_cores, c.late_entry_cores,
+    coalesce(w.schedule_faults, 0) AS faulty_workers,
+    coalesce(w.dropped_workers, 0) AS dropped_workers,
+    coalesce(v.event_faults, 0) AS faulty_events
 FROM cores c
 LEFT JOIN edges e USING (run_id)
+LEFT JOIN workers w USING (run_id)
+LEFT JOIN events v USING (run_id)
 ORDER BY c.run_id;
