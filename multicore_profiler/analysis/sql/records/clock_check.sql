@@ -57,9 +57,9 @@ SELECT
     coalesce(e.contradicted_invocations, 0) AS contradicted_invocations,
     clock_tolerance_ns() AS tolerance_ns,
     c.backwards_cores, c.overlapping_cores, c.late_entry_cores,
-    coalesce(w.schedule_faults, 0) AS faulty_workers,
+    coalesce(w.faulty_workers, 0) AS faulty_workers,
     coalesce(w.dropped_workers, 0) AS dropped_workers,
-    coalesce(v.event_faults, 0) AS faulty_events
+    coalesce(v.faulty_events, 0) AS faulty_events
 FROM cores c
 LEFT JOIN edges e USING (run_id)
 LEFT JOIN workers w USING (run_id)
