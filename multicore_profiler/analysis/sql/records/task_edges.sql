@@ -40,9 +40,10 @@ WITH graphed AS (
         AND g.task_id = r.task_id
     WHERE r.desc_id IN (65536, 65543)  -- WaitDependency, TriggerEvent
 ),
-triggers AS (
+triggers AS (  -- only what the edge takes: the window sorts every column it carries
     SELECT
-        *,
+        invocation_key, trigger_event, core_type, block_id, record_index, task_id,
+        start_cycle, end_cycle,
         row_number() OVER (
             PARTITION BY invocation_key, trigger_event ORDER BY end_cycle, start_cycle, task_id
         ) AS nth
