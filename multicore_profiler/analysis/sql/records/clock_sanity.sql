@@ -75,24 +75,28 @@ GROUP BY ALL;
 --   writers (warps, groups) interleave their spans: their overlaps and backward starts are
 --   counted but not judged.
 CREATE OR REPLACE VIEW clock_sanity AS
-WITH ordered AS (
+WITH judged_invocations AS MATERIALIZED (  -- numbered: a key cheaper than the run's text id
     SELECT
-        r.run_id, r.rank, r.invocation_id, r.write_id, r.core_type, r.block_id,
-        r.start_cycle, r.end_cycle,
+        run_id, step, rank, invocation_id, write_id, frequency_hz,
+        producer IS NULL AS one_writer, row_number() OVER () AS invocation_key
+    FROM invocations
+),
+ordered AS (
+    SELECT
+        i.invocation_key, r.core_type, r.block_id, r.start_cycle, r.end_cycle,
         lag(r.start_cycle) OVER core AS previous_start,
         lag(r.end_cycle) OVER core AS previous_end
     FROM raw_records r
-    SEMI JOIN invocations i
+    JOIN judged_invocations i
         ON r.run_id = i.run_id AND r.rank = i.rank AND r.invocation_id = i.invocation_id
         AND r.write_id = i.write_id
     WINDOW core AS (
-        PARTITION BY r.run_id, r.rank, r.invocation_id, r.write_id, r.core_type, r.block_id
-        ORDER BY r.record_index
+        PARTITION BY i.invocation_key, r.core_type, r.block_id ORDER BY r.record_index
     )
 ),
 own AS (
     SELECT
-        run_id, rank, invocation_id, write_id, core_type, block_id,
+        invocation_key, core_type, block_id,
         min(start_cycle) AS first_cycle,
         count(*) FILTER (
             WHERE start_cycle >= previous_start AND start_cycle < previous_end
@@ -102,16 +106,22 @@ own AS (
     FROM ordered
     GROUP BY ALL
 ),
+edges AS MATERIALIZED (
+    SELECT
+        run_id, rank, invocation_id, write_id, src_core_type, src_block_id, dst_core_type,
+        dst_block_id, slack_cycles
+    FROM _clock_edges
+),
 ends AS (
     SELECT run_id, rank, invocation_id, write_id, src_core_type AS core_type,
         src_block_id AS block_id, slack_cycles
-    FROM _clock_edges
+    FROM edges
     UNION ALL
     SELECT run_id, rank, invocation_id, write_id, dst_core_type, dst_block_id, slack_cycles
-    FROM _clock_edges
+    FROM edges
     WHERE (src_core_type, src_block_id) <> (dst_core_type, dst_block_id)
 ),
-edges AS (
+at_core AS (
     SELECT
         run_id, rank, invocation_id, write_id, core_type, block_id,
         count(*) FILTER (WHERE slack_cycles < 0) AS causality_violations,
@@ -121,7 +131,7 @@ edges AS (
 ),
 judged AS (
     SELECT
-        c.run_id, c.step, c.rank, c.invocation_id, c.write_id, c.core_type, c.block_id,
+        i.run_id, i.step, i.rank, i.invocation_id, c.core_type, c.block_id,
         coalesce(e.causality_violations, 0) AS causality_violations,
         cycles_to_ns(e.max_violation_cycles, i.frequency_hz) AS max_violation_ns,
         coalesce(o."overlaps", 0) AS "overlaps",
@@ -129,18 +139,18 @@ judged AS (
         cycles_to_ns(
             greatest(c.entry_cycle::HUGEINT - o.first_cycle, 0), i.frequency_hz
         ) AS late_entry_ns,
-        i.producer IS NULL AS one_writer,
+        i.one_writer,
         coalesce(o.reversed, 0) AS reversed
-    FROM cores c
-    JOIN invocations i
+    FROM raw_cores c
+    JOIN judged_invocations i
         ON i.run_id = c.run_id AND i.rank = c.rank AND i.invocation_id = c.invocation_id
         AND i.write_id = c.write_id
     LEFT JOIN own o
-        ON o.run_id = c.run_id AND o.rank = c.rank AND o.invocation_id = c.invocation_id
-        AND o.write_id = c.write_id AND o.core_type = c.core_type AND o.block_id = c.block_id
-    LEFT JOIN edges e
-        ON e.run_id = c.run_id AND e.rank = c.rank AND e.invocation_id = c.invocation_id
-        AND e.write_id = c.write_id AND e.core_type = c.core_type AND e.block_id = c.block_id
+        ON o.invocation_key = i.invocation_key AND o.core_type = c.core_type
+        AND o.block_id = c.block_id
+    LEFT JOIN at_core e
+        ON e.run_id = i.run_id AND e.rank = i.rank AND e.invocation_id = i.invocation_id
+        AND e.write_id = i.write_id AND e.core_type = c.core_type AND e.block_id = c.block_id
 )
 SELECT
     run_id, rank, invocation_id, core_type, block_id,
