@@ -119,16 +119,18 @@ def _host_times(launches: Launches, count: int) -> tuple[pa.Array, pa.Array]:
         if given is None:
             columns.append(pa.nulls(count, pa.int64()))
             continue
-        if isinstance(given, str | bytes) or len(given) != count:
+        if not hasattr(given, "__len__") or isinstance(given, str | bytes) or len(given) != count:
             raise ArgumentError(f"{name} must hold one time per launch ({count}), got {given!r}")
-        if any(isinstance(value, bool) for value in given):
-            raise ArgumentError(f"{name} must hold integer ns or None, got {given!r}")
+        wrong = ArgumentError(f"{name} must hold integer ns or None, each an int64, got {given!r}")
+        if not all(
+            v is None or (isinstance(v, int | np.integer) and not isinstance(v, bool))
+            for v in given
+        ):
+            raise wrong
         try:
             columns.append(pa.array(given, pa.int64()))
-        except (TypeError, ValueError, OverflowError, pa.ArrowException):
-            raise ArgumentError(
-                f"{name} must hold integer ns or None, each an int64, got {given!r}"
-            ) from None
+        except (OverflowError, pa.ArrowException):
+            raise wrong from None
     late = pc.fill_null(pc.greater_equal(*columns), False)
     if pc.any(late).as_py():
         index = pc.index(late, True).as_py()
