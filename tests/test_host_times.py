@@ -96,6 +96,8 @@ def test_a_blocking_launch_is_timed_from_prepare_to_complete(
     assert store.sql(
         "SELECT host_launch_ns, host_sync_ns FROM raw_invocations ORDER BY invocation_id"
     ).to_pylist() == [{k: r[k] for k in ("host_launch_ns", "host_sync_ns")} for r in rows]
+    assert store.compact().partitions > 0  # the step's files merged: the times stay
+    assert store.sql(HOST_TIMES).to_pylist() == rows
 
 
 def test_a_launch_that_does_not_block_ends_at_the_steps_synchronize(
