@@ -52,7 +52,16 @@ KERNEL = KernelInfo(
     frequency_source="backend",
     config_id="cfg-1",
 )
-LAUNCHES = Launches(rank=2, device=1, step=5, first_invocation_id=40, window_id=3)
+LAUNCHES = Launches(
+    rank=2,
+    device=1,
+    step=5,
+    first_invocation_id=40,
+    window_id=3,
+    host_launch_ns=(7_000, 12_000),
+    host_sync_ns=(9_000, None),
+)
+"""The second launch's synchronize was not timed: its host_sync_ns is null."""
 STORE_ADDED = {"write_id", "origin_write_id", *CLOCK_COLUMNS}
 
 
@@ -103,10 +112,12 @@ def test_invocations_of_a_known_batch() -> None:
             "producer": None,
             "producer_format": None,
             "clock_domain": "shared",
+            "host_launch_ns": launch,
+            "host_sync_ns": sync,
         }
-        for invocation, anchor, records, dropped, partial in (
-            (40, 90, 4, 0, []),
-            (41, 480, 3, 2, [1]),
+        for invocation, anchor, records, dropped, partial, launch, sync in (
+            (40, 90, 4, 0, [], 7_000, 9_000),
+            (41, 480, 3, 2, [1], 12_000, None),
         )
     ]
 

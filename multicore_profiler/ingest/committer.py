@@ -94,12 +94,15 @@ class NewKernel:
 
 @dataclass(frozen=True)
 class Group:
-    """Consecutive launches of one kernel and direction in a batch's segment."""
+    """Consecutive launches of one kernel and direction in a batch's segment, with the
+    host's clock around each (``PreparedCall.host_launch_ns`` and ``host_sync_ns``)."""
 
     kernel: int
     direction: str
     count: int
     offset: int
+    host_launch_ns: tuple[int | None, ...]
+    host_sync_ns: tuple[int | None, ...]
 
 
 @dataclass(frozen=True)
@@ -331,6 +334,8 @@ class Committer:
                 first_invocation_id=first,
                 direction=group.direction,
                 window_id=batch.window,
+                host_launch_ns=group.host_launch_ns,
+                host_sync_ns=group.host_sync_ns,
             )
             parts.append(step_tables(decoded, kernel.kernel, launches))
             first += group.count

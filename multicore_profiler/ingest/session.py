@@ -13,6 +13,11 @@ The session times itself on the job's thread (launch preparation, hand-over, wai
 for the writer) over the recorded steps, and stores that with the writer's CPU time in
 the run's row (``CaptureCost``).
 
+It also times each profiled launch on the host's monotonic clock
+(``time.perf_counter_ns``), stored as the invocation's ``host_launch_ns`` (as ``prepare``
+hands the call out) and ``host_sync_ns`` (once the host knew the kernel had finished:
+``complete()`` for a backend whose launches block, else the step's synchronize).
+
 The user gives no rank, device, frequency or buffer: the rank comes from
 torch.distributed when it is initialized, everything else from the kernel's config
 and backend.
@@ -525,10 +530,14 @@ class MegaKernelProfile(Extensible):
             sink=self,
         )
         self._charge(began)
+        call.host_launch_ns = time.perf_counter_ns()
         return call
 
     def complete(self, call: PreparedCall) -> None:
-        """A profiled launch went out: keep its buffer until the step ends."""
+        """A profiled launch went out: keep its buffer until the step ends. A backend
+        whose launches block has finished the kernel by now: its ``host_sync_ns``."""
+        if call.config.backend.launch_blocks:
+            call.host_sync_ns = time.perf_counter_ns()
         if self._state != "open":
             self.pool.release([call.buffer])
             raise SessionError(
@@ -589,6 +598,10 @@ class MegaKernelProfile(Extensible):
                 self._recorded_steps += 1
             try:
                 self._synchronize(calls)
+                synced = time.perf_counter_ns()
+                for c in calls:
+                    if c.host_sync_ns is None:  # a launch that did not block
+                        c.host_sync_ns = synced
                 first = self._take_ids(len(calls))
                 full, partial = self._started()[1].put(
                     calls,

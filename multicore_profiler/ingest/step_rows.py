@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from multicore_profiler.errors import ArgumentError
 from multicore_profiler.ingest.decode import DecodedBuffers
 from multicore_profiler.limits import DEVICE, INVOCATION_ID, RANK, STEP, WINDOW, check_given
 from multicore_profiler.storage.schema import (
@@ -63,6 +65,11 @@ class Launches:
     direction: str = "forward"
     window_id: int | None = None
     """The capture session's recording window (none for buffers ingested by hand)."""
+    host_launch_ns: Sequence[int | None] | None = None
+    """Per launch, the host's monotonic clock (ns) just before it (None: not timed)."""
+    host_sync_ns: Sequence[int | None] | None = None
+    """Per launch, the host's monotonic clock (ns) once the host knew its kernel had
+    finished, after ``host_launch_ns`` (None: not timed)."""
 
     def __post_init__(self) -> None:
         RANK.check(self.rank, "rank")
@@ -102,6 +109,38 @@ def _repeated(values: tuple[tuple[str, object], ...], count: int) -> dict[str, p
     return {name: _repeat(name, value, count) for name, value in values}
 
 
+def _host_times(launches: Launches, count: int) -> tuple[pa.Array, pa.Array]:
+    """The ``host_launch_ns`` and ``host_sync_ns`` columns of ``count`` launches: as given
+    (null where a launch has none), all null where none are; ``ArgumentError`` for times
+    that are not one int64 per launch, or a launch not timed before its synchronize."""
+    columns = []
+    for name in ("host_launch_ns", "host_sync_ns"):
+        given = getattr(launches, name)
+        if given is None:
+            columns.append(pa.nulls(count, pa.int64()))
+            continue
+        if not hasattr(given, "__len__") or isinstance(given, str | bytes) or len(given) != count:
+            raise ArgumentError(f"{name} must hold one time per launch ({count}), got {given!r}")
+        wrong = ArgumentError(f"{name} must hold integer ns or None, each an int64, got {given!r}")
+        if not all(
+            v is None or (isinstance(v, int | np.integer) and not isinstance(v, bool))
+            for v in given
+        ):
+            raise wrong
+        try:
+            columns.append(pa.array(given, pa.int64()))
+        except (OverflowError, pa.ArrowException):
+            raise wrong from None
+    late = pc.fill_null(pc.greater_equal(*columns), False)
+    if pc.any(late).as_py():
+        index = pc.index(late, True).as_py()
+        raise ArgumentError(
+            f"launch {index}: host_launch_ns {columns[0][index]} is not before its "
+            f"host_sync_ns {columns[1][index]} (the kernel runs between them)"
+        )
+    return columns[0], columns[1]
+
+
 def step_tables(
     decoded: DecodedBuffers, kernel: KernelInfo, launches: Launches
 ) -> tuple[pa.Table, pa.Table, pa.Table]:
@@ -112,6 +151,7 @@ def step_tables(
     count = decoded.buffers
     layout = decoded.layout
     first = launches.first_invocation_id
+    host_launch_ns, host_sync_ns = _host_times(launches, count)
     same = {
         "rank": launches.rank,
         "device": launches.device,
@@ -141,8 +181,8 @@ def step_tables(
         "dropped_count": pa.array(decoded.dropped_counts),
         "window_id": _repeat("window_id", launches.window_id, count),
         "partial_slots": decoded.partial_slots,
-        "host_launch_ns": pa.nulls(count, pa.int64()),
-        "host_sync_ns": pa.nulls(count, pa.int64()),
+        "host_launch_ns": host_launch_ns,
+        "host_sync_ns": host_sync_ns,
     }
     invocations = pa.Table.from_arrays(
         [columns[name] for name in INVOCATION_ROWS.names], schema=INVOCATION_ROWS

@@ -305,7 +305,8 @@ class StepWriter:
         job_seconds: float,
     ) -> tuple[int, int]:
         """Copy the launches' buffers (synchronized already) to shared memory and hand
-        them over as one batch; wait first while ``depth`` batches are in flight. Return
+        them over as one batch, with each launch's host times; wait first while ``depth``
+        batches are in flight. Return
         how many records the device dropped in them: in full slots, and in slots that
         are not full.
 
@@ -326,7 +327,16 @@ class StepWriter:
             calls, key=lambda c: (self._kernel(c.config), c.direction)
         ):
             members = list(group)
-            groups.append(Group(kernel, direction, len(members), offset))
+            groups.append(
+                Group(
+                    kernel,
+                    direction,
+                    len(members),
+                    offset,
+                    tuple(c.host_launch_ns for c in members),
+                    tuple(c.host_sync_ns for c in members),
+                )
+            )
             for call in members:
                 size = call.config.layout.total_bytes
                 host = view[offset : offset + size]

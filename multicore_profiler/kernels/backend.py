@@ -44,6 +44,13 @@ class Backend(Protocol):
         ...
 
     @property
+    def launch_blocks(self) -> bool:
+        """Whether a launch returns only once its kernel has finished (the CPU's kernels
+        run inside their launch); else the kernel has finished once ``synchronize``
+        returns. Says when the capture session reads each launch's ``host_sync_ns``."""
+        ...
+
+    @property
     def placeholder(self) -> torch.Tensor:
         """An empty buffer passed where profiling is off; made once, never per call."""
         ...
@@ -73,6 +80,7 @@ class CpuBackend:
     frequency_hz = 1e9
     frequency_source = "host"
     soc = "cpu"
+    launch_blocks = True
 
     def __init__(self) -> None:
         self.allocations = 0

@@ -197,7 +197,10 @@ class NpuBackend:
     current device). ``frequency_hz`` overrides every other source of the frequency;
     ``profiler_info`` is a torch_npu capture's ``profiler_info[_<rank>].json`` or its
     directory, read when the device reports no frequency (see the module docstring).
+    Its launches are asynchronous: a kernel has finished once ``synchronize`` returns.
     """
+
+    launch_blocks = False
 
     def __init__(
         self,

@@ -371,9 +371,20 @@ class CallSink(Protocol):
 
 class PreparedCall:
     """One launch's config and profile buffer; ``complete()`` or ``cancel()`` it once
-    launched (both are idempotent, and the first one wins)."""
+    launched (both are idempotent, and the first one wins). A profiled call carries the
+    host's ``time.perf_counter_ns()`` around its kernel, set by the capture session:
+    ``host_launch_ns`` as the call was handed out, ``host_sync_ns`` once the host knew
+    the kernel had finished (None until then, and in unprofiled calls)."""
 
-    __slots__ = ("_sink", "_state", "buffer", "config", "direction")
+    __slots__ = (
+        "_sink",
+        "_state",
+        "buffer",
+        "config",
+        "direction",
+        "host_launch_ns",
+        "host_sync_ns",
+    )
 
     def __init__(
         self,
@@ -388,6 +399,8 @@ class PreparedCall:
         self.direction = direction
         self._sink = sink
         self._state = "open"
+        self.host_launch_ns: int | None = None
+        self.host_sync_ns: int | None = None
 
     @property
     def profiled(self) -> bool:

@@ -10,7 +10,9 @@ clock and touches no buffer; the profiled loop writes the slot header and the wa
 compute and trigger records of the device ABI into the worker's slot. A launch may add a
 known busy time to the compute of every task of chosen stages (``extra_compute_ns``), in
 either loop, to test what the analyses predict against what a slower stage measures; the
-busy time runs on ``time.perf_counter_ns``, never on ``clock``.
+busy time runs on ``time.perf_counter_ns``, never on ``clock``. A launch may also give
+chosen cores a clock that is off (``clock_skew``, ``clock_scale``): a known clock error
+to test the clock sanity analyses against.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -187,11 +189,28 @@ def _run_fast(queue: list[WorkerTask], events: _Events) -> None:
             events.trigger(trigger_event)
 
 
-def _run_profiled(
-    queue: list[WorkerTask], events: _Events, region: np.ndarray, core_type: CoreType, block: int
-) -> None:
-    """A worker's queue with its slot header and wait / compute / trigger records."""
+def _reader(skew_ns: int, scale: float) -> Callable[[], int]:
+    """A core's counter: ``clock`` itself (a core whose clock is right), else a clock
+    ``skew_ns`` ahead of it that runs ``scale`` times as fast, read as
+    ``round((clock() + skew_ns) * scale)`` (an exact integer sum where ``scale`` is 1)."""
     read = clock
+    if scale == 1.0:
+        if not skew_ns:
+            return read
+        return lambda: read() + skew_ns
+    return lambda: round((read() + skew_ns) * scale)
+
+
+def _run_profiled(
+    queue: list[WorkerTask],
+    events: _Events,
+    region: np.ndarray,
+    core_type: CoreType,
+    block: int,
+    read: Callable[[], int],
+) -> None:
+    """A worker's queue with its slot header and wait / compute / trigger records, its
+    cycles read from ``read`` (picked once per worker and launch by ``_reader``)."""
     capacity = region["records"].shape[1]
     region["header"][block] = (read(), 0, 0, core_type, block, capacity, 0)
     write = _SlotWriter(region, block, capacity).write
@@ -427,6 +446,63 @@ def _extra_by_desc(extra_compute_ns: torch.Tensor | None) -> dict[int, int]:
     return dict(extra_compute_ns.tolist())
 
 
+def _skew_by_core(clock_skew: torch.Tensor | None) -> dict[tuple[int, int], int]:
+    """The op's ``clock_skew`` rows (core type, block, ns) as a mapping."""
+    if clock_skew is None:
+        return {}
+    if (
+        clock_skew.dtype != torch.int64
+        or clock_skew.device.type != "cpu"
+        or clock_skew.dim() != 2
+        or clock_skew.shape[1] != 3
+    ):
+        raise ConfigError(
+            "clock_skew must be an int64 CPU tensor of (core type, block, ns) rows, got "
+            f"{clock_skew.dtype} of shape {tuple(clock_skew.shape)}"
+        )
+    return {(core_type, block): ns for core_type, block, ns in clock_skew.tolist()}
+
+
+def _check_clock_scale(clock_scale: object) -> float:
+    """``clock_scale`` as a float: a finite number > 0 (``ConfigError`` otherwise)."""
+    if (
+        isinstance(clock_scale, bool)
+        or not isinstance(clock_scale, int | float | np.integer | np.floating)
+        or not math.isfinite(clock_scale)
+        or clock_scale <= 0
+    ):
+        raise ConfigError(f"clock_scale must be a finite number > 0, got {clock_scale!r}")
+    return float(clock_scale)
+
+
+def _is_worker(key: object, workers: Mapping[CoreType, int]) -> bool:
+    """Whether ``key`` is a (core type, block) of one of ``workers``."""
+    if not isinstance(key, tuple) or len(key) != 2:
+        return False
+    core_type, block = key
+    return (
+        not isinstance(core_type, bool)
+        and core_type in (CoreType.AIC, CoreType.AIV)
+        and isinstance(block, int | np.integer)
+        and not isinstance(block, bool)
+        and 0 <= block < workers[CoreType(core_type)]
+    )
+
+
+def _check_workers(cores: Iterable[object], workers: Mapping[CoreType, int]) -> None:
+    """Raise ``ConfigError`` for the first of ``cores`` that is no (core type, block) of
+    ``workers``, naming the workers there are."""
+    for key in cores:
+        if not _is_worker(key, workers):
+            names = ", ".join(
+                f"{c.name} ({int(c)}) blocks 0..{workers[c] - 1}" for c in workers if workers[c]
+            )
+            raise ConfigError(
+                f"clock_skew_ns names core {key!r}, which is no worker of the kernel; its "
+                f"workers are {names}"
+            )
+
+
 def _parse_config(config: torch.Tensor) -> tuple[np.void, np.ndarray]:
     """The config header and task descriptors, read from the config's bytes."""
     if config.dtype != torch.uint8 or config.device.type != "cpu" or config.dim() != 1:
@@ -444,6 +520,8 @@ def reference_mega_moe(
     config: torch.Tensor,
     profile_buffer: torch.Tensor,
     extra_compute_ns: torch.Tensor | None = None,
+    clock_skew: torch.Tensor | None = None,
+    clock_scale: float = 1.0,
 ) -> torch.Tensor:
     """One launch of the reference MoE MegaKernel: out [T, H].
 
@@ -451,6 +529,9 @@ def reference_mega_moe(
     config's ``profile_enabled`` is set, and must then be a zeroed buffer of its layout.
     ``extra_compute_ns``, int64 rows (desc id, ns), makes the compute of every task whose
     compute record carries that desc id ns longer (a busy time, not work).
+    ``clock_skew``, int64 rows (core type, block, ns), and ``clock_scale`` give the
+    profiled loop's cores a clock that is off: each core's counter reads
+    ``round((clock() + ns) * clock_scale)`` (ns 0 for a core without a row).
     """
     header, tasks = _parse_config(config)
     workers = {CoreType.AIC: int(header["aic_workers"]), CoreType.AIV: int(header["aiv_workers"])}
@@ -481,8 +562,11 @@ def reference_mega_moe(
             )
         buffer = profile_buffer.numpy()
         regions = {c: layout.region(buffer, c) for c in (CoreType.AIC, CoreType.AIV)}
+        skews = _skew_by_core(clock_skew)
+        _check_workers(skews, workers)
+        scale = _check_clock_scale(clock_scale)
         jobs = [
-            (_run_profiled, queue, events, regions[c], c, w)
+            (_run_profiled, queue, events, regions[c], c, w, _reader(skews.get((c, w), 0), scale))
             for queue, (c, w) in zip(queues, blocks, strict=True)
         ]
     else:
@@ -502,6 +586,8 @@ def _reference_mega_moe_fake(
     config: torch.Tensor,
     profile_buffer: torch.Tensor,
     extra_compute_ns: torch.Tensor | None = None,
+    clock_skew: torch.Tensor | None = None,
+    clock_scale: float = 1.0,
 ) -> torch.Tensor:
     """The op's output for tracing: a tensor like ``x``."""
     return torch.empty_like(x)
@@ -528,6 +614,22 @@ def _extra_compute_rows(
     return torch.tensor(rows, dtype=torch.int64) if rows else None
 
 
+def _clock_skew_rows(
+    clock_skew_ns: Mapping[tuple[CoreType | int, int], int], workers: Mapping[CoreType, int]
+) -> torch.Tensor | None:
+    """The op's (core type, block, ns) rows for cores whose clock is skewed; None for none."""
+    _check_workers(clock_skew_ns, workers)
+    rows = []
+    for (core_type, block), ns in clock_skew_ns.items():
+        if isinstance(ns, bool) or not isinstance(ns, int | np.integer):
+            raise ConfigError(
+                f"clock_skew_ns[{(core_type, block)!r}] must be a whole number of ns, got {ns!r}"
+            )
+        if ns:
+            rows.append((int(core_type), int(block), int(ns)))
+    return torch.tensor(rows, dtype=torch.int64) if rows else None
+
+
 class _Default(enum.Enum):
     SPEC = "the reference kernel's spec for its expert offset"
 
@@ -545,6 +647,15 @@ class ReferenceMoeKernel:
     median 0.4 us on 2 busy cores): a known slowdown to check the what-if replay against.
 
     ``generation`` is the ABI generation of its profile buffers (``build_runtime_config``).
+
+    ``clock_skew_ns`` maps workers, ``(core type, block)`` (``CoreType`` or 1 / 2), to a
+    whole number of ns (maybe negative) by which the core's clock is ahead, and
+    ``clock_scale`` (finite, > 0) is how many times the nominal 1 GHz every core's clock
+    runs at: in profiled launches a core's counter reads ``round((t + skew_ns) *
+    clock_scale)`` where t is ``clock()`` (with the stored 1 GHz, the store sees the core
+    shifted by skew_ns * clock_scale cycles). Every cycle the core records takes it: its
+    entry cycle and its records' starts and ends. A known clock error, to check the clock
+    sanity analyses against; with neither, the cores read ``clock`` as they are.
     """
 
     def __init__(
@@ -565,6 +676,8 @@ class ReferenceMoeKernel:
         aiv_capacity: int | None = None,
         extra_compute_ns: Mapping[str, int] | None = None,
         generation: Generation = "a",
+        clock_skew_ns: Mapping[tuple[CoreType | int, int], int] | None = None,
+        clock_scale: float = 1.0,
     ) -> None:
         if w1.dim() != 3 or w2.dim() != 3 or w1.shape[0] != w2.shape[0] or w1.shape[2] % 2:
             raise ConfigError(
@@ -584,6 +697,10 @@ class ReferenceMoeKernel:
         self.backend: Backend = CpuBackend() if backend is None else backend
         self.spec = moe_spec(expert_offset) if spec is _Default.SPEC else spec
         self._extra_compute = _extra_compute_rows(self.spec, extra_compute_ns or {})
+        self._clock_skew = _clock_skew_rows(
+            clock_skew_ns or {}, {CoreType.AIC: aic_workers, CoreType.AIV: aiv_workers}
+        )
+        self._clock_scale = _check_clock_scale(clock_scale)
         self.tiles_per_expert = tiles_per_expert
         self.token_tile = token_tile
         self._options = {
@@ -638,6 +755,8 @@ class ReferenceMoeKernel:
                 call.config.tensor,
                 call.buffer,
                 self._extra_compute,
+                self._clock_skew,
+                self._clock_scale,
             )
 
     def close(self) -> None:
