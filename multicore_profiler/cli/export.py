@@ -6,6 +6,7 @@ import argparse
 
 from multicore_profiler.cli.arguments import (
     Parents,
+    add_clock_correction,
     add_record_selection,
     open_given_store,
     path,
@@ -27,6 +28,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         format=chosen,
         detailed_task_names=args.detailed,
         critical_path=args.critical_path,
+        clock_correction=args.clock_correction,
     )
     warn(trace.metadata["warnings"])
     critical = (
@@ -77,4 +79,5 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         help="mark each record on its invocation's critical path (args.critical = 1) and chain "
         "them in path order with flows (JSON: of category critical_path)",
     )
+    add_clock_correction(export)
     export.set_defaults(func=cmd_export)

@@ -8,6 +8,7 @@ from typing import Any
 
 from multicore_profiler.cli.arguments import (
     Parents,
+    add_clock_correction,
     add_record_selection,
     in_range,
     path,
@@ -46,6 +47,7 @@ def cmd_fuse(args: argparse.Namespace) -> None:
         outer_pid=args.outer_pid,
         allow_host_alignment=args.allow_host_alignment,
         rebase_timestamps=args.rebase,
+        clock_correction=args.clock_correction,
     )
     report = merged.report
     warn(report["warnings"])
@@ -133,4 +135,5 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         help="shift every timestamp so the trace starts near 0 (exact in viewers that read "
         "ts as a double)",
     )
+    add_clock_correction(fuse, scope="with --run: ")
     fuse.set_defaults(func=cmd_fuse)
