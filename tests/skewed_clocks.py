@@ -38,14 +38,14 @@ LATER = 1000
 FIRST_EVENT, SECOND_EVENT = 10, 11
 
 
-def buffer(lag: int, later: int) -> bytearray:
+def buffer(lag: int, later: int, aic_wait_end: int = 240) -> bytearray:
     """The two cores' records (module docstring) ``later`` cycles on, AIV/0's ``lag``
-    cycles early."""
+    cycles early, AIC/0's wait ending at ``aic_wait_end``."""
     aic = [
         (100, 150, GMM1, 1, 0, 0),
         (150, 160, TRIGGER, 1, 0, 0),
-        (160, 240, WAIT, 3, 1, 0),
-        (240, 300, GMM1, 3, 1, 0),
+        (160, aic_wait_end, WAIT, 3, 1, 0),
+        (aic_wait_end, 300, GMM1, 3, 1, 0),
     ]
     aiv = [
         (100, 170, WAIT, 2, 0, 0),
@@ -87,14 +87,16 @@ def tasks() -> pa.Table:
     )
 
 
-def write_skewed_run(store: Store) -> Store:
-    """The run of the module docstring: invocation 0 skewed, invocation 1 not."""
+def write_skewed_run(store: Store, aic_wait_end: int = 240) -> Store:
+    """The run of the module docstring: invocation 0 skewed, invocation 1 not. An
+    ``aic_wait_end`` before 200 makes invocation 0's AIC/0 wait end before AIV/0's trigger
+    too: the two edges contradict each other around a cycle that no offset can satisfy."""
     run = RunInfo.begin(run_id=RUN)
     store.write_run(run)
     for invocation, lag, later in ((0, LAG, 0), (1, 0, LATER)):
         ingest_buffers(
             store,
-            [buffer(lag, later)],
+            [buffer(lag, later, aic_wait_end if lag else 240)],
             LAYOUT,
             frequency_hz=FREQUENCY_HZ,
             run_id=RUN,
