@@ -28,7 +28,13 @@ from multicore_profiler import (
 )
 from multicore_profiler.cli import main
 from multicore_profiler.errors import ClockError, FuseError
-from multicore_profiler.export.analysis_text import AnalysisReport, analysis_json, analysis_table
+from multicore_profiler.export.analysis_text import (
+    AnalysisReport,
+    analysis_csv,
+    analysis_json,
+    analysis_markdown,
+    analysis_table,
+)
 from multicore_profiler.storage.store import Store
 
 CONTRADICTION_NOTE = (
@@ -201,6 +207,14 @@ def test_the_analysis_text_and_json_say_the_correction(skewed: Store) -> None:
         "skewed-run     0              0  AIV          0             20      0.400   0.400    "
         "0.800\n"
     )
+    assert analysis_csv(corrected).endswith(
+        "# clock_correction\n"
+        "run_id,rank,invocation_id,core,block_id,offset_cycles,offset_ns,low_ns,high_ns\n"
+        "skewed-run,0,0,AIV,0,20,400.0,400.0,800.0\n"
+    )
+    markdown = analysis_markdown(corrected)
+    assert "- NOTE: clock correction applied: 1 core(s) of 1 invocation(s) moved" in markdown
+    assert markdown.endswith("| skewed-run | 0 | 0 | AIV | 0 | 20 | 0.400 | 0.400 | 0.800 |\n")
     document = orjson.loads(analysis_json(corrected))
     assert document["tables"]["clock_correction"] == [MOVED]
     assert document["summary"]["clock_correction"] == [MOVED]
@@ -215,6 +229,8 @@ def test_the_analysis_text_and_json_say_the_correction(skewed: Store) -> None:
     document = orjson.loads(analysis_json(plain))
     assert "clock_correction" not in document["tables"]
     assert "clock_correction" not in document["summary"]
+    assert "clock_correction" not in analysis_csv(plain)
+    assert "clock correction" not in analysis_markdown(plain)
 
 
 def aiv_slices(trace: dict[str, Any]) -> list[tuple[float, float, str]]:

@@ -241,8 +241,6 @@ def merge_chrome_traces(
             "singleCapture": trace_file is not None and trace_file.single_capture,
             "inferred": [] if trace_file is None else trace_file.inferred,
         }
-        if "clockCorrection" in mk_summary:
-            report["clockCorrection"] = mk_summary["clockCorrection"]
         base_time = metadata.get("baseTimeNanoseconds")
         report["rebase"] = {
             "applied": bool(rebase_timestamps),
@@ -254,6 +252,8 @@ def merge_chrome_traces(
                 else None
             ),
         }
+        if "clockCorrection" in mk_summary:
+            report["clockCorrection"] = mk_summary["clockCorrection"]
         layout = orjson.loads(described["layout"])
         _write(
             Path(output),
