@@ -374,6 +374,10 @@ def test_the_commands_take_the_flags(capsys: pytest.CaptureFixture[str], tmp_pat
         capsys, "export", *given, "-o", str(tmp_path / "c.json"), "--clock-correction"
     )
     assert (code, err) == (0, "")
+    assert out.splitlines()[1] == (
+        "clock correction applied: 1 core(s) of 1 invocation(s) moved; the offsets are in "
+        "megaKernelCycleTrace.clockCorrection"
+    )
     trace = json.loads((tmp_path / "c.json").read_text())
     assert trace["metadata"]["megaKernelCycleTrace"]["clockCorrection"] == CLOCK_CORRECTION
 
@@ -383,6 +387,10 @@ def test_the_commands_take_the_flags(capsys: pytest.CaptureFixture[str], tmp_pat
         "--clock-correction",
     )  # fmt: skip
     assert (code, err) == (0, "")
+    assert out.splitlines()[1] == (
+        "clock correction applied: 1 core(s) of 1 invocation(s) moved; the offsets are in "
+        "megaKernelTraceMerge.clockCorrection"
+    )
     fused = json.loads((tmp_path / "f.json").read_text())
     assert fused["megaKernelTraceMerge"]["clockCorrection"] == CLOCK_CORRECTION
 

@@ -12,7 +12,7 @@ from multicore_profiler.cli.arguments import (
     path,
     record_selection,
 )
-from multicore_profiler.cli.output import warn
+from multicore_profiler.cli.output import say_clock_correction, warn
 from multicore_profiler.export.perfetto_trace import sidecar_path
 from multicore_profiler.export.trace_formats import TRACE_FORMATS, export_trace, trace_format
 
@@ -45,6 +45,10 @@ def cmd_export(args: argparse.Namespace) -> None:
     )
     if chosen == "perfetto":
         print(f"{sidecar_path(trace.path)}: the trace's megaKernelCycleTrace metadata")
+    if args.clock_correction:
+        say_clock_correction(
+            trace.metadata["clockCorrection"], "megaKernelCycleTrace.clockCorrection"
+        )
 
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:

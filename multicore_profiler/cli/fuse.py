@@ -16,7 +16,7 @@ from multicore_profiler.cli.arguments import (
     store_location,
     text,
 )
-from multicore_profiler.cli.output import warn
+from multicore_profiler.cli.output import say_clock_correction, warn
 from multicore_profiler.errors import ArgumentError, FuseError
 from multicore_profiler.fuse.align import check_kernel_pattern
 from multicore_profiler.fuse.merge import merge_chrome_traces
@@ -59,6 +59,8 @@ def cmd_fuse(args: argparse.Namespace) -> None:
         f"new thread(s) of pid {first['pid']}, aligned to {_targets(report)}; outer trace "
         f"{report['outerTrace']['sourceId']}: {report['outerTrace']['events']} events kept"
     )
+    if "clockCorrection" in report:
+        say_clock_correction(report["clockCorrection"], "megaKernelTraceMerge.clockCorrection")
 
 
 def _targets(report: dict[str, Any]) -> str:
