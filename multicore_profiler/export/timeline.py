@@ -30,7 +30,7 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
 - ``clock_correction``: where the cores' clocks were corrected first
   (``open_timeline(clock_correction=True)``), the cores of its invocations that the
   correction moved (``clock_correction.APPLIED_COLUMNS``), which ``metadata`` carries as
-  ``clockCorrection`` (``correction_metadata``); None without.
+  ``clockCorrection`` (``_correction_metadata``); None without.
 
 It streams: the selected records go once, compactly, to a scratch Parquet file, and
 from there to Arrow files by group of whole tracks (about ``group_rows`` records a group,
@@ -834,7 +834,8 @@ class Timeline:
     invocation's critical path and adds the path's chain of flows (the cursor must have the
     ``records.critical_path`` module installed). ``flow_ids`` gives each slice the ids of
     the flows that leave it (``flows_out``) and enter it (``flows_in``), for formats that
-    bind a flow to its slices rather than draw it from its own events.
+    bind a flow to its slices rather than draw it from its own events. ``clock_correction``
+    is the ``corrected_clocks`` table the cursor's records were corrected by (None: none).
     """
 
     def __init__(
@@ -1349,7 +1350,7 @@ def _moved_cores(con: duckdb.DuckDBPyConnection, correction: pa.Table) -> pa.Tab
         con.unregister("_applied_correction")
 
 
-def correction_metadata(moved: pa.Table) -> dict[str, Any]:
+def _correction_metadata(moved: pa.Table) -> dict[str, Any]:
     """A clock correction as the ``megaKernelCycleTrace`` object's ``clockCorrection``
     says it: applied, and each moved core with its offset (cycles, ns) and the interval
     (ns, relative to its invocation's reference core; null: open) causality allows."""
@@ -1449,7 +1450,7 @@ def _summary(
     corrected = (
         {}
         if timeline.clock_correction is None
-        else {"clockCorrection": correction_metadata(timeline.clock_correction)}
+        else {"clockCorrection": _correction_metadata(timeline.clock_correction)}
     )
     return {
         "schemaVersion": SCHEMA_VERSION,
