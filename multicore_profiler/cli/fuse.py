@@ -59,7 +59,7 @@ def cmd_fuse(args: argparse.Namespace) -> None:
         f"new thread(s) of pid {first['pid']}, aligned to {_targets(report)}; outer trace "
         f"{report['outerTrace']['sourceId']}: {report['outerTrace']['events']} events kept"
     )
-    if "clockCorrection" in report:
+    if args.clock_correction:
         say_clock_correction(report["clockCorrection"], "megaKernelTraceMerge.clockCorrection")
 
 
