@@ -16,8 +16,10 @@ traces into the store, ``import_profile`` for other intra-kernel profilers' file
 comparison is about), ``analyze``, ``what_if`` and ``speedup_curves`` (where a kernel's
 time goes: per-core breakdown, wait attribution, critical path, and what a faster stage
 would buy; ``Change`` for what-if changes), and ``ProfileError``, the base of every
-error raised on bad input. Kernel authors find specs, RuntimeConfig and the launch hook
-in ``multicore_profiler.kernels``.
+error raised on bad input. ``analyze``, the trace exporters, ``open_timeline`` and
+``merge_chrome_traces`` take ``clock_correction=True`` to correct each core's clock from
+its records' causality first (docs/clocks.md). Kernel authors find specs, RuntimeConfig and
+the launch hook in ``multicore_profiler.kernels``.
 
 The capture session needs torch, so it is imported on first use: reading stores and
 traces does not load torch.

@@ -4,7 +4,9 @@
 ``wait_attribution``, ``critical_path``, ``critical_path_summary``) for the invocations a
 ``RecordSelection`` picks, and replays them (``replay``) for the static bound and the
 replay's fidelity; ``what_if`` and ``speedup_curves`` replay them with changed compute
-durations. An invocation is analysed whole when any of its records is selected.
+durations. An invocation is analysed whole when any of its records is selected. With
+``clock_correction``, each reads the records with the cores' clocks corrected first
+(``clock_correction.corrected_clocks``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pyarrow as pa
 from multicore_profiler.analysis import replay
 from multicore_profiler.analysis import what_if as changes_module
 from multicore_profiler.analysis.changes import Change
+from multicore_profiler.analysis.clock_correction import corrected_clocks
 from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.analysis.what_if import DEFAULT_SPEEDUPS
 from multicore_profiler.errors import AnalysisError
@@ -29,13 +32,18 @@ _MODULES = (
     "records.wait_attribution",
     "records.critical_path",
     "records.replay_records",
+    "records.clock_sanity",
 )
 _SELECTED = "SEMI JOIN _analyzed USING (run_id, rank, invocation_id)"
 _COMPARABLE = "SEMI JOIN _comparable USING (run_id, rank, invocation_id)"
 _REPLAYED = "SEMI JOIN _replayed USING (run_id, rank, invocation_id)"
 
+# _contradicted: the selected invocations whose records contradict causality beyond the
+# clock tolerance (a wait that ended before the trigger that released it ended: the cores'
+# clocks disagree), with how many edges do and by how much at most.
 # _comparable: the selected invocations whose cores' times can be compared, all but those
-# whose producer counted on a clock per core with no anchor (clock_domain per_core).
+# whose producer counted on a clock per core with no anchor (clock_domain per_core) and the
+# contradicted ones.
 # _overlapping: imported invocations whose producer recorded spans that overlap on one core
 # (concurrent warps, groups or units), which the replay, chaining each core's records, and
 # its static bound cannot hold. _dependency_graphs: the selected invocations whose task
@@ -43,10 +51,18 @@ _REPLAYED = "SEMI JOIN _replayed USING (run_id, rank, invocation_id)"
 # release their tasks by). _replayed: what the replay takes, the comparable ones less those
 # two kinds. This is the one place that keeps invocations out of the replay.
 _REPLAY_SETS = """
+CREATE TEMP TABLE _contradicted AS
+SELECT run_id, rank, invocation_id, count(*) AS violations,
+    max(violation_cycles) AS max_violation_cycles, max(violation_ns) AS max_violation_ns
+FROM clock_violations
+SEMI JOIN _analyzed USING (run_id, rank, invocation_id)
+WHERE beyond_tolerance
+GROUP BY ALL;
 CREATE TEMP TABLE _comparable AS
 SELECT run_id, rank, invocation_id FROM _analyzed
 SEMI JOIN (SELECT * FROM invocations WHERE clock_domain IS DISTINCT FROM 'per_core')
-    USING (run_id, rank, invocation_id);
+    USING (run_id, rank, invocation_id)
+ANTI JOIN _contradicted USING (run_id, rank, invocation_id);
 CREATE TEMP TABLE _overlapping AS
 WITH imported AS (
     SELECT run_id, rank, invocation_id, write_id FROM invocations
@@ -75,16 +91,17 @@ ANTI JOIN _overlapping USING (run_id, rank, invocation_id)
 ANTI JOIN _dependency_graphs USING (run_id, rank, invocation_id);
 """
 
-# What the analyses cannot say of imported invocations, per run, kernel and reason: their
-# producer recorded no waits or no task graph, or counted on a clock per core.
+# What the analyses cannot say, per run, kernel and reason: of any invocation, that its
+# records contradict causality (clock_contradiction); of imported ones, that their producer
+# recorded no waits or no task graph, or counted on a clock per core.
 _LIMITS = """
-WITH selected AS (
+WITH analyzed AS (
     SELECT i.run_id, i.rank, i.invocation_id, i.write_id, i.kernel_name, i.producer,
         i.config_id, coalesce(i.clock_domain, 'shared') AS clock_domain, i.frequency_hz
     FROM invocations i
     SEMI JOIN _analyzed USING (run_id, rank, invocation_id)
-    WHERE i.producer IS NOT NULL
 ),
+selected AS (SELECT * FROM analyzed WHERE producer IS NOT NULL),
 waits AS (  -- recorded waits, or the dependency edges the blockers follow instead
     SELECT DISTINCT run_id, rank, invocation_id
     FROM raw_records
@@ -101,28 +118,43 @@ spreads AS (
     GROUP BY ALL
 ),
 reasons AS (
-    SELECT s.*, 'per_core' AS reason, NULL::DOUBLE AS spread_ns
+    SELECT s.*, 'per_core' AS reason, NULL::DOUBLE AS spread_ns, NULL::BIGINT AS violations,
+        NULL::BIGINT AS violation_cycles, NULL::DOUBLE AS violation_ns
     FROM selected s WHERE clock_domain = 'per_core'
     UNION ALL
-    SELECT s.*, 'anchored', p.spread_ns
+    SELECT s.*, 'anchored', p.spread_ns, NULL, NULL, NULL
     FROM selected s LEFT JOIN spreads p USING (run_id, rank, invocation_id, write_id)
     WHERE clock_domain = 'anchored'
     UNION ALL
-    SELECT s.*, 'no_waits', NULL
+    SELECT s.*, 'no_waits', NULL, NULL, NULL, NULL
     FROM selected s ANTI JOIN waits USING (run_id, rank, invocation_id)
     UNION ALL
-    SELECT s.*, 'no_task_graph', NULL FROM selected s WHERE config_id IS NULL
+    SELECT s.*, 'no_task_graph', NULL, NULL, NULL, NULL FROM selected s WHERE config_id IS NULL
     UNION ALL
-    SELECT s.*, 'dependency_graph', NULL
+    SELECT s.*, 'dependency_graph', NULL, NULL, NULL, NULL
     FROM selected s SEMI JOIN _dependency_graphs USING (run_id, rank, invocation_id)
     UNION ALL
-    SELECT s.*, 'overlapping_records', NULL
+    SELECT s.*, 'overlapping_records', NULL, NULL, NULL, NULL
     FROM selected s SEMI JOIN _overlapping USING (run_id, rank, invocation_id)
+    UNION ALL
+    SELECT a.*, 'clock_contradiction', NULL, c.violations, c.max_violation_cycles,
+        c.max_violation_ns
+    FROM analyzed a JOIN _contradicted c USING (run_id, rank, invocation_id)
 )
 SELECT
     run_id, kernel_name, producer, reason, count(*) AS invocations,
     max(spread_ns) AS clock_spread_ns,
     CASE reason
+        WHEN 'clock_contradiction' THEN sum(violations)::VARCHAR || ' causal edge(s) of '
+            || 'their records contradict causality beyond the clock tolerance of '
+            || clock_tolerance_ns()::VARCHAR || ' ns (a wait recorded as ending before the '
+            || 'trigger that released it ended, or a task starting before a predecessor '
+            || 'ended), by up to ' || max(violation_cycles)::VARCHAR || ' cycles ('
+            || round(max(violation_ns), 1)::VARCHAR || ' ns): the cores'' clocks disagree, '
+            || 'so these invocations get no critical path and no replay (no static bound, no '
+            || 'what-if prediction); run mcprof check --clocks to see which cores, or analyze '
+            || 'with --clock-correction to correct the clocks from the records'' causality '
+            || 'first'
         WHEN 'per_core' THEN 'each core counted on a clock of its own and the producer recorded '
             || 'no anchor: times of different cores cannot be compared, so these invocations '
             || 'get no critical path and no replay, and core_breakdown lays each core from '
@@ -217,9 +249,14 @@ class KernelAnalysis:
     - ``critical_path`` and ``critical_path_summary``: the views' rows;
     - ``critical_shares``: share of the selection's total makespan per kernel, stage and
       kind on the critical paths (the selection's ``bound_by``);
-    - ``limits``: what the analyses cannot say of imported invocations (per run, kernel and
-      reason: their producer recorded no waits, no task graph or one of dependency edges
-      alone, or counted on a clock per core), in words (``note``).
+    - ``limits``: what the analyses cannot say (per run, kernel and reason: of any
+      invocation, that its records contradict causality beyond the clock tolerance, which
+      keeps it out of the critical path and the replay; of imported ones, that their
+      producer recorded no waits, no task graph or one of dependency edges alone, or
+      counted on a clock per core), in words (``note``);
+    - ``clock_correction``: with ``clock_correction``, the cores of the selected invocations
+      that the correction moved (``clock_correction.APPLIED_COLUMNS``); None without, and
+      then no table of that name.
 
     ``what_if`` and ``speedup_curves`` replay the same invocations again, without reading
     the store.
@@ -235,10 +272,15 @@ class KernelAnalysis:
     critical_shares: pa.Table
     limits: pa.Table
     graph: replay.ReplayGraph | None = field(repr=False)
+    clock_correction: pa.Table | None = None
 
     def tables(self) -> dict[str, pa.Table]:
         """Every table by name, in the order above."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_TABLES}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in _NOT_TABLES and getattr(self, f.name) is not None
+        }
 
     def what_if(self, changes: Sequence[Change | str], *, strict: bool = False) -> pa.Table:
         """``what_if`` of these invocations (see the module function)."""
@@ -254,14 +296,27 @@ class KernelAnalysis:
 _NOT_TABLES = ("described", "graph")
 
 
+@dataclass(frozen=True)
+class _Selected:
+    """A cursor whose ``_analyzed`` holds the selection's invocations, its description, and
+    the cores a clock correction moved (None: none applied)."""
+
+    con: duckdb.DuckDBPyConnection
+    described: str
+    correction: pa.Table | None
+
+
 @contextmanager
 def _selected(
-    store: Store, selection: RecordSelection | None
-) -> Iterator[tuple[duckdb.DuckDBPyConnection, str]]:
-    """A cursor whose ``_analyzed`` holds the selection's invocations, and its description;
-    ``AnalysisError`` if it selects none."""
+    store: Store, selection: RecordSelection | None, clock_correction: bool
+) -> Iterator[_Selected]:
+    """The selection's invocations on a cursor (``_Selected``), with the cores' clocks
+    corrected first where ``clock_correction`` asks; ``AnalysisError`` if it selects none."""
     resolved = (selection or RecordSelection()).resolve(store)
-    with store.reading(modules=_MODULES, runs=resolved.runs) as con:
+    with (
+        corrected_clocks(store, resolved.runs, clock_correction) as correction,
+        store.reading(modules=_MODULES, runs=resolved.runs) as con,
+    ):
         try:
             con.execute(
                 "CREATE TEMP TABLE _analyzed AS SELECT DISTINCT run_id, rank, invocation_id "
@@ -272,7 +327,15 @@ def _selected(
         if _fetch(con, "SELECT count(*) FROM _analyzed").column(0)[0].as_py() == 0:
             raise AnalysisError(f"no records match {resolved.described}")
         con.execute(_REPLAY_SETS)
-        yield con, resolved.described
+        if correction is not None:
+            con.register("_moved_cores", correction)
+            correction = _fetch(
+                con,
+                "SELECT * FROM _moved_cores SEMI JOIN _analyzed "
+                "USING (run_id, rank, invocation_id) "
+                "ORDER BY run_id, rank, invocation_id, core, block_id",
+            )
+        yield _Selected(con, resolved.described, correction)
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
@@ -311,9 +374,15 @@ FROM _cores LIMIT 0;
 """
 
 
-def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAnalysis:
-    """Every analysis of the invocations ``selection`` picks (default: the latest run)."""
-    with _selected(store, selection) as (con, described):
+def analyze(
+    store: Store, selection: RecordSelection | None = None, *, clock_correction: bool = False
+) -> KernelAnalysis:
+    """Every analysis of the invocations ``selection`` picks (default: the latest run); with
+    ``clock_correction``, of their records with the cores' clocks corrected from the records'
+    causality (``ClockError`` where they cannot be), the moved cores in ``clock_correction``
+    and the store's records as they were afterwards."""
+    with _selected(store, selection, clock_correction) as selected:
+        con = selected.con
         con.execute(f"CREATE TEMP TABLE _cores AS SELECT * FROM core_breakdown {_SELECTED}")
         con.execute(f"CREATE TEMP TABLE _path AS SELECT * FROM critical_path {_COMPARABLE}")
         graph = _graph(con)
@@ -345,7 +414,13 @@ def analyze(store: Store, selection: RecordSelection | None = None) -> KernelAna
             "critical_shares": _fetch(con, _SHARES),
             "limits": _fetch(con, _LIMITS),
         }
-    return KernelAnalysis(described=described, invocations=invocations, graph=graph, **tables)
+    return KernelAnalysis(
+        described=selected.described,
+        invocations=invocations,
+        graph=graph,
+        clock_correction=selected.correction,
+        **tables,
+    )
 
 
 def what_if(
@@ -354,12 +429,14 @@ def what_if(
     changes: Sequence[Change | str],
     *,
     strict: bool = False,
+    clock_correction: bool = False,
 ) -> pa.Table:
     """The predicted makespan of each selected invocation with ``changes`` (``Change``
     objects or their text, ``'GMM1*0.8'``, ``'GMM1+200us'``), applied in order; with
-    ``strict``, ``AnalysisError`` where the replay is not faithful (see ``replay``)."""
-    with _selected(store, selection) as (con, _):
-        graph = _replayable(_graph(con))
+    ``strict``, ``AnalysisError`` where the replay is not faithful (see ``replay``); with
+    ``clock_correction``, as ``analyze``'s."""
+    with _selected(store, selection, clock_correction) as selected:
+        graph = _replayable(_graph(selected.con))
     return changes_module.what_if(graph, changes, strict=strict)
 
 
@@ -368,10 +445,12 @@ def speedup_curves(
     selection: RecordSelection | None = None,
     stages: Sequence[str] | None = None,
     speedups: Sequence[float] = DEFAULT_SPEEDUPS,
+    *,
+    clock_correction: bool = False,
 ) -> pa.Table:
     """Per selected invocation, stage and speed-up, the predicted makespan with the
     stage's compute that much faster (Coz's question: which stage, made faster, shortens
-    the kernel most)."""
-    with _selected(store, selection) as (con, _):
-        graph = _replayable(_graph(con))
+    the kernel most); with ``clock_correction``, as ``analyze``'s."""
+    with _selected(store, selection, clock_correction) as selected:
+        graph = _replayable(_graph(selected.con))
     return changes_module.speedup_curves(graph, stages, speedups)

@@ -12,6 +12,7 @@ from multicore_profiler.analysis.critical_path import DEFAULT_TOLERANCE_CYCLES
 from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.cli.arguments import (
     Parents,
+    add_clock_correction,
     add_record_selection,
     in_range,
     open_given_store,
@@ -27,6 +28,8 @@ from multicore_profiler.storage.store import Store
 
 TOLERANCE = Range("a tolerance in cycles", 0, INT64.high)
 """``analyze --tolerance``: the critical path walk's tolerance, a whole number of cycles."""
+CLOCK_TOLERANCE = Range("a clock tolerance in ns", 0, INT64.high)
+"""``analyze --clock-tolerance``: how far a record may contradict causality, in whole ns."""
 
 
 def change(value: str) -> Change:
@@ -54,7 +57,9 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     store = open_given_store(args)
     if args.tolerance is not None:
         store.configure("critical_path_tolerance", args.tolerance)
-    analysis = analyze(store, _selection(store, args))
+    if args.clock_tolerance is not None:
+        store.configure("clock_tolerance", args.clock_tolerance)
+    analysis = analyze(store, _selection(store, args), clock_correction=args.clock_correction)
     report = AnalysisReport(
         analysis=analysis,
         what_ifs=tuple((c.text, analysis.what_if([c])) for c in args.what_if),
@@ -112,5 +117,14 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         metavar="CYCLES",
         help="critical path: the longest release latency (cycles) at which a wait is "
         f"crossed to its releasing trigger (default {DEFAULT_TOLERANCE_CYCLES})",
+    )
+    add_clock_correction(parser)
+    parser.add_argument(
+        "--clock-tolerance",
+        type=in_range(CLOCK_TOLERANCE),
+        metavar="NS",
+        help="how far (ns) a wait may end before the trigger that released it ended before "
+        "the cores' clocks count as contradicted, which keeps an invocation out of the "
+        "critical path and the replay (default 0)",
     )
     parser.set_defaults(func=cmd_analyze)

@@ -214,6 +214,18 @@ def add_record_selection(
             one_run_among.add_argument("--run", help="a run in the store")
 
 
+def add_clock_correction(parser: argparse.ArgumentParser, scope: str = "") -> None:
+    """Add ``--clock-correction``: the selected runs' per-core clock offsets estimated from
+    their records' causality and applied before the command's work (docs/clocks.md)."""
+    parser.add_argument(
+        "--clock-correction",
+        action="store_true",
+        help=scope + "correct each core's clock by the offset its records' causality asks for "
+        "(a wait cannot end before the trigger that released it) before the work, and say "
+        "which offsets were applied (see docs/clocks.md)",
+    )
+
+
 def selection_arguments(
     args: argparse.Namespace, names: Sequence[str] = RECORD_SELECTION
 ) -> dict[str, Any]:

@@ -6,12 +6,13 @@ import argparse
 
 from multicore_profiler.cli.arguments import (
     Parents,
+    add_clock_correction,
     add_record_selection,
     open_given_store,
     path,
     record_selection,
 )
-from multicore_profiler.cli.output import warn
+from multicore_profiler.cli.output import say_clock_correction, warn
 from multicore_profiler.export.perfetto_trace import sidecar_path
 from multicore_profiler.export.trace_formats import TRACE_FORMATS, export_trace, trace_format
 
@@ -27,6 +28,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         format=chosen,
         detailed_task_names=args.detailed,
         critical_path=args.critical_path,
+        clock_correction=args.clock_correction,
     )
     warn(trace.metadata["warnings"])
     critical = (
@@ -43,6 +45,10 @@ def cmd_export(args: argparse.Namespace) -> None:
     )
     if chosen == "perfetto":
         print(f"{sidecar_path(trace.path)}: the trace's megaKernelCycleTrace metadata")
+    if args.clock_correction:
+        say_clock_correction(
+            trace.metadata["clockCorrection"], "megaKernelCycleTrace.clockCorrection"
+        )
 
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
@@ -77,4 +83,5 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         help="mark each record on its invocation's critical path (args.critical = 1) and chain "
         "them in path order with flows (JSON: of category critical_path)",
     )
+    add_clock_correction(export)
     export.set_defaults(func=cmd_export)

@@ -8,6 +8,7 @@ from typing import Any
 
 from multicore_profiler.cli.arguments import (
     Parents,
+    add_clock_correction,
     add_record_selection,
     in_range,
     path,
@@ -15,7 +16,7 @@ from multicore_profiler.cli.arguments import (
     store_location,
     text,
 )
-from multicore_profiler.cli.output import warn
+from multicore_profiler.cli.output import say_clock_correction, warn
 from multicore_profiler.errors import ArgumentError, FuseError
 from multicore_profiler.fuse.align import check_kernel_pattern
 from multicore_profiler.fuse.merge import merge_chrome_traces
@@ -46,6 +47,7 @@ def cmd_fuse(args: argparse.Namespace) -> None:
         outer_pid=args.outer_pid,
         allow_host_alignment=args.allow_host_alignment,
         rebase_timestamps=args.rebase,
+        clock_correction=args.clock_correction,
     )
     report = merged.report
     warn(report["warnings"])
@@ -57,6 +59,8 @@ def cmd_fuse(args: argparse.Namespace) -> None:
         f"new thread(s) of pid {first['pid']}, aligned to {_targets(report)}; outer trace "
         f"{report['outerTrace']['sourceId']}: {report['outerTrace']['events']} events kept"
     )
+    if args.clock_correction:
+        say_clock_correction(report["clockCorrection"], "megaKernelTraceMerge.clockCorrection")
 
 
 def _targets(report: dict[str, Any]) -> str:
@@ -133,4 +137,5 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         help="shift every timestamp so the trace starts near 0 (exact in viewers that read "
         "ts as a double)",
     )
+    add_clock_correction(fuse, scope="with --run: ")
     fuse.set_defaults(func=cmd_fuse)

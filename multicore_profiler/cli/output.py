@@ -9,6 +9,7 @@ import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -53,6 +54,17 @@ def warn(warnings: Iterable[object]) -> None:
     """Print each warning on standard error as ``mcprof: warning: ...``."""
     for warning in warnings:
         print(f"mcprof: warning: {warning}", file=sys.stderr)
+
+
+def say_clock_correction(correction: dict[str, Any], where: str) -> None:
+    """Print what a clock correction (a ``clockCorrection`` object) moved, and ``where``
+    the output holds its offsets."""
+    cores = correction["cores"]
+    invocations = {(c["runId"], c["rank"], c["invocationId"]) for c in cores}
+    print(
+        f"clock correction applied: {len(cores)} core(s) of {len(invocations)} invocation(s) "
+        f"moved; the offsets are in {where}"
+    )
 
 
 def write_rendered(rendered: str | bytes, output: Path | None) -> None:

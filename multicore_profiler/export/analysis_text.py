@@ -111,7 +111,8 @@ def summary_tables(report: AnalysisReport) -> dict[str, pa.Table]:
     """The summary's tables by name: ``makespan`` (with the static bound and slack),
     ``critical_shares``, ``blockers`` (the top producers per consumer stage),
     ``imbalance`` (per kernel and core type), ``what_if`` (one row per change, where
-    changes were given) and ``speedup_curves`` (per stage and speed-up)."""
+    changes were given), ``speedup_curves`` (per stage and speed-up) and
+    ``clock_correction`` (the cores a clock correction moved, where one was applied)."""
     analysis = report.analysis
     invocations = analysis.invocations
     makespan = _MAKESPAN_FEW if invocations.num_rows <= FEW_INVOCATIONS else _MAKESPAN_MANY
@@ -128,6 +129,8 @@ def summary_tables(report: AnalysisReport) -> dict[str, pa.Table]:
         )
     if report.curves is not None:
         tables["speedup_curves"] = speedup_medians(report.curves)
+    if analysis.clock_correction is not None:
+        tables["clock_correction"] = analysis.clock_correction
     return tables
 
 
@@ -187,13 +190,35 @@ def check_lines(analysis: KernelAnalysis) -> list[str]:
             + _named(unfaithful, lambda r: f"error {r['fidelity_error']:.2%}")
         )
     for row in analysis.limits.to_pylist():
+        producer = "" if row["producer"] is None else f"{row['producer']}, "
         lines.append(
             printable(
-                f"NOTE: run {row['run_id']}, {row['kernel_name']} ({row['producer']}, "
+                f"NOTE: run {row['run_id']}, {row['kernel_name']} ({producer}"
                 f"{row['invocations']} invocation(s)): {row['note']}"
             )
         )
+    if analysis.clock_correction is not None:
+        lines.append(correction_line(analysis.clock_correction))
     return lines
+
+
+def correction_line(moved: pa.Table) -> str:
+    """What a clock correction did, in words: how many cores of how many invocations it
+    moved (the ``clock_correction`` table says by how much)."""
+    if moved.num_rows == 0:
+        return (
+            "NOTE: clock correction applied: no causal edge was contradicted, so no core's "
+            "clock was moved"
+        )
+    invocations = len(set(zip(*(moved[c].to_pylist() for c in _INVOCATION), strict=True)))
+    return (
+        f"NOTE: clock correction applied: {moved.num_rows} core(s) of {invocations} "
+        "invocation(s) moved by the offsets the records' causality asks for (see the clock "
+        "correction table); every time above reads the corrected cycles"
+    )
+
+
+_INVOCATION = ("run_id", "rank", "invocation_id")
 
 
 _TITLES = {
@@ -203,6 +228,8 @@ _TITLES = {
     "imbalance": "imbalance per core type (busy = compute + trigger + control)",
     "what_if": "what-if (median over the invocations)",
     "speedup_curves": "speed-up curves (median predicted / observed makespan)",
+    "clock_correction": "clock correction (offset added to each moved core's cycles; low/high: "
+    "the interval causality allows)",
 }
 
 

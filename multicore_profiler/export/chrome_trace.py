@@ -96,6 +96,7 @@ def export_chrome_trace(
     detailed_task_names: bool = False,
     selection: RecordSelection | None = None,
     critical_path: bool = False,
+    clock_correction: bool = False,
 ) -> ExportedTrace:
     """Write the Chrome Trace of records of the store to ``path`` (gzipped if it ends in
     ``.gz``); return what was written.
@@ -109,6 +110,10 @@ def export_chrome_trace(
     the other selection arguments). ``critical_path`` marks each record on its invocation's
     critical path (the ``critical_path`` view) with ``args.critical = 1`` and chains them in
     path order with flows of category ``critical_path``; without it the trace is as before.
+    ``clock_correction`` corrects the cores' clocks of the selection's runs from their
+    records' causality first (``ClockError`` where they cannot be) and says which offsets
+    were applied in ``megaKernelCycleTrace.clockCorrection``; without it the trace is as
+    before.
 
     Raises ``StatementError`` for a ``where`` or ``query`` the read-only policy refuses and
     ``ArgumentError`` for a number out of range, before anything runs; ``ExportError``
@@ -129,6 +134,7 @@ def export_chrome_trace(
             scratch_dir=aside.parent,
             group_rows=GROUP_ROWS,
             critical_path=critical_path,
+            clock_correction=clock_correction,
         ) as timeline,
     ):
         written = _write(timeline, aside, gzipped(path))

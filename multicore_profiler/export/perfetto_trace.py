@@ -162,13 +162,16 @@ def export_perfetto_trace(
     detailed_task_names: bool = False,
     selection: RecordSelection | None = None,
     critical_path: bool = False,
+    clock_correction: bool = False,
 ) -> ExportedTrace:
     """Write the Perfetto trace of records of the store to ``path`` (gzipped if it ends in
     ``.gz``) and its ``megaKernelCycleTrace`` object to ``sidecar_path(path)``; return what
     was written (``events`` counts the track events).
 
-    The records, names and ``critical_path`` marks are chosen as ``export_chrome_trace``
-    chooses them, with the same errors; also ``ExportError`` for a record that ends before
+    The records, names, ``critical_path`` marks and ``clock_correction`` are chosen as
+    ``export_chrome_trace`` chooses them, with the same errors (a correction is said in the
+    sidecar's ``clockCorrection`` and in each process track's description, which
+    Perfetto's UI shows with the track); also ``ExportError`` for a record that ends before
     it starts (a query's made-up cycles): a Perfetto slice cannot. Nothing is left behind
     on an error (both files are written aside and renamed into place, the trace last).
     """
@@ -188,6 +191,7 @@ def export_perfetto_trace(
             scratch_dir=aside.parent,
             group_rows=PERFETTO_GROUP_ROWS,
             critical_path=critical_path,
+            clock_correction=clock_correction,
             flow_ids=True,
         ) as timeline,
     ):
@@ -386,7 +390,28 @@ def _description(timeline: Timeline, process: dict[str, Any], sidecar_name: str)
         text += f"; the device dropped {dropped - partial} records (full slots)"
     if partial:
         text += f"; the device dropped {partial} records on slots that were not full"
-    return f"{text}. Selection: {timeline.described}. Metadata: {sidecar_name}."
+    text += f". Selection: {timeline.described}"
+    if timeline.clock_correction is not None:
+        text += f". {_correction_text(timeline.clock_correction, process)}"
+    return f"{text}. Metadata: {sidecar_name}."
+
+
+def _correction_text(moved: pa.Table, process: dict[str, Any]) -> str:
+    """The clock correction applied to a process's cores, in words: each moved core with
+    its offset, or that none of its cores was moved."""
+    mine = [
+        row
+        for row in moved.to_pylist()
+        if row["run_id"] == process["run_id"] and row["rank"] == process["rank"]
+    ]
+    if not mine:
+        return "Clock correction applied: no core of this rank was moved"
+    cores = ", ".join(
+        f"invocation {r['invocation_id']} {r['core']}/{r['block_id']} "
+        f"{r['offset_cycles']:+d} cycles ({r['offset_ns']:+g} ns)"
+        for r in mine
+    )
+    return f"Clock correction applied (offsets added to the recorded cycles): {cores}"
 
 
 def _group_packets(group: TimelineGroup, layout: _Layout, counts: _Counts) -> Iterator[np.ndarray]:

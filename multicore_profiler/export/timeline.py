@@ -26,7 +26,11 @@ Chrome JSON writer, ``chrome_trace``, renders one; fusion adds one to an outer t
   wait ends before its trigger begins has none: no format that binds flows to slices can
   draw it);
 - ``names``, ``spans`` (each slice column's range over the whole selection) and
-  ``metadata``, the ``megaKernelCycleTrace`` object describing the selection.
+  ``metadata``, the ``megaKernelCycleTrace`` object describing the selection;
+- ``clock_correction``: where the cores' clocks were corrected first
+  (``open_timeline(clock_correction=True)``), the cores of its invocations that the
+  correction moved (``clock_correction.APPLIED_COLUMNS``), which ``metadata`` carries as
+  ``clockCorrection`` (``_correction_metadata``); None without.
 
 It streams: the selected records go once, compactly, to a scratch Parquet file, and
 from there to Arrow files by group of whole tracks (about ``group_rows`` records a group,
@@ -63,6 +67,7 @@ from multicore_profiler.abi import (
     MAX_CAPACITY,
     BufferLayout,
 )
+from multicore_profiler.analysis.clock_correction import corrected_clocks
 from multicore_profiler.analysis.selection import RecordSelection, SelectedRecords
 from multicore_profiler.errors import ExportError, QueryError
 from multicore_profiler.export.tracks import assign_lanes
@@ -398,14 +403,19 @@ _SLOTS = """
 CREATE TEMP TABLE slot AS
 SELECT
     i.inv_index, c.core_type, c.block_id,
-    aligned_cycle(c.entry_cycle, c.clock_offset_cycles) AS entry_cycle, c.record_count,
+    aligned_cycle(c.entry_cycle, o.clock_offset_cycles) AS entry_cycle, c.record_count,
     c.dropped_count, c.record_capacity,
     (row_number() OVER (ORDER BY i.inv_index, c.core_type, c.block_id) - 1)::INTEGER AS slot_code
 FROM cores c
 JOIN inv i
     ON c.run_id = i.run_id AND c.rank = i.rank AND c.invocation_id = i.invocation_id
     AND c.write_id = i.write_id
+LEFT JOIN _core_clock_offsets o
+    ON o.run_id = c.run_id AND o.rank = c.rank AND o.invocation_id = c.invocation_id
+    AND o.write_id = c.write_id AND o.core_type = c.core_type AND o.block_id = c.block_id
 """
+"""Each core of the selected invocations, its entry cycle on the invocation's common clock
+(an anchor's offset and an applied clock correction's added, as its records' are)."""
 
 _PROCESSES = """
 CREATE TEMP TABLE proc AS
@@ -824,7 +834,8 @@ class Timeline:
     invocation's critical path and adds the path's chain of flows (the cursor must have the
     ``records.critical_path`` module installed). ``flow_ids`` gives each slice the ids of
     the flows that leave it (``flows_out``) and enter it (``flows_in``), for formats that
-    bind a flow to its slices rather than draw it from its own events.
+    bind a flow to its slices rather than draw it from its own events. ``clock_correction``
+    is the ``corrected_clocks`` table the cursor's records were corrected by (None: none).
     """
 
     def __init__(
@@ -837,6 +848,7 @@ class Timeline:
         group_rows: int = GROUP_ROWS,
         critical_path: bool = False,
         flow_ids: bool = False,
+        clock_correction: pa.Table | None = None,
     ) -> None:
         self._con = con
         self._scratch = scratch
@@ -892,6 +904,11 @@ class Timeline:
         self.processes = _processes(
             _fetch(con, "SELECT * FROM proc ORDER BY pid"), self.invocations
         )
+        self.clock_correction = (
+            None if clock_correction is None else _moved_cores(con, clock_correction)
+        )
+        """The cores of the timeline's invocations a clock correction moved (None: none
+        applied)."""
         if critical_path:
             con.execute(
                 _CRITICAL.format(
@@ -1320,6 +1337,38 @@ def _dropped_warnings(dropped: np.ndarray, partial: np.ndarray) -> list[str]:
     return warnings
 
 
+def _moved_cores(con: duckdb.DuckDBPyConnection, correction: pa.Table) -> pa.Table:
+    """The rows of ``correction`` (``APPLIED_COLUMNS``) of the timeline's invocations."""
+    con.register("_applied_correction", correction)
+    try:
+        return _fetch(
+            con,
+            "SELECT * FROM _applied_correction SEMI JOIN inv USING (run_id, rank, invocation_id) "
+            "ORDER BY run_id, rank, invocation_id, core, block_id",
+        )
+    finally:
+        con.unregister("_applied_correction")
+
+
+def _correction_metadata(moved: pa.Table) -> dict[str, Any]:
+    """A clock correction as the ``megaKernelCycleTrace`` object's ``clockCorrection``
+    says it: applied, and each moved core with its offset (cycles, ns) and the interval
+    (ns, relative to its invocation's reference core; null: open) causality allows."""
+    keys = {
+        "run_id": "runId",
+        "rank": "rank",
+        "invocation_id": "invocationId",
+        "core": "core",
+        "block_id": "blockId",
+        "offset_cycles": "offsetCycles",
+        "offset_ns": "offsetNs",
+        "low_ns": "lowNs",
+        "high_ns": "highNs",
+    }
+    cores = [{keys[k]: v for k, v in row.items()} for row in moved.to_pylist()]
+    return {"applied": True, "cores": cores}
+
+
 def _summary(
     timeline: Timeline, flows: int, moved: tuple[np.ndarray, np.ndarray] | None
 ) -> dict[str, Any]:
@@ -1398,6 +1447,11 @@ def _summary(
             "already: each record is shown once"
         )
     without_graph = sum(not e["taskGraph"] for e in entries)
+    corrected = (
+        {}
+        if timeline.clock_correction is None
+        else {"clockCorrection": _correction_metadata(timeline.clock_correction)}
+    )
     return {
         "schemaVersion": SCHEMA_VERSION,
         "selection": timeline.described,
@@ -1433,6 +1487,7 @@ def _summary(
         "invocations": entries,
         "subTracks": sub_tracks,
         "warnings": warnings,
+        **corrected,
     }
 
 
@@ -1446,16 +1501,20 @@ def open_timeline(
     group_rows: int = GROUP_ROWS,
     critical_path: bool = False,
     flow_ids: bool = False,
+    clock_correction: bool = False,
 ) -> Iterator[Timeline]:
     """The ``Timeline`` of ``selection`` in ``store``, readable until the block ends (it
     holds a cursor of the store and a scratch directory, made in ``scratch_dir``, default
     the system's); with ``critical_path``, its records on the critical path marked and
-    chained, and with ``flow_ids`` each slice's flow ids (``Timeline``). DuckDB's errors
-    become ``ExportQueryError``."""
+    chained, and with ``flow_ids`` each slice's flow ids (``Timeline``). With
+    ``clock_correction``, the cores' clocks of the selection's runs are corrected from
+    their records' causality first (``corrected_clocks``: ``ClockError`` where they cannot
+    be), for the block. DuckDB's errors become ``ExportQueryError``."""
     selected = selection.resolve(store) if isinstance(selection, RecordSelection) else selection
     modules = ("records.aligned_records", "records.critical_path")[: 1 + critical_path]
     with (
         tempfile.TemporaryDirectory(prefix=".mcprof-export-", dir=scratch_dir) as scratch,
+        corrected_clocks(store, selected.runs, clock_correction) as correction,
         store.reading(modules=modules, runs=selected.runs) as con,
         query_errors(selected.described),
     ):
@@ -1467,4 +1526,5 @@ def open_timeline(
             group_rows=group_rows,
             critical_path=critical_path,
             flow_ids=flow_ids,
+            clock_correction=correction,
         )

@@ -45,10 +45,11 @@ def export_trace(
     format: str | None = None,
     detailed_task_names: bool = False,
     critical_path: bool = False,
+    clock_correction: bool = False,
 ) -> ExportedTrace:
     """Write the trace of ``selection`` (default: the latest run) to ``path`` in the format
-    ``trace_format`` picks, with the writer's names and ``critical_path`` marks; return what
-    was written."""
+    ``trace_format`` picks, with the writer's names, ``critical_path`` marks and
+    ``clock_correction``; return what was written."""
     writer = TRACE_FORMATS[trace_format(path, format)]
     return writer(
         store,
@@ -56,4 +57,5 @@ def export_trace(
         selection=selection,
         detailed_task_names=detailed_task_names,
         critical_path=critical_path,
+        clock_correction=clock_correction,
     )

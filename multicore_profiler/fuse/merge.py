@@ -121,6 +121,7 @@ def merge_chrome_traces(
     outer_pid: int | None = None,
     allow_host_alignment: bool = False,
     rebase_timestamps: bool = False,
+    clock_correction: bool = False,
 ) -> MergedTrace:
     """Fuse a MegaKernel's records into ``framework_trace`` (torch.profiler / kineto or
     torch_npu, ``.json`` or ``.json.gz``); write the result to ``output`` (gzipped if it
@@ -141,6 +142,11 @@ def merge_chrome_traces(
     name (before any work) and ``FuseError`` when the fusion cannot be done safely (an
     ``output`` inside a store or that is one of the input traces: before any work); no file
     is left behind then.
+
+    ``clock_correction`` (a store's run only) corrects the cores' clocks from their records'
+    causality first (``ClockError`` where they cannot be); the report's ``clockCorrection``
+    says which offsets were applied, here or by the export of a ``mega_kernel_trace`` file,
+    and is absent where none was.
     """
     COUNT.check(kernel_index, "kernel_index")
     check_given(
@@ -152,6 +158,11 @@ def merge_chrome_traces(
     from_store = isinstance(mega_kernel_trace, Store)
     if not from_store and any(v is not None for v in (run, step, window)):
         raise FuseError("run, step and window select from a store, not from a trace file")
+    if not from_store and clock_correction:
+        raise FuseError(
+            "the clock correction reads a store's records; a trace file is fused as it was "
+            "exported (export it with the correction instead)"
+        )
     inputs = [Path(framework_trace)] + ([] if from_store else [Path(mega_kernel_trace)])
     try:  # before the outer trace goes into the store
         check_output(Path(output), inputs)
@@ -174,7 +185,7 @@ def merge_chrome_traces(
         trace_file: _TraceFile | None = None
         if isinstance(mega_kernel_trace, Store):
             selection = RecordSelection(run=run, step=step, window=window)
-            side = TimelineSide.read(mega_kernel_trace, selection)
+            side = TimelineSide.read(mega_kernel_trace, selection, clock_correction)
             invocations, mk_summary = side.invocation_table(), side.metadata
         else:
             mk_path = Path(mega_kernel_trace)
@@ -241,6 +252,8 @@ def merge_chrome_traces(
                 else None
             ),
         }
+        if "clockCorrection" in mk_summary:
+            report["clockCorrection"] = mk_summary["clockCorrection"]
         layout = orjson.loads(described["layout"])
         _write(
             Path(output),
@@ -480,9 +493,12 @@ class TimelineSide:
     metadata: dict[str, Any]
 
     @classmethod
-    def read(cls, store: Store, selection: RecordSelection) -> TimelineSide:
-        """The timeline of ``selection`` in ``store``, read to its end."""
-        with open_timeline(store, selection) as timeline:
+    def read(
+        cls, store: Store, selection: RecordSelection, clock_correction: bool = False
+    ) -> TimelineSide:
+        """The timeline of ``selection`` in ``store``, read to its end (its clocks corrected
+        first with ``clock_correction``)."""
+        with open_timeline(store, selection, clock_correction=clock_correction) as timeline:
             try:
                 slices, flows = _collected(timeline)
             except LayoutChanged:
