@@ -13,7 +13,9 @@ from multicore_profiler.analysis.selection import RecordSelection
 from multicore_profiler.cli.arguments import (
     Parents,
     add_clock_correction,
+    add_clock_tolerance,
     add_record_selection,
+    configure_clock_tolerance,
     in_range,
     open_given_store,
     path,
@@ -28,8 +30,6 @@ from multicore_profiler.storage.store import Store
 
 TOLERANCE = Range("a tolerance in cycles", 0, INT64.high)
 """``analyze --tolerance``: the critical path walk's tolerance, a whole number of cycles."""
-CLOCK_TOLERANCE = Range("a clock tolerance in ns", 0, INT64.high)
-"""``analyze --clock-tolerance``: how far a record may contradict causality, in whole ns."""
 
 
 def change(value: str) -> Change:
@@ -57,8 +57,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     store = open_given_store(args)
     if args.tolerance is not None:
         store.configure("critical_path_tolerance", args.tolerance)
-    if args.clock_tolerance is not None:
-        store.configure("clock_tolerance", args.clock_tolerance)
+    configure_clock_tolerance(store, args)
     analysis = analyze(store, _selection(store, args), clock_correction=args.clock_correction)
     report = AnalysisReport(
         analysis=analysis,
@@ -119,12 +118,5 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         f"crossed to its releasing trigger (default {DEFAULT_TOLERANCE_CYCLES})",
     )
     add_clock_correction(parser)
-    parser.add_argument(
-        "--clock-tolerance",
-        type=in_range(CLOCK_TOLERANCE),
-        metavar="NS",
-        help="how far (ns) a wait may end before the trigger that released it ended before "
-        "the cores' clocks count as contradicted, which keeps an invocation out of the "
-        "critical path and the replay (default 0)",
-    )
+    add_clock_tolerance(parser, "which keeps an invocation out of the critical path and the replay")
     parser.set_defaults(func=cmd_analyze)

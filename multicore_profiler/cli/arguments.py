@@ -14,7 +14,7 @@ from multicore_profiler.analysis.outer_kernel_rules import OuterKernelRules
 from multicore_profiler.cli.output import one_line
 from multicore_profiler.errors import ArgumentError, ProfileError
 from multicore_profiler.export.timeline import RecordSelection
-from multicore_profiler.limits import DESC_ID, INVOCATION_ID, RANK, STEP, WINDOW, Range
+from multicore_profiler.limits import DESC_ID, INT64, INVOCATION_ID, RANK, STEP, WINDOW, Range
 from multicore_profiler.storage.store import Store, default_store_path, open_store
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -224,6 +224,28 @@ def add_clock_correction(parser: argparse.ArgumentParser, scope: str = "") -> No
         "(a wait cannot end before the trigger that released it) before the work, and say "
         "which offsets were applied (see docs/clocks.md)",
     )
+
+
+CLOCK_TOLERANCE = Range("a clock tolerance in ns", 0, INT64.high)
+"""``--clock-tolerance``: how far a record may contradict causality, in whole ns."""
+
+
+def add_clock_tolerance(parser: argparse.ArgumentParser, consequence: str) -> None:
+    """Add ``--clock-tolerance NS`` (the store setting ``clock_tolerance`` for this command);
+    ``consequence`` says what a contradiction beyond it does in this command."""
+    parser.add_argument(
+        "--clock-tolerance",
+        type=in_range(CLOCK_TOLERANCE),
+        metavar="NS",
+        help="how far (ns) a wait may end before the trigger that released it ended before "
+        f"the cores' clocks count as contradicted, {consequence} (default 0)",
+    )
+
+
+def configure_clock_tolerance(store: Store, args: argparse.Namespace) -> None:
+    """Take ``--clock-tolerance`` into ``store``, where it was given."""
+    if args.clock_tolerance is not None:
+        store.configure("clock_tolerance", args.clock_tolerance)
 
 
 def selection_arguments(

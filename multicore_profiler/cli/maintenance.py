@@ -10,13 +10,16 @@ from datetime import timedelta
 import pyarrow as pa
 
 from multicore_profiler.analysis.clock_check import summary as clock_summary
-from multicore_profiler.cli.arguments import Parents, in_range, open_given_store
+from multicore_profiler.cli.arguments import (
+    Parents,
+    add_clock_tolerance,
+    configure_clock_tolerance,
+    in_range,
+    open_given_store,
+)
 from multicore_profiler.cli.output import emit, one_line
-from multicore_profiler.limits import COUNT, DAYS, HOURS, INT64, Range
+from multicore_profiler.limits import COUNT, DAYS, HOURS
 from multicore_profiler.storage.vacuum import GRACE
-
-CLOCK_TOLERANCE = Range("a tolerance in ns", 0, INT64.high)
-"""``--clock-tolerance``: the clock checks' tolerance of causality, a whole number of ns."""
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -24,8 +27,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     ``--clocks``, each run's clock check first) and the summary on standard error; status
     1 when a check failed."""
     store = open_given_store(args)
-    if args.clock_tolerance is not None:
-        store.configure("clock_tolerance", args.clock_tolerance)
+    configure_clock_tolerance(store, args)
     report = store.check(args.run or None, clocks=args.clocks)
     if report.clocks is not None:
         for row in report.clocks.to_pylist():
@@ -89,13 +91,7 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         help="also check each run's clocks, frequency and schedule against its records' own "
         "causality and the host's launch times, and print one line per run (docs/clocks.md)",
     )
-    check.add_argument(
-        "--clock-tolerance",
-        type=in_range(CLOCK_TOLERANCE),
-        metavar="NS",
-        help="with --clocks: how far (ns) a wait may end before the trigger that released it "
-        "before the clocks are called contradicted (default 0)",
-    )
+    add_clock_tolerance(check, "a problem of --clocks")
     check.set_defaults(func=cmd_check)
 
     compact = commands.add_parser(
