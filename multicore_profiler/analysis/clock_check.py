@@ -89,12 +89,54 @@ def findings(row: dict[str, Any]) -> list[str]:
             f"{row['faulty_events']} event(s) whose recorded waits and triggers disagree "
             "(see event_sanity)"
         )
+    found.extend(_frequency_finding(fault) for fault in row["frequency_faults"])
     if row["late_entry_cores"]:
         found.append(
             f"{row['late_entry_cores']} core(s) recorded their entry cycle after their "
             "first record (see clock_sanity)"
         )
     return found
+
+
+def _frequency_summary(row: dict[str, Any]) -> str:
+    """The run's worst frequency verdict, in words."""
+    verdict = row["frequency_verdict"]
+    if verdict == "untimed":
+        return "frequency not checked (no host launch times); "
+    bounds = " .. ".join(
+        "?" if row[side] is None else _mhz(row[side]) for side in ("low_hz", "high_hz")
+    )
+    return f"frequency {_mhz(row['frequency_hz'])} {verdict} (host times allow {bounds}); "
+
+
+def _mhz(hz: float) -> str:
+    return f"{hz / 1e6:.6g} MHz"
+
+
+def _frequency_finding(fault: dict[str, Any]) -> str:
+    """A (rank, device) group whose stored frequency its host launch times rule out."""
+    where = f"rank {fault['rank']} device {fault['device']}: "
+    stored = _mhz(fault["frequency_hz"])
+    if fault["verdict"] == "contradictory":
+        return (
+            where + f"the host's launch times and the counter contradict each other at any "
+            f"frequency (at least {_mhz(fault['low_hz'])}, at most {_mhz(fault['high_hz'])}): "
+            "a counter reset, or invocations of another device (see clock_frequency_bounds)"
+        )
+    if fault["verdict"] == "too_low":
+        why = (
+            f"below the {_mhz(fault['low_hz'])} that the kernels' spans within their host "
+            "launch-to-synchronize times require (the counter ran faster)"
+        )
+    else:
+        why = (
+            f"above the {_mhz(fault['high_hz'])} that the gaps between launches allow (the "
+            "counter ran slower)"
+        )
+    return (
+        where + f"the stored frequency {stored} is {why}; {_mhz(fault['fitting_hz'])} fits "
+        "(see clock_frequency; every time in ns is off by their ratio)"
+    )
 
 
 def summary(row: dict[str, Any]) -> str:
@@ -110,6 +152,7 @@ def summary(row: dict[str, Any]) -> str:
     return (
         f"run {row['run_id']}: clocks: {'ok' if not findings(row) else 'NOT OK'}: "
         f"{row['invocations']} invocation(s), {row['cores']} core(s); {edges}; "
+        + _frequency_summary(row)
         + (
             "no offsets (the edges contradict each other)"
             if offset is None

@@ -8,7 +8,10 @@
 -- start before their core's entry cycle (clock_sanity's verdicts); the workers that ran
 -- other than their planned queue (schedule_sanity's verdicts but ok and dropped), those
 -- whose slot dropped records, and the events whose waits and triggers disagree
--- (event_sanity's unreleased, extra_triggers and missing_triggers).
+-- (event_sanity's unreleased, extra_triggers and missing_triggers); the frequency check of
+-- its (rank, device) groups (clock_frequency): the worst verdict (contradictory, then
+-- too_low or too_high, ok, untimed) with its group's figures, and every group whose stored
+-- frequency the host's launch times rule out.
 CREATE OR REPLACE VIEW clock_check AS
 WITH cores AS (
     SELECT
@@ -40,6 +43,30 @@ workers AS (
     FROM schedule_sanity
     GROUP BY run_id
 ),
+frequencies AS (
+    SELECT
+        run_id,
+        arg_max(
+            {'verdict': verdict, 'frequency_hz': frequency_hz, 'low_hz': low_hz,
+             'high_hz': high_hz, 'fitting_hz': fitting_hz},
+            severity
+        ) AS worst,
+        list(
+            {'rank': rank, 'device': device, 'verdict': verdict, 'frequency_hz': frequency_hz,
+             'low_hz': low_hz, 'high_hz': high_hz, 'fitting_hz': fitting_hz}
+            ORDER BY rank, device, frequency_hz
+        ) FILTER (WHERE severity >= 2) AS frequency_faults
+    FROM (
+        SELECT
+            *,
+            CASE verdict
+                WHEN 'contradictory' THEN 3 WHEN 'too_low' THEN 2 WHEN 'too_high' THEN 2
+                WHEN 'ok' THEN 1 ELSE 0
+            END AS severity
+        FROM clock_frequency
+    )
+    GROUP BY run_id
+),
 events AS (
     SELECT
         run_id,
@@ -59,9 +86,14 @@ SELECT
     c.backwards_cores, c.overlapping_cores, c.late_entry_cores,
     coalesce(w.faulty_workers, 0) AS faulty_workers,
     coalesce(w.dropped_workers, 0) AS dropped_workers,
-    coalesce(v.faulty_events, 0) AS faulty_events
+    coalesce(v.faulty_events, 0) AS faulty_events,
+    coalesce(f.worst.verdict, 'untimed') AS frequency_verdict,
+    f.worst.frequency_hz AS frequency_hz, f.worst.low_hz AS low_hz,
+    f.worst.high_hz AS high_hz, f.worst.fitting_hz AS fitting_hz,
+    coalesce(f.frequency_faults, []) AS frequency_faults
 FROM cores c
 LEFT JOIN edges e USING (run_id)
 LEFT JOIN workers w USING (run_id)
 LEFT JOIN events v USING (run_id)
+LEFT JOIN frequencies f USING (run_id)
 ORDER BY c.run_id;

@@ -1,0 +1,110 @@
+"""The knob's experiment: the CPU reference kernel recorded with known clock skews, and what
+the clock checks recover of them.
+
+The reference kernel's workers read one host clock, so a run without the knob contradicts
+nothing: every core keeps offset 0 and the check passes. With a core's clock set ahead or
+behind by far more than its release latencies (hundreds of us against tens), its waits
+and triggers contradict causality, the check fails and names it, and each skewed core's
+offset interval (relative to the reference core, AIC/0, whose clock is right) holds minus
+its skew, while every other core's holds 0. Corrected, the records contradict nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multicore_profiler import mega_kernel_profile
+from multicore_profiler.abi import CoreType
+from multicore_profiler.analysis.clock_offsets import correct_clocks
+from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+from multicore_profiler.storage.store import Store
+
+TOKENS, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 128, 32, 64, 4, 2
+SKEWS = {(CoreType.AIV, 1): 400_000, (CoreType.AIC, 1): -300_000}
+"""ns each core's clock is set ahead (behind, negative) of the host clock."""
+LAUNCHES = 3
+
+
+def layer() -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The experts' weights and one routed batch."""
+    router, w1, w2 = make_moe_weights(
+        EXPERTS, HIDDEN, INTERMEDIATE, generator=torch.Generator().manual_seed(0)
+    )
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    return w1, w2, (x, *route(x, router, TOP_K))
+
+
+def capture(store: Store, skews: dict[tuple[CoreType, int], int]) -> str:
+    """``LAUNCHES`` recorded launches, one a step, with these skews; the run id."""
+    w1, w2, batch = layer()
+    with (
+        ReferenceMoeKernel(w1, w2, clock_skew_ns=skews) as kernel,
+        mega_kernel_profile(store=store) as prof,
+    ):
+        for _ in range(LAUNCHES):
+            kernel(*batch)
+            prof.step()
+    assert prof.run_id is not None
+    return prof.run_id
+
+
+def test_a_run_on_one_clock_reports_no_skew(store: Store) -> None:
+    run_id = capture(store, {})
+    report = store.check([run_id], clocks=True)
+    assert report.ok, report.problems
+    (row,) = report.clocks.to_pylist()
+    assert (row["invocations"], row["cores"], row["contradicted_edges"]) == (LAUNCHES, 12, 0)
+    assert (row["largest_offset_ns"], row["moved_cores"]) == (0.0, 0)
+    verdicts = store.sql("SELECT DISTINCT verdict FROM clock_sanity", runs=[run_id])
+    assert verdicts["verdict"].to_pylist() == ["ok"]
+
+
+def test_every_injected_skew_lies_in_the_interval_the_estimate_reports(store: Store) -> None:
+    run_id = capture(store, SKEWS)
+    report = store.check([run_id], clocks=True)
+    (problem,) = report.problems  # one finding: the contradicted edges
+    assert problem.path == f"run {run_id}"
+    assert f"causal edge(s) in {LAUNCHES} invocation(s) contradict causality" in problem.reason
+    offsets = store.sql(
+        "SELECT invocation_id, core_type, block_id, offset_ns, low_ns, high_ns, constrained "
+        "FROM clock_offsets ORDER BY ALL",
+        runs=[run_id],
+    ).to_pylist()
+    assert len(offsets) == LAUNCHES * 4
+    for row in offsets:
+        truth = -SKEWS.get((CoreType(row["core_type"]), row["block_id"]), 0)
+        assert row["constrained"], row
+        assert row["low_ns"] is None or row["low_ns"] <= truth, row
+        assert row["high_ns"] is None or truth <= row["high_ns"], row
+        assert row["low_ns"] is not None or row["high_ns"] is not None, row
+        # Each skewed core moves the way its skew asks, or not at all: AIV/1, ahead, back;
+        # AIC/1, behind, forward (the two share the 700 us between them as the other
+        # cores' edges allow, so neither lands on its skew exactly).
+        assert row["offset_ns"] * truth >= 0, row
+    moved = correct_clocks(store, [run_id])
+    back = [r for r in moved.to_pylist() if (r["core"], r["block_id"]) == ("AIV", 1)]
+    assert len(back) == LAUNCHES
+
+    assert store.sql("SELECT count(*) AS n FROM clock_violations", runs=[run_id]).to_pylist() == [
+        {"n": 0}
+    ]
+
+
+@pytest.mark.parametrize("scale", [2.0, 0.5])
+def test_a_wrong_frequency_is_found_and_the_one_that_fits_given(store: Store, scale: float) -> None:
+    w1, w2, batch = layer()
+    with (
+        ReferenceMoeKernel(w1, w2, clock_scale=scale) as kernel,
+        mega_kernel_profile(store=store) as prof,
+    ):
+        for _ in range(LAUNCHES):
+            kernel(*batch)
+            kernel(*batch)
+            prof.step()
+    report = store.check([prof.run_id], clocks=True)
+    (row,) = report.clocks.to_pylist()
+    assert row["frequency_verdict"] == ("too_low" if scale > 1 else "too_high")
+    assert (row["fitting_hz"] > 1e9) if scale > 1 else (row["fitting_hz"] < 1e9)
+    (problem,) = report.problems
+    assert problem.reason.startswith("rank 0 device 0: the stored frequency 1000 MHz is ")
