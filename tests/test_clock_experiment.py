@@ -7,43 +7,33 @@ behind by far more than its release latencies (hundreds of us against tens), its
 and triggers contradict causality, the check fails and names it, and each skewed core's
 offset interval (relative to the reference core, AIC/0, whose clock is right) holds minus
 its skew, while every other core's holds 0. Corrected, the records contradict nothing.
+(A wrong frequency, ``clock_scale``: tests/test_clock_frequency.py.)
 """
 
 from __future__ import annotations
 
-import pytest
-import torch
+from moe_layer import moe_layer
 
 from multicore_profiler import mega_kernel_profile
 from multicore_profiler.abi import CoreType
 from multicore_profiler.analysis.clock_offsets import correct_clocks
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+from multicore_profiler.kernels.reference import ReferenceMoeKernel
 from multicore_profiler.storage.store import Store
 
-TOKENS, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 128, 32, 64, 4, 2
 SKEWS = {(CoreType.AIV, 1): 400_000, (CoreType.AIC, 1): -300_000}
 """ns each core's clock is set ahead (behind, negative) of the host clock."""
 LAUNCHES = 3
 
 
-def layer() -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """The experts' weights and one routed batch."""
-    router, w1, w2 = make_moe_weights(
-        EXPERTS, HIDDEN, INTERMEDIATE, generator=torch.Generator().manual_seed(0)
-    )
-    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
-    return w1, w2, (x, *route(x, router, TOP_K))
-
-
 def capture(store: Store, skews: dict[tuple[CoreType, int], int]) -> str:
     """``LAUNCHES`` recorded launches, one a step, with these skews; the run id."""
-    w1, w2, batch = layer()
+    layer = moe_layer(tokens=128)
     with (
-        ReferenceMoeKernel(w1, w2, clock_skew_ns=skews) as kernel,
+        ReferenceMoeKernel(layer.w1, layer.w2, clock_skew_ns=skews) as kernel,
         mega_kernel_profile(store=store) as prof,
     ):
         for _ in range(LAUNCHES):
-            kernel(*batch)
+            kernel(*layer.batch)
             prof.step()
     assert prof.run_id is not None
     return prof.run_id
@@ -89,22 +79,3 @@ def test_every_injected_skew_lies_in_the_interval_the_estimate_reports(store: St
     assert store.sql("SELECT count(*) AS n FROM clock_violations", runs=[run_id]).to_pylist() == [
         {"n": 0}
     ]
-
-
-@pytest.mark.parametrize("scale", [2.0, 0.5])
-def test_a_wrong_frequency_is_found_and_the_one_that_fits_given(store: Store, scale: float) -> None:
-    w1, w2, batch = layer()
-    with (
-        ReferenceMoeKernel(w1, w2, clock_scale=scale) as kernel,
-        mega_kernel_profile(store=store) as prof,
-    ):
-        for _ in range(LAUNCHES):
-            kernel(*batch)
-            kernel(*batch)
-            prof.step()
-    report = store.check([prof.run_id], clocks=True)
-    (row,) = report.clocks.to_pylist()
-    assert row["frequency_verdict"] == ("too_low" if scale > 1 else "too_high")
-    assert (row["fitting_hz"] > 1e9) if scale > 1 else (row["fitting_hz"] < 1e9)
-    (problem,) = report.problems
-    assert problem.reason.startswith("rank 0 device 0: the stored frequency 1000 MHz is ")

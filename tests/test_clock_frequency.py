@@ -8,14 +8,14 @@ Every store frequency here is 1 GHz. A bound is cycles * 1e9 / ns, computed as t
 from __future__ import annotations
 
 import pytest
-import torch
 from golden import AIC, AIV, GMM1, Slot, pack
+from moe_layer import moe_layer
 
 from multicore_profiler import mega_kernel_profile
 from multicore_profiler.abi import BufferLayout
 from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.step_rows import Launches
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+from multicore_profiler.kernels.reference import ReferenceMoeKernel
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
@@ -245,25 +245,18 @@ def test_invocations_without_host_times_are_untimed(judged: Store) -> None:
     ]
 
 
-TOKENS, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 64, 32, 64, 4, 2
-
-
 @pytest.mark.parametrize(("scale", "verdict"), [(1.0, "ok"), (2.0, "too_low"), (0.5, "too_high")])
 def test_the_reference_kernel_with_a_counter_off_by_a_scale(
     store: Store, scale: float, verdict: str
 ) -> None:
-    router, w1, w2 = make_moe_weights(
-        EXPERTS, HIDDEN, INTERMEDIATE, generator=torch.Generator().manual_seed(0)
-    )
-    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
-    batch = (x, *route(x, router, TOP_K))
+    layer = moe_layer()
     with (
-        ReferenceMoeKernel(w1, w2, clock_scale=scale) as kernel,
+        ReferenceMoeKernel(layer.w1, layer.w2, clock_scale=scale) as kernel,
         mega_kernel_profile(store=store, writer="thread") as prof,
     ):
         for _ in range(3):
-            kernel(*batch)
-            kernel(*batch)
+            kernel(*layer.batch)
+            kernel(*layer.batch)
             prof.step()
     [found] = store.sql(
         "SELECT invocations, low_hz, high_hz, fitting_hz, verdict FROM clock_frequency"
@@ -277,3 +270,9 @@ def test_the_reference_kernel_with_a_counter_off_by_a_scale(
         assert found["fitting_hz"] == found["low_hz"] > 1e9
     else:
         assert found["fitting_hz"] == found["high_hz"] < 1e9
+    # mcprof check --clocks fails on a frequency the host times rule out, and says which fits.
+    report = store.check(clocks=True)
+    side = {1.0: None, 2.0: "below", 0.5: "above"}[scale]
+    assert [p.reason[:60] for p in report.problems] == (
+        [] if side is None else [f"rank 0 device 0: the stored frequency 1000 MHz is {side} the "]
+    )

@@ -13,15 +13,15 @@ import threading
 
 import pytest
 import torch
+from moe_layer import HIDDEN, TOKENS, MoeLayer, moe_layer
 
 from multicore_profiler import mega_kernel_profile
 from multicore_profiler.abi import CoreType
 from multicore_profiler.errors import ConfigError
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+from multicore_profiler.kernels.reference import ReferenceMoeKernel
 from multicore_profiler.kernels.reference import moe as moe_module
 from multicore_profiler.storage.store import Store
 
-TOKENS, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 64, 32, 64, 4, 2
 BASE = 1_000_001
 """The fake counter's first value (odd, so that scale 0.5 rounds halves both ways)."""
 WORKERS = "AIC (1) blocks 0..1, AIV (2) blocks 0..2"
@@ -29,16 +29,8 @@ WORKERS = "AIC (1) blocks 0..1, AIV (2) blocks 0..2"
 
 
 @pytest.fixture(scope="module")
-def weights() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return make_moe_weights(
-        EXPERTS, HIDDEN, INTERMEDIATE, generator=torch.Generator().manual_seed(0)
-    )
-
-
-@pytest.fixture(scope="module")
-def batch(weights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
-    return (x, *route(x, weights[0], TOP_K))
+def layer() -> MoeLayer:
+    return moe_layer()
 
 
 @pytest.fixture
@@ -69,13 +61,13 @@ def recorded(store: Store) -> dict[tuple[int, int], list[int]]:
 
 @pytest.mark.parametrize("scale", [1.0, 2.0, 0.5])
 def test_each_core_records_its_own_counter(
-    weights, batch, store: Store, per_thread_clock, scale: float
+    layer, store: Store, per_thread_clock, scale: float
 ) -> None:
     skews = {(CoreType.AIC, 1): 1_000, (2, 0): -301, (CoreType.AIV, 2): 0}
     with (
         ReferenceMoeKernel(
-            weights[1],
-            weights[2],
+            layer.w1,
+            layer.w2,
             aic_workers=2,
             aiv_workers=3,
             clock_skew_ns=skews,
@@ -83,7 +75,7 @@ def test_each_core_records_its_own_counter(
         ) as kernel,
         mega_kernel_profile(store=store, writer="thread"),
     ):
-        kernel(*batch)
+        kernel(*layer.batch)
     stamps = recorded(store)
     assert sorted(stamps) == [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
     for (core_type, block), cycles in stamps.items():
@@ -94,13 +86,13 @@ def test_each_core_records_its_own_counter(
 
 
 def test_without_the_knob_every_core_reads_the_clock_itself(
-    weights, batch, store: Store, per_thread_clock
+    layer, store: Store, per_thread_clock
 ) -> None:
     with (
-        ReferenceMoeKernel(weights[1], weights[2], clock_skew_ns={(1, 0): 0}) as kernel,
+        ReferenceMoeKernel(layer.w1, layer.w2, clock_skew_ns={(1, 0): 0}) as kernel,
         mega_kernel_profile(store=store, writer="thread"),
     ):
-        kernel(*batch)
+        kernel(*layer.batch)
     for cycles in recorded(store).values():
         assert cycles == list(range(BASE, BASE + len(cycles)))
 
@@ -123,25 +115,23 @@ def test_without_the_knob_every_core_reads_the_clock_itself(
         ({(2, 1): True}, r"clock_skew_ns\[\(2, 1\)\] must be a whole number of ns, got True"),
     ],
 )
-def test_a_skew_of_no_worker_or_of_no_whole_ns_is_refused(weights, skews, message) -> None:
+def test_a_skew_of_no_worker_or_of_no_whole_ns_is_refused(layer, skews, message) -> None:
     with pytest.raises(ConfigError, match=message):
-        ReferenceMoeKernel(
-            weights[1], weights[2], aic_workers=2, aiv_workers=3, clock_skew_ns=skews
-        )
+        ReferenceMoeKernel(layer.w1, layer.w2, aic_workers=2, aiv_workers=3, clock_skew_ns=skews)
 
 
 @pytest.mark.parametrize("scale", [0, -1.0, 0.0, float("nan"), float("inf"), True, "2", None])
-def test_a_scale_that_is_not_finite_and_positive_is_refused(weights, scale) -> None:
+def test_a_scale_that_is_not_finite_and_positive_is_refused(layer, scale) -> None:
     with pytest.raises(ConfigError, match=r"clock_scale must be a finite number > 0, got "):
-        ReferenceMoeKernel(weights[1], weights[2], clock_scale=scale)
+        ReferenceMoeKernel(layer.w1, layer.w2, clock_scale=scale)
 
 
-def test_the_op_refuses_a_malformed_skew_table(weights, batch) -> None:
-    with ReferenceMoeKernel(weights[1], weights[2]) as kernel:
+def test_the_op_refuses_a_malformed_skew_table(layer) -> None:
+    with ReferenceMoeKernel(layer.w1, layer.w2) as kernel:
         config = kernel.config_for(TOKENS).with_profiling()
         buffer = torch.zeros(config.layout.total_bytes, dtype=torch.uint8)
         op = torch.ops.mcprof.reference_mega_moe
-        args = (*batch, kernel.w1, kernel.w2, config.tensor, buffer, None)
+        args = (*layer.batch, kernel.w1, kernel.w2, config.tensor, buffer, None)
         with pytest.raises(ConfigError, match=r"clock_skew must be an int64 CPU tensor"):
             op(*args, torch.zeros(1, 2, dtype=torch.int64))
         with pytest.raises(ConfigError, match=r"names core \(2, 7\), which is no worker"):
@@ -151,12 +141,12 @@ def test_the_op_refuses_a_malformed_skew_table(weights, batch) -> None:
         assert not buffer.any()
 
 
-def test_the_fake_op_takes_the_knob(weights, batch) -> None:
-    with ReferenceMoeKernel(weights[1], weights[2]) as kernel:
+def test_the_fake_op_takes_the_knob(layer) -> None:
+    with ReferenceMoeKernel(layer.w1, layer.w2) as kernel:
         config = kernel.config_for(TOKENS)
         with torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True):
             out = torch.ops.mcprof.reference_mega_moe(
-                *batch,
+                *layer.batch,
                 kernel.w1,
                 kernel.w2,
                 config.tensor,

@@ -11,8 +11,8 @@ import time
 import types
 
 import pytest
-import torch
 from golden import AIC, GMM1, Slot, pack
+from moe_layer import MoeLayer, moe_layer
 
 from multicore_profiler import mega_kernel_profile
 from multicore_profiler.abi import BufferLayout
@@ -22,11 +22,10 @@ from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.step_rows import Launches
 from multicore_profiler.kernels.backend import CpuBackend
 from multicore_profiler.kernels.npu import NpuBackend
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+from multicore_profiler.kernels.reference import ReferenceMoeKernel
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
-TOKENS, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 64, 32, 64, 4, 2
 STEPS, LAUNCHES = 3, 2
 HOST_TIMES = """SELECT invocation_id, step, host_launch_ns, host_sync_ns
                 FROM invocations ORDER BY invocation_id"""
@@ -47,16 +46,8 @@ class AsyncCpu(CpuBackend):
 
 
 @pytest.fixture(scope="module")
-def weights() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return make_moe_weights(
-        EXPERTS, HIDDEN, INTERMEDIATE, generator=torch.Generator().manual_seed(0)
-    )
-
-
-@pytest.fixture(scope="module")
-def batch(weights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
-    return (x, *route(x, weights[0], TOP_K))
+def layer() -> MoeLayer:
+    return moe_layer()
 
 
 @pytest.fixture
@@ -68,12 +59,12 @@ def counted_session_clock(monkeypatch) -> None:
     monkeypatch.setattr(session_module, "time", fake)
 
 
-def capture(kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...], store: Store) -> None:
+def capture(kernel: ReferenceMoeKernel, layer: MoeLayer, store: Store) -> None:
     """STEPS recorded steps of LAUNCHES launches each."""
     with mega_kernel_profile(store=store, writer="thread") as prof:
         for _ in range(STEPS):
             for _ in range(LAUNCHES):
-                kernel(*batch)
+                kernel(*layer.batch)
             prof.step()
 
 
@@ -83,10 +74,10 @@ def test_the_backends_say_whether_their_launches_block() -> None:
 
 
 def test_a_blocking_launch_is_timed_from_prepare_to_complete(
-    weights, batch, store: Store, counted_session_clock
+    layer, store: Store, counted_session_clock
 ) -> None:
-    with ReferenceMoeKernel(weights[1], weights[2]) as kernel:
-        capture(kernel, batch, store)
+    with ReferenceMoeKernel(layer.w1, layer.w2) as kernel:
+        capture(kernel, layer, store)
     rows = store.sql(HOST_TIMES).to_pylist()
     assert len(rows) == STEPS * LAUNCHES
     for row in rows:  # nothing reads the session's clock between prepare's and complete's
@@ -101,11 +92,11 @@ def test_a_blocking_launch_is_timed_from_prepare_to_complete(
 
 
 def test_a_launch_that_does_not_block_ends_at_the_steps_synchronize(
-    weights, batch, store: Store, counted_session_clock
+    layer, store: Store, counted_session_clock
 ) -> None:
     backend = AsyncCpu()
-    with ReferenceMoeKernel(weights[1], weights[2], backend=backend) as kernel:
-        capture(kernel, batch, store)
+    with ReferenceMoeKernel(layer.w1, layer.w2, backend=backend) as kernel:
+        capture(kernel, layer, store)
     rows = store.sql(HOST_TIMES).to_pylist()
     assert len(backend.synchronized) == STEPS
     for step, synchronized in enumerate(backend.synchronized):
@@ -115,11 +106,9 @@ def test_a_launch_that_does_not_block_ends_at_the_steps_synchronize(
         assert [r["host_sync_ns"] for r in mine] == [synchronized + 1] * LAUNCHES
 
 
-def test_every_record_lies_between_its_launch_and_its_synchronize(
-    weights, batch, store: Store
-) -> None:
-    with ReferenceMoeKernel(weights[1], weights[2]) as kernel:
-        capture(kernel, batch, store)
+def test_every_record_lies_between_its_launch_and_its_synchronize(layer, store: Store) -> None:
+    with ReferenceMoeKernel(layer.w1, layer.w2) as kernel:
+        capture(kernel, layer, store)
     spans = store.sql(
         """SELECT i.invocation_id, i.host_launch_ns, i.host_sync_ns,
                   least(min(c.entry_cycle), min(r.start_cycle)) AS first_cycle,
