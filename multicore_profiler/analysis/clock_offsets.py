@@ -304,11 +304,12 @@ def install_clock_offsets(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(_VIEW)
 
 
-def correct_clocks(store: Store, runs: Sequence[str]) -> pa.Table:
-    """Estimate the clock offsets of ``runs`` from their records as recorded, and apply
-    them to every record view of ``store`` (setting ``clock_correction``); return the
-    ``clock_offsets`` rows of the cores that were moved. ``ClockError`` where the edges of
-    an invocation contradict each other, or a moved core would start before cycle 0."""
+def correct_clocks(store: Store, runs: Sequence[str] | None) -> pa.Table:
+    """Estimate the clock offsets of ``runs`` (None: every run) from their records as
+    recorded, and apply them to every record view of ``store`` (setting
+    ``clock_correction``); return the ``clock_offsets`` rows of the cores that were moved.
+    ``ClockError`` where the edges of an invocation contradict each other, or a moved core
+    would start before cycle 0."""
     store.configure("clock_correction", None)
     with store.reading(runs=runs, modules=("records.clock_offsets",)) as con:
         offsets = con.sql(

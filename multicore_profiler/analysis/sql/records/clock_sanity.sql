@@ -13,17 +13,22 @@
 
 -- Every causal edge, with the two cycles it compares (src_cycle: the source record's end;
 -- dst_cycle: the wait's end, or the dependent compute's start) and its slack
--- dst_cycle - src_cycle: negative where the records contradict causality.
+-- dst_cycle - src_cycle: negative where the records contradict causality. Invocations whose
+-- cores each counted on a clock of their own with no anchor (clock_domain per_core) have
+-- none: their cores' cycles were never comparable.
 CREATE OR REPLACE VIEW _clock_edges AS
 SELECT
-    run_id, step, rank, invocation_id, write_id, kind,
-    src_core_type, src_block_id, src_record_index, src_task_id,
-    src_end_cycle AS src_cycle,
-    dst_core_type, dst_block_id, dst_record_index, dst_task_id,
-    CASE kind WHEN 'release' THEN dst_end_cycle ELSE dst_start_cycle END AS dst_cycle,
-    event,
+    e.run_id, e.step, e.rank, e.invocation_id, e.write_id, e.kind,
+    e.src_core_type, e.src_block_id, e.src_record_index, e.src_task_id,
+    e.src_end_cycle AS src_cycle,
+    e.dst_core_type, e.dst_block_id, e.dst_record_index, e.dst_task_id,
+    CASE e.kind WHEN 'release' THEN e.dst_end_cycle ELSE e.dst_start_cycle END AS dst_cycle,
+    e.event,
     (dst_cycle::HUGEINT - src_cycle)::BIGINT AS slack_cycles
-FROM (SELECT * FROM task_releases UNION ALL SELECT * FROM task_dependencies);
+FROM (SELECT * FROM task_releases UNION ALL SELECT * FROM task_dependencies) e
+ANTI JOIN (SELECT * FROM invocations WHERE clock_domain = 'per_core') p
+    ON p.run_id = e.run_id AND p.rank = e.rank AND p.invocation_id = e.invocation_id
+    AND p.write_id = e.write_id;
 
 -- Each causal edge whose records contradict causality, with the size of the contradiction
 -- (violation_ns: how long before the source record's end the dependent moment was
