@@ -20,13 +20,12 @@ from datetime import datetime, timedelta
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from multicore_profiler.errors import IntegrityError, QueryError, SelectorError, StoreError
@@ -34,6 +33,7 @@ from multicore_profiler.extension import Extensible
 from multicore_profiler.storage.catalog import FileCatalog
 from multicore_profiler.storage.compact import CompactionReport, compact
 from multicore_profiler.storage.connection import connection, query_error
+from multicore_profiler.storage.default_store import default_store_path
 from multicore_profiler.storage.location import MARKER, StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     CorruptFileError,
@@ -57,8 +57,9 @@ from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recov
 from multicore_profiler.storage.vacuum import GRACE
 from multicore_profiler.storage.writes import StoreWrites
 
-STORE_ENV = "MCPROF_STORE"
-DEFAULT_STORE = "mcprof-store"
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
 FORMAT_VERSION = 1
 
 _PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64(), "source_id": pa.string()}
@@ -74,18 +75,14 @@ NATIVE_MAX_FILES = 256
 pyarrow dataset (see ``Store._point``)."""
 
 
-def default_store_path() -> str:
-    """``$MCPROF_STORE`` (a path or URI) if set, else ``./mcprof-store``."""
-    return os.environ.get(STORE_ENV) or DEFAULT_STORE
-
-
 def _empty_table(spec: TableSpec) -> pa.Table:
-    """A typed, empty table with the columns a query sees (partition keys first)."""
+    """A typed, empty table with the columns a query sees (partition keys first); made from
+    no batches, as ``Schema.empty_table`` would import pandas."""
     fields = [pa.field(k, _PARTITION_TYPES[k]) for k in spec.partition_by]
     for field in spec.schema:
         kind = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
         fields.append(pa.field(field.name, kind))
-    return pa.schema(fields).empty_table()
+    return pa.Table.from_batches([], pa.schema(fields))
 
 
 class Store(Extensible, StoreWrites):
@@ -345,7 +342,10 @@ class Store(Extensible, StoreWrites):
         return f"files_{spec.name}"
 
     def _dataset(self, spec: TableSpec, files: tuple[str, ...]) -> ds.Dataset:
-        """A pyarrow dataset of a table's files, made again only when they changed."""
+        """A pyarrow dataset of a table's files, made again only when they changed
+        (``pyarrow.dataset``, which imports pandas, is imported by the first)."""
+        import pyarrow.dataset as ds
+
         cached = self._datasets.get(spec.name)
         if cached is None or cached[0] != files:
             partitions = pa.schema([(k, _PARTITION_TYPES[k]) for k in spec.partition_by])

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from multicore_profiler.storage.catalog import LISTING_ORDER
@@ -160,6 +159,8 @@ def run_files(location: StoreLocation, run_id: str) -> RunFiles:
 def _keys(location: StoreLocation, paths: list[str], columns: list[str]) -> pa.Table:
     """``columns`` of the files at ``paths`` (``__filename``: the file of each row), their
     checksums verified; a file that cannot be read is named."""
+    import pyarrow.dataset as ds  # on use: pandas comes with it
+
     dataset = ds.dataset(paths, format=verified_parquet(), filesystem=location.filesystem)
     try:
         return dataset.to_table(columns=columns)
