@@ -21,37 +21,21 @@ error raised on bad input. ``analyze``, the trace exporters, ``open_timeline`` a
 its records' causality first (docs/clocks.md). Kernel authors find specs, RuntimeConfig and
 the launch hook in ``multicore_profiler.kernels``.
 
-The capture session needs torch, so it is imported on first use: reading stores and
-traces does not load torch.
+Each name is imported on first use (module ``__getattr__``), so importing the package
+costs nothing and a command imports only what it uses: reading stores and traces does not
+load torch, ``mcprof --help`` loads no library. The modules that extend other rooms'
+classes or register SQL modules with the store (the analysis room, the export handlers)
+are imported before the first ``Store`` or capture session is made
+(``extension.load_before_objects``), so every store query finds them registered.
 """
 
 from importlib import import_module
 from typing import Any
 
-# Every room is imported here, so the SQL modules of analysis are registered and the
-# methods higher rooms give lower rooms' classes (extension.py) are in place before use.
-from multicore_profiler.abi import BufferLayout, CoreType
-from multicore_profiler.analysis.analyze import KernelAnalysis, analyze, speedup_curves, what_if
-from multicore_profiler.analysis.changes import Change
-from multicore_profiler.analysis.outer_kernel_rules import KernelRules, OuterKernelRules
-from multicore_profiler.errors import ProfileError
-from multicore_profiler.export.chrome_trace import export_chrome_trace
-from multicore_profiler.export.files import ExportedTrace
-from multicore_profiler.export.handlers import chrome_trace_handler, perfetto_trace_handler
-from multicore_profiler.export.perfetto_trace import export_perfetto_trace
-from multicore_profiler.export.timeline import RecordSelection, Timeline, open_timeline
-from multicore_profiler.export.trace_formats import export_trace
-from multicore_profiler.fuse.merge import MergedTrace, merge_chrome_traces
-from multicore_profiler.ingest.buffers import ingest_buffers
-from multicore_profiler.ingest.decode import DecodedBuffers, decode_buffer, decode_buffers
-from multicore_profiler.ingest.imported import ImportedRun
-from multicore_profiler.ingest.imports import import_profile
-from multicore_profiler.ingest.outer_trace import TraceSource, ingest_trace
-from multicore_profiler.ingest.schedule import ProfilerAction, schedule
-from multicore_profiler.ingest.step_rows import KernelInfo, Launches
-from multicore_profiler.storage.runs import RunInfo
-from multicore_profiler.storage.selectors import RunSelector
-from multicore_profiler.storage.store import Store, open_store
+from multicore_profiler.extension import load_before_objects
+
+load_before_objects("multicore_profiler.analysis", "multicore_profiler.export.handlers")
+
 
 __all__ = [
     "BufferLayout",
@@ -95,13 +79,57 @@ __all__ = [
     "what_if",
 ]
 
-_ON_FIRST_USE = {
+_PUBLIC = {
+    "BufferLayout": "multicore_profiler.abi",
+    "Change": "multicore_profiler.analysis.changes",
+    "CoreType": "multicore_profiler.abi",
+    "DecodedBuffers": "multicore_profiler.ingest.decode",
+    "ExportedTrace": "multicore_profiler.export.files",
+    "ImportedRun": "multicore_profiler.ingest.imported",
+    "KernelAnalysis": "multicore_profiler.analysis.analyze",
+    "KernelInfo": "multicore_profiler.ingest.step_rows",
+    "KernelRules": "multicore_profiler.analysis.outer_kernel_rules",
+    "Launches": "multicore_profiler.ingest.step_rows",
     "MegaKernelProfile": "multicore_profiler.ingest.session",
+    "MergedTrace": "multicore_profiler.fuse.merge",
+    "OuterKernelRules": "multicore_profiler.analysis.outer_kernel_rules",
+    "ProfileError": "multicore_profiler.errors",
+    "ProfilerAction": "multicore_profiler.ingest.schedule",
+    "RecordSelection": "multicore_profiler.export.timeline",
+    "RunInfo": "multicore_profiler.storage.runs",
+    "RunSelector": "multicore_profiler.storage.selectors",
+    "Store": "multicore_profiler.storage.store",
+    "Timeline": "multicore_profiler.export.timeline",
+    "TraceSource": "multicore_profiler.ingest.outer_trace",
+    "analyze": "multicore_profiler.analysis.analyze",
+    "chrome_trace_handler": "multicore_profiler.export.handlers",
+    "decode_buffer": "multicore_profiler.ingest.decode",
+    "decode_buffers": "multicore_profiler.ingest.decode",
+    "export_chrome_trace": "multicore_profiler.export.chrome_trace",
+    "export_perfetto_trace": "multicore_profiler.export.perfetto_trace",
+    "export_trace": "multicore_profiler.export.trace_formats",
+    "import_profile": "multicore_profiler.ingest.imports",
+    "ingest_buffers": "multicore_profiler.ingest.buffers",
+    "ingest_trace": "multicore_profiler.ingest.outer_trace",
     "mega_kernel_profile": "multicore_profiler.ingest.session",
+    "merge_chrome_traces": "multicore_profiler.fuse.merge",
+    "open_store": "multicore_profiler.storage.store",
+    "open_timeline": "multicore_profiler.export.timeline",
+    "perfetto_trace_handler": "multicore_profiler.export.handlers",
+    "schedule": "multicore_profiler.ingest.schedule",
+    "speedup_curves": "multicore_profiler.analysis.analyze",
+    "what_if": "multicore_profiler.analysis.analyze",
 }
+"""Where each public name lives; it is imported from there on first use."""
 
 
 def __getattr__(name: str) -> Any:
-    if name in _ON_FIRST_USE:
-        return getattr(import_module(_ON_FIRST_USE[name]), name)
+    if name in _PUBLIC:
+        value = getattr(import_module(_PUBLIC[name]), name)
+        globals()[name] = value  # later look-ups find it without this function
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

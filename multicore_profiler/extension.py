@@ -6,14 +6,18 @@ a capture session offers ``export_chrome_trace`` (an export), as users expect of
 higher room registers such a method on the lower room's class, as pandas' accessors do:
 ``Store.extend(compare)``, or ``extend("multicore_profiler.ingest.session.MegaKernelProfile")``
 for a class whose module must not be imported yet (the session's imports torch). The
-package imports every room when it is first imported, so the methods are in place before
-any object is made.
+package names the modules that extend (``load_before_objects``): they are imported when
+the first object of an ``Extensible`` class is made, so the methods, and what those
+modules register with a lower room (the analysis room's SQL modules, which every store
+query may need), are in place before any object is used, while a process that makes
+none (``mcprof --help``) imports none of them.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any, TypeVar
 
 Method = TypeVar("Method", bound=Callable[..., Any])
@@ -21,9 +25,29 @@ Method = TypeVar("Method", bound=Callable[..., Any])
 _WAITING: dict[str, list[tuple[Callable[..., Any], str | None]]] = {}
 """Methods registered by class name for classes not defined yet ("module.Class")."""
 
+_EXTENDERS: list[str] = []
+"""Modules (by name) imported before the first ``Extensible`` object is made."""
+
+
+def load_before_objects(*modules: str) -> None:
+    """Have ``modules`` (names) imported before the first object of an ``Extensible``
+    class is made: the modules that extend classes or register what their objects use."""
+    _EXTENDERS.extend(modules)
+
+
+def _load_extenders() -> None:
+    """Import the extending modules (a dictionary look-up each once they are loaded; a
+    thread that finds one being imported by another waits for it on the import lock)."""
+    for name in _EXTENDERS:
+        import_module(name)
+
 
 class Extensible:
     """A class whose higher rooms may add methods to it with ``extend``."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        _load_extenders()
+        return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -48,8 +48,9 @@ def install_clock_tolerance(con: duckdb.DuckDBPyConnection, ns: int) -> None:
 
 
 def no_correction() -> pa.Table:
-    """The default: no core's records are shifted."""
-    return CORRECTION_SCHEMA.empty_table()
+    """The default: no core's records are shifted (a table of no batches, as
+    ``Schema.empty_table`` would import pandas)."""
+    return pa.Table.from_batches([], CORRECTION_SCHEMA)
 
 
 def check_correction(con: duckdb.DuckDBPyConnection, table: Any) -> None:

@@ -10,7 +10,10 @@ reports for a Unix tool that SIGPIPE ended. Before a command runs, a file it wou
 (``output.check_outputs``).
 
 Each command (or group of commands) is a module here that adds its parser
-(``register``) and calls the library; this module assembles them and runs one.
+(``register``) and calls the library; this module assembles them and runs one. A command
+module imports the library inside its command functions, never at its top, so building
+the parser imports none of it: a command pays for the imports it uses, and ``mcprof
+--help`` for none (``tests/test_cli_imports.py``).
 """
 
 from __future__ import annotations
@@ -20,59 +23,79 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from importlib import import_module
 
-import duckdb
-import pyarrow as pa
-
-from multicore_profiler.cli import (
-    analyze,
-    compare,
-    demo,
-    export,
-    fuse,
-    imports,
-    ingest,
-    maintenance,
-    outer_kernels,
-    ranks,
-    runs,
-)
 from multicore_profiler.cli.arguments import Parser, parents
 from multicore_profiler.cli.output import check_outputs, one_line, warn
 from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
-from multicore_profiler.storage.location import os_reason
 
 PIPE_CLOSED = 128 + 13
 """The exit status when standard output's reader went away: 128 + SIGPIPE, what a shell
 reports for ``seq 1000000 | head -1``'s ``seq``; distinct from an error's 1."""
 
-COMMANDS = (
-    runs,
-    compare,
-    analyze,
-    ranks,
-    outer_kernels,
-    ingest,
-    imports,
-    maintenance,
-    export,
-    fuse,
-    demo,
-)
-"""The command modules, in the order ``mcprof --help`` lists their commands."""
+COMMANDS: dict[str, tuple[str, str]] = {
+    "runs": ("runs", "list the runs in the store"),
+    "query": ("runs", "run SQL over the store's views"),
+    "compare": ("compare", "what got slower (or faster) between two sets of runs, with statistics"),
+    "report": (
+        "compare",
+        "write a self-contained HTML report of runs (stages, per-core breakdown, a timeline "
+        "with its critical path, speed-up curves, a comparison)",
+    ),
+    "analyze": (
+        "analyze",
+        "where the kernel's time goes: critical path, blockers, imbalance, what-if",
+    ),
+    "ranks": ("ranks", "across ranks: the slowest rank per step, why, and communication waits"),
+    "kernels": (
+        "outer_kernels",
+        "per-step kernel family times of torch.profiler / kineto or torch_npu traces",
+    ),
+    "ingest-buffer": ("ingest", "decode raw profile buffers dumped from a device into the store"),
+    "ingest-trace": (
+        "ingest",
+        "load torch.profiler / kineto or torch_npu traces (files or output folders) into the "
+        "store, as the ranks of one job",
+    ),
+    "import": (
+        "imports",
+        "import other profilers' intra-kernel records (Proton, FlashInfer, MPK, ...)",
+    ),
+    "check": (
+        "maintenance",
+        "verify every file of the store: checksums, schemas, counts, leftovers",
+    ),
+    "compact": ("maintenance", "merge the small files of runs"),
+    "gc": ("maintenance", "remove whole runs by age or count (a dry run unless --apply)"),
+    "export": (
+        "export",
+        "write the trace (Chrome JSON or Perfetto protobuf) of records in the store",
+    ),
+    "fuse": ("fuse", "add a MegaKernel's AIC/AIV tracks to a torch.profiler or torch_npu trace"),
+    "demo": ("demo", "profile the CPU reference MegaKernel into the store"),
+}
+"""Each command's module (under ``multicore_profiler.cli``) and its line in ``mcprof
+--help``, in the order listed there. A module's ``register`` adds its commands' parsers."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The parser of every command, made for each run (defaults read the environment)."""
+def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the command ``argv`` names, made for each run (defaults read the
+    environment). Only that command's module is imported and its parser built; every
+    other command is a bare entry with its help, enough to list it and to name it among
+    the choices, so ``mcprof --help`` imports no command module at all."""
     parser = Parser(
         prog="mcprof",
         description="Intra-kernel profiles of MegaKernels, in a Parquet store queried with SQL.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.type = str  # the command's own parser reads its arguments, naming them
-    shared = parents()
-    for command in COMMANDS:
-        command.register(commands, shared)
+    named = next((arg for arg in argv if not arg.startswith("-")), None)
+    module = COMMANDS[named][0] if named in COMMANDS else None
+    if module is not None:
+        import_module(f"{__name__}.{module}").register(commands, parents())
+    for command, (of_module, line) in COMMANDS.items():
+        if of_module != module:
+            commands.add_parser(command, help=line)
     return parser
 
 
@@ -80,22 +103,30 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     warn([message])
 
 
-LIBRARY_ERRORS: tuple[type[Exception], ...] = (
-    OSError,
-    duckdb.Error,
-    pa.ArrowException,
-    ValueError,  # UnicodeError, json / orjson decode errors, numpy's conversions
-)
-"""What a library call raises on bad input or a bad environment (a missing file, a
-read-only store or output, corrupt bytes, text that is not UTF-8) when it escaped its
-conversion into a ``ProfileError`` at its source."""
+def library_errors() -> tuple[type[Exception], ...]:
+    """What a library call raises on bad input or a bad environment (a missing file, a
+    read-only store or output, corrupt bytes, text that is not UTF-8) when it escaped its
+    conversion into a ``ProfileError`` at its source. DuckDB's and Arrow's errors are
+    named only where the command imported them: an error of a library not imported cannot
+    have been raised."""
+    errors: list[type[Exception]] = [
+        OSError,
+        ValueError,  # UnicodeError, json / orjson decode errors, numpy's conversions
+    ]
+    if "duckdb" in sys.modules:
+        errors.append(sys.modules["duckdb"].Error)
+    if "pyarrow" in sys.modules:
+        errors.append(sys.modules["pyarrow"].ArrowException)
+    return tuple(errors)
 
 
 def _failure(exc: Exception) -> str:
     """What failed, in words, for an exception that is not a ``ProfileError``."""
     if isinstance(exc, OSError) and exc.strerror:
+        from multicore_profiler.storage.location import os_reason
+
         return os_reason(exc)
-    if isinstance(exc, LIBRARY_ERRORS):
+    if isinstance(exc, library_errors()):
         return f"{type(exc).__name__}: {exc}"
     return (
         f"internal error: {type(exc).__name__}: {exc} (please report it; "
@@ -117,12 +148,13 @@ def _stdout_to_devnull() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``mcprof`` command; return its exit status."""
-    args = _parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    args = _parser(given).parse_args(given)
     with warnings.catch_warnings():
         warnings.simplefilter("always", DroppedRecordsWarning)
         warnings.showwarning = _show_warning
         # The boundary: every error ends in one line, never a traceback. The library raises
-        # ProfileError for what it checks; LIBRARY_ERRORS that escaped a conversion are
+        # ProfileError for what it checks; library_errors() that escaped a conversion are
         # named with the command and, for an OSError, the file. Anything else is a bug of
         # ours: one line too, marked "internal error" so that it is reported rather than
         # taken for bad input. MCPROF_DEBUG=1 lets every error through with its traceback.

@@ -76,7 +76,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     parser = commands.add_parser(
         "analyze",
         parents=[parents.store],
-        help="where the kernel's time goes: critical path, blockers, imbalance, what-if",
         description="Analyse the invocations of a run (default: the latest) or of the runs a "
         "selector picks, narrowed to a step, invocation, rank, window or SQL condition: the "
         "makespan, static bound and slack, the critical path's shares and its tiling check, "

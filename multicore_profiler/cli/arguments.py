@@ -8,14 +8,17 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from multicore_profiler.analysis.outer_kernel_rules import OuterKernelRules
 from multicore_profiler.cli.output import one_line
 from multicore_profiler.errors import ArgumentError, ProfileError
-from multicore_profiler.export.timeline import RecordSelection
 from multicore_profiler.limits import DESC_ID, INT64, INVOCATION_ID, RANK, STEP, WINDOW, Range
-from multicore_profiler.storage.store import Store, default_store_path, open_store
+from multicore_profiler.storage.default_store import default_store_path
+
+if TYPE_CHECKING:
+    from multicore_profiler.analysis.outer_kernel_rules import OuterKernelRules
+    from multicore_profiler.export.timeline import RecordSelection
+    from multicore_profiler.storage.store import Store
 
 FORMATS = ("table", "csv", "json", "parquet")
 """What ``--format`` takes where rows are printed or written (``output.emit``)."""
@@ -158,12 +161,16 @@ def parents() -> Parents:
 
 def open_given_store(args: argparse.Namespace, *, create: bool = False) -> Store:
     """The store ``--store`` names; with ``create``, a new empty one where there is none."""
+    from multicore_profiler.storage.store import open_store
+
     return open_store(args.store, create=create)
 
 
 def outer_kernel_rules(args: argparse.Namespace) -> OuterKernelRules:
     """The outer-kernel rules of ``--rules`` (default: the built-in ones), with the step
     pattern of ``--steps`` if given."""
+    from multicore_profiler.analysis.outer_kernel_rules import OuterKernelRules
+
     rules = OuterKernelRules() if args.rules is None else OuterKernelRules.load(args.rules)
     return rules if args.steps is None else dataclasses.replace(rules, steps=args.steps)
 
@@ -264,4 +271,6 @@ def selection_arguments(
 
 def record_selection(args: argparse.Namespace) -> RecordSelection:
     """The records every record-selection option of ``args`` selects."""
+    from multicore_profiler.export.timeline import RecordSelection
+
     return RecordSelection(**selection_arguments(args))

@@ -82,7 +82,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     compare = commands.add_parser(
         "compare",
         parents=[parents.store],
-        help="what got slower (or faster) between two sets of runs, with statistics",
         description="Compare the records of the base runs with those of the head runs, per "
         "group: medians, p90, the median's relative change with a bootstrap interval, a "
         "Mann-Whitney U p-value and a verdict (at --level critical: each stage's share of the "
@@ -131,10 +130,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     report = commands.add_parser(
         "report",
         parents=[parents.store],
-        help=(
-            "write a self-contained HTML report of runs (stages, per-core breakdown, a "
-            "timeline with its critical path, speed-up curves, a comparison)"
-        ),
     )
     report.add_argument("--run", required=True, metavar="SELECTOR", help="e.g. commit:9c1e")
     report.add_argument("--base", metavar="SELECTOR", help="compare the runs against these")

@@ -108,7 +108,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     """Add ``demo`` to ``commands``."""
     demo = commands.add_parser(
-        "demo", parents=[parents.store], help="profile the CPU reference MegaKernel into the store"
+        "demo",
+        parents=[parents.store],
     )
     demo.add_argument(
         "--steps", type=in_range(DEMO_STEPS), default=10, help="steps to run (default 10)"

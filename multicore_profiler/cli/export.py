@@ -56,7 +56,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     export = commands.add_parser(
         "export",
         parents=[parents.store],
-        help="write the trace (Chrome JSON or Perfetto protobuf) of records in the store",
         description="Write the trace of a run (default: the latest), narrowed to a step, "
         "invocation, rank, window or SQL condition, or of the rows of any query: Perfetto's "
         "protobuf for a .pftrace or .pftrace.gz file, Chrome Trace JSON otherwise.",

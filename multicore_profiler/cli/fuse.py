@@ -92,7 +92,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     """Add ``fuse`` to ``commands`` (its ``--store`` is its own: optional with ``--trace``)."""
     fuse = commands.add_parser(
         "fuse",
-        help="add a MegaKernel's AIC/AIV tracks to a torch.profiler or torch_npu trace",
         description="Align the MegaKernel invocations of a standalone trace (--trace) or of a "
         "run in the store (--run) to the outer trace's device kernels and write one fused trace.",
     )

@@ -48,7 +48,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     parser = commands.add_parser(
         "import",
         parents=[parents.store],
-        help="import other profilers' intra-kernel records (Proton, FlashInfer, MPK, ...)",
         description="Import the files another intra-kernel profiler wrote as one run of the "
         "store: each launch an invocation, each span a record with its raw times and ids, so "
         "that analyze, compare, report, export and fuse work on it. See docs/import.md for "

@@ -94,7 +94,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     buffers = commands.add_parser(
         "ingest-buffer",
         parents=[parents.store],
-        help="decode raw profile buffers dumped from a device into the store",
     )
     buffers.add_argument(
         "files",
@@ -145,8 +144,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     traces = commands.add_parser(
         "ingest-trace",
         parents=[parents.store],
-        help="load torch.profiler / kineto or torch_npu traces (files or output folders) into "
-        "the store, as the ranks of one job",
         description="Stream Chrome traces (.json or .json.gz) into the store's trace_events and "
         "trace_sources; print each source's id. A folder is torch_npu's output (a *_ascend_pt "
         "folder, or a folder holding one per rank): its trace_view.json, its rank "

@@ -70,7 +70,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     check = commands.add_parser(
         "check",
         parents=[parents.store],
-        help="verify every file of the store: checksums, schemas, counts, leftovers",
         description="Read every file of the store (or of some runs) with its page checksums "
         "verified; compare its schema with its table's and each invocation's record count with "
         "its records; list orphan and leftover files, symbolic links, and runs left running "
@@ -95,7 +94,8 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     check.set_defaults(func=cmd_check)
 
     compact = commands.add_parser(
-        "compact", parents=[parents.store], help="merge the small files of runs"
+        "compact",
+        parents=[parents.store],
     )
     compact.add_argument(
         "--run", action="append", default=[], help="run to compact (repeatable; default: all)"
@@ -113,7 +113,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     gc = commands.add_parser(
         "gc",
         parents=[parents.store, parents.output],
-        help="remove whole runs by age or count (a dry run unless --apply)",
     )
     gc.add_argument("--keep-last", type=in_range(COUNT), metavar="N", help="keep the N newest runs")
     gc.add_argument(

@@ -36,7 +36,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     kernels = commands.add_parser(
         "kernels",
         parents=[parents.store, parents.output, parents.rules],
-        help="per-step kernel family times of torch.profiler / kineto or torch_npu traces",
         description="Load trace files into the store (or name traces already there by source "
         "id) and print, per step, its GPU period, busy share and each kernel family's union "
         "(wall) time in ms.",

@@ -9,14 +9,12 @@ import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
-import duckdb
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from multicore_profiler.errors import ArgumentError, ProfileError
-from multicore_profiler.export.files import check_output
-from multicore_profiler.storage.connection import connection
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 OUTPUTS = {"output": "-o", "plot": "--plot"}
 """The arguments naming a file a command writes, by their option."""
@@ -39,6 +37,8 @@ def check_outputs(args: argparse.Namespace) -> None:
         output = given.get(name)
         if not isinstance(output, Path):
             continue
+        from multicore_profiler.export.files import check_output
+
         try:
             check_output(output, inputs)
         except ValueError as exc:
@@ -87,6 +87,10 @@ def emit(table: pa.Table, fmt: str, output: Path | None) -> None:
         )
     if fmt == "parquet" and output is None:
         raise ProfileError("--format parquet writes a binary file: give one with -o FILE")
+    import duckdb
+
+    from multicore_profiler.storage.connection import connection
+
     with connection() as con:
         con.execute("SET TimeZone = 'UTC'")
         con.register("result", table)

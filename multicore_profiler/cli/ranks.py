@@ -37,7 +37,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     parser = commands.add_parser(
         "ranks",
         parents=[parents.store],
-        help="across ranks: the slowest rank per step, why, and communication waits",
         description="Compare the ranks of jobs step by step: each rank's step breakdown and "
         "each pipeline stage's (as msprof-analyze's cluster_step_trace_time), the slowest "
         "rank and where its extra time went against the median rank, each rank's "

@@ -53,9 +53,7 @@ def cmd_query(args: argparse.Namespace) -> None:
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     """Add ``runs`` and ``query`` to ``commands``."""
-    runs = commands.add_parser(
-        "runs", parents=[parents.store, parents.output], help="list the runs in the store"
-    )
+    runs = commands.add_parser("runs", parents=[parents.store, parents.output])
     runs.add_argument(
         "--select",
         metavar="SELECTOR",
@@ -66,7 +64,6 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
     query = commands.add_parser(
         "query",
         parents=[parents.store, parents.output, parents.rules],
-        help="run SQL over the store's views",
     )
     query.add_argument("sql", help='e.g. "SELECT * FROM stage_stats"')
     query.add_argument(

@@ -1,0 +1,128 @@
+"""What a fresh process imports: the command line imports only what its command uses, and
+the first store still finds every SQL module and method of the rooms above storage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HEAVY = (
+    "duckdb",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "pyarrow.dataset",
+    "torch",
+    "multicore_profiler.analysis",
+    "multicore_profiler.export",
+    "multicore_profiler.ingest",
+    "multicore_profiler.storage.store",
+)
+"""Libraries and rooms that neither ``import multicore_profiler.cli`` nor ``mcprof --help``
+may load (each costs tens to hundreds of milliseconds of start-up)."""
+
+
+def loaded_after(code: str) -> dict:
+    """What a fresh interpreter reports as JSON after running ``code`` (``modules``: the
+    ``HEAVY`` modules it loaded; any other keys the code adds to ``report``)."""
+    script = (
+        "import contextlib, io, json, sys\n"
+        "report = {}\n"
+        f"{code}\n"
+        f"report['modules'] = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        "print(json.dumps(report))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_importing_the_cli_loads_no_library_or_room():
+    assert loaded_after("import multicore_profiler.cli") == {"modules": []}
+
+
+def test_help_loads_no_library_or_room_and_lists_every_command():
+    report = loaded_after(
+        "from multicore_profiler.cli import main\n"
+        "listing = io.StringIO()\n"
+        "with contextlib.redirect_stdout(listing):\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit as exc:\n"
+        "        report['status'] = exc.code\n"
+        "report['commands'] = [line.split()[0] for line in listing.getvalue().splitlines()\n"
+        "    if line.startswith('    ') and not line.startswith('     ')]"
+    )
+    assert report == {
+        "status": 0,
+        "commands": [
+            "runs",
+            "query",
+            "compare",
+            "report",
+            "analyze",
+            "ranks",
+            "kernels",
+            "ingest-buffer",
+            "ingest-trace",
+            "import",
+            "check",
+            "compact",
+            "gc",
+            "export",
+            "fuse",
+            "demo",
+        ],
+        "modules": [],
+    }
+
+
+def test_importing_the_package_loads_nothing_until_a_name_is_used():
+    report = loaded_after(
+        "import multicore_profiler\n"
+        "report['before'] = sorted(m for m in sys.modules if m.startswith('multicore_profiler.'))\n"
+        "multicore_profiler.ProfileError\n"
+        "report['after'] = sorted(m for m in sys.modules if m.startswith('multicore_profiler.'))"
+    )
+    assert report == {
+        "before": ["multicore_profiler.extension"],
+        "after": ["multicore_profiler.errors", "multicore_profiler.extension"],
+        "modules": [],
+    }
+
+
+def test_the_first_store_finds_every_sql_module_and_method_of_the_rooms_above(tmp_path):
+    """A process that imports only the store module still gets the analysis room's SQL
+    modules and ``Store.compare`` / ``Store.check`` once it opens a store, and the
+    capture session's export methods are waiting for its class; opening and querying an
+    empty store loads neither pandas nor ``pyarrow.dataset``."""
+    report = loaded_after(
+        "from multicore_profiler.storage.store import open_store\n"
+        "from multicore_profiler.storage.sql_modules import REGISTRY\n"
+        "report['registered_before'] = len(REGISTRY._modules)\n"
+        f"store = open_store({str(tmp_path / 'store')!r}, create=True)\n"
+        "report['methods'] = [hasattr(store, name) for name in ('compare', 'check')]\n"
+        "report['stages'] = store.sql('SELECT count(*) AS n FROM stage_stats').column(0)"
+        ".to_pylist()\n"
+        "from multicore_profiler.extension import _WAITING\n"
+        "report['waiting'] = sorted(_WAITING)"
+    )
+    assert report == {
+        "registered_before": 0,
+        "methods": [True, True],
+        "stages": [0],
+        "waiting": ["multicore_profiler.ingest.session.MegaKernelProfile"],
+        "modules": [
+            "duckdb",
+            "multicore_profiler.analysis",
+            "multicore_profiler.export",
+            "multicore_profiler.storage.store",
+            "numpy",
+            "pyarrow",
+        ],
+    }
