@@ -24,9 +24,10 @@ the launch hook in ``multicore_profiler.kernels``.
 Each name is imported on first use (module ``__getattr__``), so importing the package
 costs nothing and a command imports only what it uses: reading stores and traces does not
 load torch, ``mcprof --help`` loads no library. The modules that extend other rooms'
-classes or register SQL modules with the store (the analysis room, the export handlers)
-are imported before the first ``Store`` or capture session is made
-(``extension.load_before_objects``), so every store query finds them registered.
+classes or register SQL modules with the store are imported before the first object of
+the class they extend is made (the analysis room before the first ``Store``, the export
+handlers before the first capture session: ``extension.load_before_objects``), so every
+store query finds them registered.
 """
 
 from importlib import import_module
@@ -34,7 +35,10 @@ from typing import Any
 
 from multicore_profiler.extension import load_before_objects
 
-load_before_objects("multicore_profiler.analysis", "multicore_profiler.export.handlers")
+load_before_objects("multicore_profiler.storage.store.Store", "multicore_profiler.analysis")
+load_before_objects(
+    "multicore_profiler.ingest.session.MegaKernelProfile", "multicore_profiler.export.handlers"
+)
 
 
 __all__ = [

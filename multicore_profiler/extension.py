@@ -6,8 +6,8 @@ a capture session offers ``export_chrome_trace`` (an export), as users expect of
 higher room registers such a method on the lower room's class, as pandas' accessors do:
 ``Store.extend(compare)``, or ``extend("multicore_profiler.ingest.session.MegaKernelProfile")``
 for a class whose module must not be imported yet (the session's imports torch). The
-package names the modules that extend (``load_before_objects``): they are imported when
-the first object of an ``Extensible`` class is made, so the methods, and what those
+package names the modules that extend each class (``load_before_objects``): they are
+imported when the first object of that class is made, so the methods, and what those
 modules register with a lower room (the analysis room's SQL modules, which every store
 query may need), are in place before any object is used, while a process that makes
 none (``mcprof --help``) imports none of them.
@@ -25,28 +25,31 @@ Method = TypeVar("Method", bound=Callable[..., Any])
 _WAITING: dict[str, list[tuple[Callable[..., Any], str | None]]] = {}
 """Methods registered by class name for classes not defined yet ("module.Class")."""
 
-_EXTENDERS: list[str] = []
-"""Modules (by name) imported before the first ``Extensible`` object is made."""
+_EXTENDERS: dict[str, tuple[str, ...]] = {}
+"""Modules (by name) to import before the first object of a class ("module.Class") is made."""
 
 
-def load_before_objects(*modules: str) -> None:
-    """Have ``modules`` (names) imported before the first object of an ``Extensible``
-    class is made: the modules that extend classes or register what their objects use."""
-    _EXTENDERS.extend(modules)
+def load_before_objects(target: str, *modules: str) -> None:
+    """Have ``modules`` (names) imported before the first object of the ``Extensible``
+    class ``target`` ("package.module.Class") or of a subclass is made: the modules that
+    extend it or register what its objects use."""
+    _EXTENDERS[target] = _EXTENDERS.get(target, ()) + modules
 
 
-def _load_extenders() -> None:
-    """Import the extending modules (a dictionary look-up each once they are loaded; a
-    thread that finds one being imported by another waits for it on the import lock)."""
-    for name in _EXTENDERS:
-        import_module(name)
+def _load_extenders(cls: type) -> None:
+    """Import the modules that extend ``cls`` or its bases (a dictionary look-up each once
+    they are loaded; a thread that finds one being imported by another waits for it on
+    the import lock)."""
+    for klass in cls.__mro__:
+        for name in _EXTENDERS.get(f"{klass.__module__}.{klass.__qualname__}", ()):
+            import_module(name)
 
 
 class Extensible:
     """A class whose higher rooms may add methods to it with ``extend``."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        _load_extenders()
+        _load_extenders(cls)
         return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -98,8 +98,8 @@ def test_importing_the_package_loads_nothing_until_a_name_is_used():
 
 def test_the_first_store_finds_every_sql_module_and_method_of_the_rooms_above(tmp_path):
     """A process that imports only the store module still gets the analysis room's SQL
-    modules and ``Store.compare`` / ``Store.check`` once it opens a store, and the
-    capture session's export methods are waiting for its class; opening and querying an
+    modules and ``Store.compare`` / ``Store.check`` once it opens a store, and the export
+    handlers wait for the first capture session (they are not a store's); opening and querying an
     empty store loads neither pandas nor ``pyarrow.dataset``."""
     report = loaded_after(
         "from multicore_profiler.storage.store import open_store\n"
@@ -109,20 +109,36 @@ def test_the_first_store_finds_every_sql_module_and_method_of_the_rooms_above(tm
         "report['methods'] = [hasattr(store, name) for name in ('compare', 'check')]\n"
         "report['stages'] = store.sql('SELECT count(*) AS n FROM stage_stats').column(0)"
         ".to_pylist()\n"
-        "from multicore_profiler.extension import _WAITING\n"
-        "report['waiting'] = sorted(_WAITING)"
+        "from multicore_profiler.extension import _EXTENDERS\n"
+        "report['extenders'] = {name: list(modules) for name, modules in _EXTENDERS.items()}"
     )
     assert report == {
         "registered_before": 0,
         "methods": [True, True],
         "stages": [0],
-        "waiting": ["multicore_profiler.ingest.session.MegaKernelProfile"],
+        "extenders": {
+            "multicore_profiler.storage.store.Store": ["multicore_profiler.analysis"],
+            "multicore_profiler.ingest.session.MegaKernelProfile": [
+                "multicore_profiler.export.handlers"
+            ],
+        },
         "modules": [
             "duckdb",
             "multicore_profiler.analysis",
-            "multicore_profiler.export",
             "multicore_profiler.storage.store",
             "numpy",
             "pyarrow",
         ],
     }
+
+
+def test_the_first_capture_session_finds_its_export_methods():
+    report = loaded_after(
+        "import multicore_profiler\n"
+        "from multicore_profiler.ingest.session import MegaKernelProfile\n"
+        "report['before'] = hasattr(MegaKernelProfile, 'export_chrome_trace')\n"
+        "multicore_profiler.mega_kernel_profile()\n"
+        "report['after'] = [hasattr(MegaKernelProfile, name) for name in "
+        "('export_chrome_trace', 'export_trace')]"
+    )
+    assert {k: report[k] for k in ("before", "after")} == {"before": False, "after": [True, True]}

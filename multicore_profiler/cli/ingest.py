@@ -18,7 +18,6 @@ from multicore_profiler.cli.arguments import (
 )
 from multicore_profiler.ingest.buffers import ingest_into_run
 from multicore_profiler.ingest.decode import decode_buffers, read_buffer_file
-from multicore_profiler.ingest.jobs import ingest_job
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.limits import (
     DEVICE,
@@ -73,6 +72,8 @@ def cmd_ingest_buffer(args: argparse.Namespace) -> None:
 def cmd_ingest_trace(args: argparse.Namespace) -> None:
     """Load the traces and output folders as the ranks of one job; print each source's id,
     where it came from, its event count, rank and job, and whether it was new."""
+    from multicore_profiler.ingest.jobs import ingest_job  # the trace readers: not for buffers
+
     store = open_given_store(args, create=True)
     tags = key_values(args.tag, "--tag")
     sources = ingest_job(
