@@ -2,8 +2,8 @@
 
 A module is one topic of SQL (views, macros, tables) with the modules it needs, as in
 Perfetto's trace-processor stdlib. Rooms above storage (``analysis``) register theirs with
-``register``; storage imports none of them (the package imports every room on its first
-import, so registration is done before a store opens). A store installs a module, after
+``register``; storage imports none of them (the package has the analysis room imported
+before the first ``Store`` is made, so registration is done before a store opens). A store installs a module, after
 what it needs, when a query names anything the module defines; modules that only define
 views and macros are installed with the first read, unless they are marked ``on_demand``
 (views whose creation, which binds them, costs milliseconds every store would pay on its
