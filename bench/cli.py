@@ -124,9 +124,10 @@ def write_buffers(folder: Path) -> tuple[list[str], tuple[int, int]]:
     return files, (kernel.layout.aic_capacity, kernel.layout.aiv_capacity)
 
 
-def run(command: list[str], tree: Path) -> tuple[float, float]:
-    """Seconds and peak RSS (MiB) of one fresh process running ``command``, with ``tree``
-    first on the import path."""
+def run(command: list[str], tree: Path) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MiB) and CPU seconds (user + system: what a loaded machine
+    inflates least) of one fresh process running ``command``, with ``tree`` first on the
+    import path."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     began = time.perf_counter()
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, cwd=tree)
@@ -134,7 +135,7 @@ def run(command: list[str], tree: Path) -> tuple[float, float]:
     seconds = time.perf_counter() - began
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(command)}")
-    return seconds, usage.ru_maxrss / 1024
+    return seconds, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def mcprof(*args: str) -> list[str]:
@@ -172,8 +173,8 @@ def main() -> None:
         small = str(folder / "small-store")
         run(mcprof("ingest-buffer", files[0], "--store", small, *layout), ROOT)
 
-        startup: dict[str, dict[str, list[float]]] = {}
-        flow: dict[str, list[tuple[float, float]]] = {
+        startup: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
+        flow: dict[str, list[tuple[float, float, float]]] = {
             "upstream": [],
             "mcprof": [],
             "ingest-buffer": [],
@@ -182,9 +183,9 @@ def main() -> None:
         for repeat in range(given.repeat + 1):
             for name, tree in trees.items():
                 for command, args in (("--help", ["--help"]), ("runs", ["runs", "--store", small])):
-                    seconds, _ = run(mcprof(*args), tree)
+                    measured = run(mcprof(*args), tree)
                     if repeat:
-                        startup.setdefault(command, {}).setdefault(name, []).append(seconds)
+                        startup.setdefault(command, {}).setdefault(name, []).append(measured)
             out = str(folder / "upstream.json")
             up = run(
                 [sys.executable, __file__, "--upstream", *map(str, capacities), out, *files], ROOT
@@ -197,32 +198,46 @@ def main() -> None:
             )
             if repeat:
                 flow["upstream"].append(up)
-                flow["mcprof"].append((ingest[0] + export[0], max(ingest[1], export[1])))
+                flow["mcprof"].append(
+                    (ingest[0] + export[0], max(ingest[1], export[1]), ingest[2] + export[2])
+                )
                 flow["ingest-buffer"].append(ingest)
                 flow["export"].append(export)
 
     print(f"fresh processes, {given.repeat} interleaved repeats: median [min-max]")
     goals = {"--help": 0.15, "runs": 0.3}
     for command, by_tree in startup.items():
-        line = f"mcprof {command}: {spread(by_tree['ours'])} (goal <= {goals[command]} s)"
+        print(f"mcprof {command} (goal <= {goals[command]} s):")
+        for name, measured in by_tree.items():
+            print(
+                f"  {name}: {spread([m[0] for m in measured])}, "
+                f"CPU {spread([m[2] for m in measured])}"
+            )
         if "before" in by_tree:
-            ratios = [b / o for b, o in zip(by_tree["before"], by_tree["ours"], strict=True)]
-            line += f"; before: {spread(by_tree['before'])}, {spread(ratios, 'x', 1)} faster"
-        print(line)
+            pairs = list(zip(by_tree["before"], by_tree["ours"], strict=True))
+            print(
+                f"  faster than before: {spread([b[0] / o[0] for b, o in pairs], 'x', 1)}, "
+                f"CPU {spread([b[2] / o[2] for b, o in pairs], 'x', 1)}"
+            )
     up, ours = flow["upstream"], flow["mcprof"]
-    speedups = [u[0] / o[0] for u, o in zip(up, ours, strict=True)]
-    print(
-        f"buffers -> trace, 8 buffers, 146,944 records:\n"
-        f"  upstream parse + json.dump: {spread([u[0] for u in up])}, "
-        f"peak RSS {spread([u[1] for u in up], 'MiB', 0)}\n"
-        f"  mcprof ingest-buffer + export: {spread([o[0] for o in ours])}, "
-        f"peak RSS {spread([o[1] for o in ours], 'MiB', 0)}\n"
-        + "".join(
-            f"    {step}: {spread([o[0] for o in flow[step]])}, "
-            f"peak RSS {spread([o[1] for o in flow[step]], 'MiB', 0)}\n"
-            for step in ("ingest-buffer", "export")
+    print("buffers -> trace, 8 buffers, 146,944 records:")
+    for name, label in (
+        ("upstream", "upstream parse + json.dump"),
+        ("mcprof", "mcprof ingest-buffer + export"),
+        ("ingest-buffer", "  of which ingest-buffer"),
+        ("export", "  of which export"),
+    ):
+        measured = flow[name]
+        print(
+            f"  {label}: {spread([m[0] for m in measured])}, "
+            f"CPU {spread([m[2] for m in measured])}, "
+            f"peak RSS {spread([m[1] for m in measured], 'MiB', 0)}"
         )
-        + f"  speed-up {spread(speedups, 'x', 2)} (goal >= 5x, peak RSS <= upstream's)"
+    speedups = [u[0] / o[0] for u, o in zip(up, ours, strict=True)]
+    cpu = [u[2] / o[2] for u, o in zip(up, ours, strict=True)]
+    print(
+        f"  speed-up {spread(speedups, 'x')}, CPU {spread(cpu, 'x')} "
+        "(goal >= 5x, peak RSS <= upstream's)"
     )
 
 
