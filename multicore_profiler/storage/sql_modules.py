@@ -3,15 +3,16 @@
 A module is one topic of SQL (views, macros, tables) with the modules it needs, as in
 Perfetto's trace-processor stdlib. Rooms above storage (``analysis``) register theirs with
 ``register``; storage imports none of them (the package has the analysis room imported
-before the first ``Store`` is made, so registration is done before a store opens). A store installs a module, after
-what it needs, when a query names anything the module defines; modules that only define
-views and macros are installed with the first read, unless they are marked ``on_demand``
-(views whose creation, which binds them, costs milliseconds every store would pay on its
-first query). A materialized module's tables are built on install and rebuilt when
-its ``freshness`` query says the data under them changed; a module with a ``Setting`` (the
-outer-kernel rules) is configured per store, one with ``per_cursor`` set up again on each
-cursor scoped to runs that needs it, and a ``computed`` one (what numpy solves from the
-views, such as the clock offsets) computed again on each cursor whose query needs it.
+before the first ``Store`` is made, so registration is done before a store opens). A store
+installs a module, after what it needs, when a query names anything the module defines;
+modules that only define views and macros are installed with the first read, unless they
+are marked ``on_demand`` (views whose creation, which binds them, costs milliseconds every
+store would pay on its first query). A materialized module's tables are built on install
+and rebuilt when its ``freshness`` query says the data under them changed; a module with a
+``Setting`` (the outer-kernel rules) is configured per store, one with ``per_cursor`` set
+up again on each cursor scoped to runs that needs it, and a ``computed`` one (what numpy
+solves from the views, such as the clock offsets) computed again on each cursor whose
+query needs it.
 """
 
 from __future__ import annotations
