@@ -464,6 +464,17 @@ WHERE NOT i.has_graph AND r.phase = 'compute'
 GROUP BY ALL
 """
 
+_GRAPHS = """
+CREATE TEMP TABLE graph AS
+SELECT
+    g.run_id, g.rank, g.config_id, g.task_id, g.desc_id, g.wait_event, g.wait_count,
+    g.trigger_event
+FROM tasks g
+SEMI JOIN inv i ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
+"""
+"""The tasks of the selected invocations' graphs, what the events and the arrows read of
+them: read and deduplicated (the ``tasks`` view) once, not once a group and a part."""
+
 _GROUPS = """
 CREATE TEMP TABLE grp AS
 WITH tracks AS (
@@ -491,14 +502,13 @@ SELECT
     cycle_ns(s.end_cycle, p.anchor, i.frequency_hz) AS end_ns,
     s.task_id, s.desc_id, s.stage_task_index, s.owner_id, s.start_cycle, s.end_cycle,
     CASE WHEN s.desc_id IN ({wait}, {trigger}) THEN coalesce(g.desc_id, t.stage_desc_id) END
-        AS task_stage,
-    g.wait_event, g.wait_count
+        AS task_stage
 FROM {source} s
 JOIN inv i USING (cand)
 JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
 LEFT JOIN slot sl
     ON sl.inv_index = i.inv_index AND sl.core_type = s.core_type AND sl.block_id = s.block_id
-LEFT JOIN tasks g
+LEFT JOIN graph g
     ON s.desc_id IN ({wait}, {trigger}) AND i.has_graph AND g.run_id = i.run_id
     AND g.rank = i.rank AND g.config_id = i.config_id AND g.task_id = s.task_id
 LEFT JOIN task_stage t
@@ -562,8 +572,20 @@ JOIN names n
     ON n.naming = e.naming AND n.desc_id = e.desc_id
     AND n.task_stage IS NOT DISTINCT FROM e.task_stage{detail_join}
 {mark_joins}
-ORDER BY e.pid, e.core_type, e.block_id, e.ts_ns, e.end_ns DESC, e.desc_id, e.task_id
 """
+"""One group's events with their names and marks, in no order (``_shown_order``)."""
+
+
+def _shown_order(rows: pa.Table, pid: str, ts: str, end: str) -> pa.Array:
+    """The order of ``rows`` (events, or flows by the event they enter) as shown: by
+    process ``pid``, core type, block, start ``ts``, longest first (``end``), desc id, task
+    id. numpy's ``lexsort``, then a ``take``: a third of the time of DuckDB's ``ORDER BY``
+    of a group's events, which sorts every column they carry."""
+    keys = ["task_id", "desc_id", end, ts, "block_id", "core_type", pid]
+    columns = [numpy_column(rows, key) for key in keys]
+    columns[2] = -columns[2]
+    return pa.array(np.lexsort(columns))
+
 
 _MOVED = """
 CREATE TEMP TABLE moved (
@@ -653,7 +675,7 @@ WITH graphed AS MATERIALIZED (
         s.start_cycle, s.end_cycle, g.wait_event, g.wait_count, g.trigger_event
     FROM sel s
     JOIN inv i USING (cand)
-    JOIN tasks g
+    JOIN graph g
         ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
         AND g.task_id = s.task_id
     WHERE s.desc_id IN ({wait}, {trigger}) AND i.whole AND i.inv_index BETWEEN {first} AND {last}
@@ -742,13 +764,17 @@ WHERE len(g.depends_on) > 0
 """Whether a graph of the selected invocations lists its tasks' predecessors (the
 dependency edges of ``task_edges``)."""
 
-_FLOWS = """
-SELECT
-    inv_index, source_pid, source_tid, source_ts, target_pid, target_tid, target_ts, target_end
-FROM mcprof_arrows
-ORDER BY target_pid, core_type, block_id, target_ts, target_end DESC, desc_id, task_id
-"""
-"""The arrows into one group's waits, in the order of their waits."""
+FLOW_COLUMNS = (
+    "inv_index",
+    "source_pid",
+    "source_tid",
+    "source_ts",
+    "target_pid",
+    "target_tid",
+    "target_ts",
+    "target_end",
+)
+"""What a group's flows carry (``TimelineGroup.flows``), besides the chain's ``kind``."""
 
 _CRITICAL = """
 CREATE TEMP TABLE crit AS
@@ -849,7 +875,7 @@ JOIN grp gs
 """
 """The critical path's chain: one flow from each critical record to the next one in ``seq``
 order, on the tracks and lanes of both, with the later record's group (rows as
-``_ARROWS``'s, so ``_FLOWS`` orders them by their later record); its ``flow_id`` has the
+``_ARROWS``'s, so ``Timeline._flows`` orders them by their later record); its ``flow_id`` has the
 top bit set, so it is never an arrow's."""
 
 
@@ -937,6 +963,7 @@ class Timeline:
         con.execute(_SLOTS)
         con.execute(_PROCESSES.format(run_step=RUN_PID_STEP, pid_max=PID_MAX))
         con.execute(_TASK_STAGES)
+        con.execute(_GRAPHS)
         con.execute(_GROUPS.format(rows=group_rows))
         filed = _GroupFiles(scratch, "records")
         try:
@@ -1131,7 +1158,7 @@ class Timeline:
         for name, table in registered.items():
             self._con.register(name, table)
         try:
-            return _fetch(
+            events = _fetch(
                 self._con,
                 _ORDERED.format(
                     events=_events("mcprof_group"),
@@ -1143,17 +1170,15 @@ class Timeline:
         finally:
             for name in registered:
                 self._con.unregister(name)
+        return events.take(_shown_order(events, "pid", "ts_ns", "end_ns"))
 
     def _flows(self, filed: pa.Table | None) -> pa.Table | None:
         """The flows filed (arrows, or the chain) into one group's records, in those
         records' order (``None``: none)."""
         if filed is None:
             return None
-        self._con.register("mcprof_arrows", filed)
-        try:
-            return _fetch(self._con, _FLOWS)
-        finally:
-            self._con.unregister("mcprof_arrows")
+        order = _shown_order(filed, "target_pid", "target_ts", "target_end")
+        return filed.select(FLOW_COLUMNS).take(order)
 
     def _file_arrows(self, arrows: _GroupFiles, departures: _GroupFiles | None) -> None:
         """File every arrow by its wait's group (and with ``departures`` by its trigger's),
