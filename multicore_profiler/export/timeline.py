@@ -390,6 +390,7 @@ SELECT
     dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
     dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label) AS naming,
     has_task_graph(p.run_id, p.rank, p.config_id) AS has_graph,
+    dense_rank() OVER (ORDER BY p.run_id, p.rank, p.config_id)::INTEGER AS graph_key,
     {from_records} AND p.selected = p.record_count AS whole,
     (row_number() OVER (ORDER BY r.start_time, p.run_id, p.rank, p.invocation_id) - 1)::INTEGER
         AS inv_index
@@ -397,7 +398,8 @@ FROM picked p LEFT JOIN runs r USING (run_id)
 """
 """The selected invocations, each with its stored row (a row written before
 ``abi_generation`` existed is generation ``a``; an imported one has none), its order,
-naming (of its stage names and owner label) and task graph, and whether the selection
+naming (of its stage names and owner label), task graph and an integer key of it
+(``graph_key``: one per run, rank and config, for ``graph``), and whether the selection
 holds all of its records (``whole``: only a selection of the store's ``records``, never a
 query's rows, which need not be the stored ones)."""
 
@@ -466,14 +468,15 @@ GROUP BY ALL
 
 _GRAPHS = """
 CREATE TEMP TABLE graph AS
-SELECT
-    g.run_id, g.rank, g.config_id, g.task_id, g.desc_id, g.wait_event, g.wait_count,
-    g.trigger_event
+SELECT i.graph_key, g.task_id, g.desc_id, g.wait_event, g.wait_count, g.trigger_event
 FROM tasks g
-SEMI JOIN inv i ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
+JOIN (SELECT DISTINCT graph_key, run_id, rank, config_id FROM inv) i
+    ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
 """
 """The tasks of the selected invocations' graphs, what the events and the arrows read of
-them: read and deduplicated (the ``tasks`` view) once, not once a group and a part."""
+them, by the integer ``graph_key`` of their invocations (``inv``) instead of run id, rank
+and config id: read and deduplicated (the ``tasks`` view) once, not once a group and a
+part, and joined on integers."""
 
 _GROUPS = """
 CREATE TEMP TABLE grp AS
@@ -509,8 +512,8 @@ JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
 LEFT JOIN slot sl
     ON sl.inv_index = i.inv_index AND sl.core_type = s.core_type AND sl.block_id = s.block_id
 LEFT JOIN graph g
-    ON s.desc_id IN ({wait}, {trigger}) AND i.has_graph AND g.run_id = i.run_id
-    AND g.rank = i.rank AND g.config_id = i.config_id AND g.task_id = s.task_id
+    ON s.desc_id IN ({wait}, {trigger}) AND i.has_graph AND g.graph_key = i.graph_key
+    AND g.task_id = s.task_id
 LEFT JOIN task_stage t
     ON s.desc_id IN ({wait}, {trigger}) AND NOT i.has_graph
     AND t.inv_index = i.inv_index AND t.task_id = s.task_id
@@ -675,9 +678,7 @@ WITH graphed AS MATERIALIZED (
         s.start_cycle, s.end_cycle, g.wait_event, g.wait_count, g.trigger_event
     FROM sel s
     JOIN inv i USING (cand)
-    JOIN graph g
-        ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
-        AND g.task_id = s.task_id
+    JOIN graph g ON g.graph_key = i.graph_key AND g.task_id = s.task_id
     WHERE s.desc_id IN ({wait}, {trigger}) AND i.whole AND i.inv_index BETWEEN {first} AND {last}
 ),
 triggers AS (
