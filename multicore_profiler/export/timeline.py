@@ -765,7 +765,7 @@ WHERE len(g.depends_on) > 0
 """Whether a graph of the selected invocations lists its tasks' predecessors (the
 dependency edges of ``task_edges``)."""
 
-FLOW_COLUMNS = (
+_FLOW_COLUMNS = (
     "inv_index",
     "source_pid",
     "source_tid",
@@ -1179,7 +1179,7 @@ class Timeline:
         if filed is None:
             return None
         order = _shown_order(filed, "target_pid", "target_ts", "target_end")
-        return filed.select(FLOW_COLUMNS).take(order)
+        return filed.select(_FLOW_COLUMNS).take(order)
 
     def _file_arrows(self, arrows: _GroupFiles, departures: _GroupFiles | None) -> None:
         """File every arrow by its wait's group (and with ``departures`` by its trigger's),
