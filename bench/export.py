@@ -11,10 +11,11 @@ on the whole run, ``export_chrome_trace`` (against ``export_perfetto_trace``). E
 timing is the median and [min-max] of ``--repeat`` calls, the compared calls interleaved,
 each after an untimed first call: every timed call writes over the previous output of its
 path, as a re-export does (ext4 then flushes the old file on rename, which a fresh path
-does not pay). Goals: ``export_chrome_trace`` >= 10x the baseline's events/s and >= 3 M
+does not pay). Goals: ``export_chrome_trace`` >= 10x the baseline's events/s and >= 1 M
 events/s, peak RSS of a fresh process that opens the store and exports the whole run
-under 600 MB; ``export_perfetto_trace`` >= 3 M track events/s, a trace of at most 1/8 of
-the JSON's bytes per record, a fresh process's peak RSS under 500 MB.
+under 500 MB; ``export_perfetto_trace`` >= 2 M track events/s, a trace of at most 1/8 of
+the JSON's bytes per record, a fresh process's peak RSS under 500 MB (issue 37's rates and
+JSON RSS; they had been 3 M events/s for both and 600 MB).
 
     .venv/bin/python bench/export.py [--records 5000000] [--repeat 3]
 """
@@ -345,24 +346,24 @@ def main() -> None:
             verdict(
                 "export_chrome_trace, whole run, M events/s",
                 f"{median(json_rate) / 1e6:.2f}",
-                ">= 3",
-                median(json_rate) >= 3e6,
+                ">= 1",
+                median(json_rate) >= 1e6,
             )
         )
         print(
             verdict(
                 "export_chrome_trace, fresh process peak RSS",
                 f"{max(peak['json']):.0f} MB",
-                "< 600 MB",
-                max(peak["json"]) < 600,
+                "< 500 MB",
+                max(peak["json"]) < 500,
             )
         )
         print(
             verdict(
                 "export_perfetto_trace, whole run, M track events/s",
                 f"{median(proto_rate) / 1e6:.2f}",
-                ">= 3",
-                median(proto_rate) >= 3e6,
+                ">= 2",
+                median(proto_rate) >= 2e6,
             )
         )
         print(

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 import test_export
 from golden import AIC, GMM1, Slot, pack
+from simulated_runs import write_run
 from test_export import RUN, golden_summary
 
 from multicore_profiler.abi import BufferLayout
@@ -28,6 +29,7 @@ from multicore_profiler.export.timeline import (
     Spans,
     Timeline,
     _GroupFiles,
+    numpy_column,
     open_timeline,
     track_name,
     track_tid,
@@ -35,6 +37,7 @@ from multicore_profiler.export.timeline import (
 )
 from multicore_profiler.ingest.buffers import ingest_buffers
 from multicore_profiler.ingest.step_rows import Launches
+from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store
 
@@ -287,3 +290,34 @@ def test_filing_by_group_keeps_a_bounded_number_of_files_open(tmp_path: Path) ->
         assert table.column_names == ["i"]
         assert table["i"].to_pylist() == list(range(group, 300000, 200))
     assert files.read(200) is None
+
+
+def flow_rows(timeline: Timeline) -> list[Any]:
+    """One whole pass: each group's flows, and each slice's identity with its flow ids."""
+    rows = []
+    for group in timeline.groups():
+        flows = [] if group.flows is None else group.flows.to_pylist()
+        slices = group.slices.select(
+            ["pid", "tid", "ts_ns", "end_ns", "task_id", "desc_id", "flows_in", "flows_out"]
+        )
+        rows.append((flows, slices.to_pylist()))
+    return rows
+
+
+def test_whole_invocations_take_their_arrows_from_their_records(store: Store) -> None:
+    """A run selected whole ranks its triggers from its own selected records; the same
+    records as a query's rows take their edges from ``task_edges``: the arrows, their ids
+    and the slices' flow lists are the same, group by group, over several parts."""
+    run = write_run(store, SimulatedMoeKernel(), seed=1, commit="arrows01", config_id="moe")
+    whole = RecordSelection(run=run)
+    rows = RecordSelection(query=f"SELECT * FROM aligned_records WHERE run_id = '{run}'")
+    with open_timeline(store, whole, flow_ids=True, group_rows=200) as timeline:
+        assert numpy_column(timeline.invocations, "whole").all()
+        selected = flow_rows(timeline)
+    with open_timeline(store, rows, flow_ids=True, group_rows=200) as timeline:
+        assert not numpy_column(timeline.invocations, "whole").any()
+        stored = flow_rows(timeline)
+    assert len(selected) > 4
+    arrows = sum(len(flows) for flows, _ in selected)
+    assert arrows == timeline.metadata["flowCount"] > 0
+    assert selected == stored

@@ -324,6 +324,8 @@ def _select(
         )
     con.execute(_CANDIDATES)
     columns = ", ".join(f'q."{c}"::{t} AS {c}' for c, t in _RECORD_TYPES.items())
+    if from_records:
+        columns += ", q.record_index::UINTEGER AS record_index"
     kept = sql_string(str(scratch / "selected.parquet"))
     con.execute(_SELECTED.format(columns=columns, selection=selection, path=kept))
     repeated = 0
@@ -388,6 +390,7 @@ SELECT
     dense_rank() OVER (ORDER BY r.start_time, p.run_id) AS run_order,
     dense_rank() OVER (ORDER BY p.stage_names::VARCHAR, p.owner_label) AS naming,
     has_task_graph(p.run_id, p.rank, p.config_id) AS has_graph,
+    dense_rank() OVER (ORDER BY p.run_id, p.rank, p.config_id)::INTEGER AS graph_key,
     {from_records} AND p.selected = p.record_count AS whole,
     (row_number() OVER (ORDER BY r.start_time, p.run_id, p.rank, p.invocation_id) - 1)::INTEGER
         AS inv_index
@@ -395,7 +398,8 @@ FROM picked p LEFT JOIN runs r USING (run_id)
 """
 """The selected invocations, each with its stored row (a row written before
 ``abi_generation`` existed is generation ``a``; an imported one has none), its order,
-naming (of its stage names and owner label) and task graph, and whether the selection
+naming (of its stage names and owner label), task graph and an integer key of it
+(``graph_key``: one per run, rank and config, for ``graph``), and whether the selection
 holds all of its records (``whole``: only a selection of the store's ``records``, never a
 query's rows, which need not be the stored ones)."""
 
@@ -462,6 +466,18 @@ WHERE NOT i.has_graph AND r.phase = 'compute'
 GROUP BY ALL
 """
 
+_GRAPHS = """
+CREATE TEMP TABLE graph AS
+SELECT i.graph_key, g.task_id, g.desc_id, g.wait_event, g.wait_count, g.trigger_event
+FROM tasks g
+JOIN (SELECT DISTINCT graph_key, run_id, rank, config_id FROM inv) i
+    ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
+"""
+"""The tasks of the selected invocations' graphs, what the events and the arrows read of
+them, by the integer ``graph_key`` of their invocations (``inv``) instead of run id, rank
+and config id: read and deduplicated (the ``tasks`` view) once, not once a group and a
+part, and joined on integers."""
+
 _GROUPS = """
 CREATE TEMP TABLE grp AS
 WITH tracks AS (
@@ -489,16 +505,15 @@ SELECT
     cycle_ns(s.end_cycle, p.anchor, i.frequency_hz) AS end_ns,
     s.task_id, s.desc_id, s.stage_task_index, s.owner_id, s.start_cycle, s.end_cycle,
     CASE WHEN s.desc_id IN ({wait}, {trigger}) THEN coalesce(g.desc_id, t.stage_desc_id) END
-        AS task_stage,
-    g.wait_event, g.wait_count
+        AS task_stage
 FROM {source} s
 JOIN inv i USING (cand)
 JOIN proc p ON p.run_id = i.run_id AND p.rank = i.rank
 LEFT JOIN slot sl
     ON sl.inv_index = i.inv_index AND sl.core_type = s.core_type AND sl.block_id = s.block_id
-LEFT JOIN tasks g
-    ON s.desc_id IN ({wait}, {trigger}) AND i.has_graph AND g.run_id = i.run_id
-    AND g.rank = i.rank AND g.config_id = i.config_id AND g.task_id = s.task_id
+LEFT JOIN graph g
+    ON s.desc_id IN ({wait}, {trigger}) AND i.has_graph AND g.graph_key = i.graph_key
+    AND g.task_id = s.task_id
 LEFT JOIN task_stage t
     ON s.desc_id IN ({wait}, {trigger}) AND NOT i.has_graph
     AND t.inv_index = i.inv_index AND t.task_id = s.task_id
@@ -560,8 +575,20 @@ JOIN names n
     ON n.naming = e.naming AND n.desc_id = e.desc_id
     AND n.task_stage IS NOT DISTINCT FROM e.task_stage{detail_join}
 {mark_joins}
-ORDER BY e.pid, e.core_type, e.block_id, e.ts_ns, e.end_ns DESC, e.desc_id, e.task_id
 """
+"""One group's events with their names and marks, in no order (``_shown_order``)."""
+
+
+def _shown_order(rows: pa.Table, pid: str, ts: str, end: str) -> pa.Array:
+    """The order of ``rows`` (events, or flows by the event they enter) as shown: by
+    process ``pid``, core type, block, start ``ts``, longest first (``end``), desc id, task
+    id. numpy's ``lexsort``, then a ``take``: a third of the time of DuckDB's ``ORDER BY``
+    of a group's events, which sorts every column they carry."""
+    keys = ["task_id", "desc_id", end, ts, "block_id", "core_type", pid]
+    columns = [numpy_column(rows, key) for key in keys]
+    columns[2] = -columns[2]
+    return pa.array(np.lexsort(columns))
+
 
 _MOVED = """
 CREATE TEMP TABLE moved (
@@ -600,7 +627,7 @@ def _same(alias: str, record: dict[str, str]) -> str:
     return " AND ".join(f"{alias}.{column} = {record[column]}" for column in _IDENTITY)
 
 
-_ARROWS = """
+_STORED_EDGES = """
 WITH released AS MATERIALIZED (
     SELECT
         i.inv_index, i.whole, e.*,
@@ -621,7 +648,7 @@ WITH released AS MATERIALIZED (
     LEFT JOIN tasks gd
         ON e.kind = 'dependency' AND gd.run_id = e.run_id AND gd.rank = e.rank
         AND gd.config_id = i.config_id AND gd.task_id = e.dst_task_id
-    WHERE e.kind IN ('release', 'dependency') AND ({scope})
+    WHERE e.kind IN ({kinds}) AND ({scope})
         AND i.inv_index BETWEEN {first} AND {last}
 ),
 timed AS MATERIALIZED (
@@ -636,6 +663,57 @@ kept AS (
     SELECT * FROM released e
     WHERE NOT e.whole AND {source_selected} AND {target_selected}
 )
+"""
+"""The edges of ``kinds`` of invocations ``first`` to ``last`` from ``task_edges``, as
+``kept`` for ``_ARROWS``: every edge of an invocation the selection holds whole
+(``whole``); of another, those whose two ends are both selected records (matched by core,
+task and cycles). A dependency edge is numbered (``nth``) within its invocation. ``scope``
+bounds the edges' runs, ranks, steps and invocations by constants, which DuckDB pushes down
+to the waits; the triggers they are ranked among are every trigger of the runs."""
+
+_SELECTED_RELEASES = """
+WITH graphed AS MATERIALIZED (
+    SELECT
+        i.inv_index, s.core_type, s.block_id, s.record_index, s.task_id, s.desc_id,
+        s.start_cycle, s.end_cycle, g.wait_event, g.wait_count, g.trigger_event
+    FROM sel s
+    JOIN inv i USING (cand)
+    JOIN graph g ON g.graph_key = i.graph_key AND g.task_id = s.task_id
+    WHERE s.desc_id IN ({wait}, {trigger}) AND i.whole AND i.inv_index BETWEEN {first} AND {last}
+),
+triggers AS (
+    SELECT
+        inv_index, trigger_event, core_type, block_id, task_id, start_cycle, end_cycle,
+        row_number() OVER (
+            PARTITION BY inv_index, trigger_event ORDER BY end_cycle, start_cycle, task_id
+        ) AS nth
+    FROM graphed
+    WHERE desc_id = {trigger} AND trigger_event >= 0
+),
+kept AS (
+    SELECT
+        w.inv_index, 'release' AS kind, NULL::BIGINT AS nth,
+        t.core_type AS src_core_type, t.block_id AS src_block_id,
+        t.task_id AS src_task_id, t.start_cycle AS src_start_cycle,
+        t.end_cycle AS src_end_cycle, {trigger} AS src_desc_id,
+        w.core_type AS dst_core_type, w.block_id AS dst_block_id,
+        w.record_index AS dst_record_index, w.task_id AS dst_task_id,
+        w.start_cycle AS dst_start_cycle, w.end_cycle AS dst_end_cycle, {wait} AS dst_desc_id
+    FROM graphed w
+    JOIN triggers t
+        ON t.inv_index = w.inv_index AND t.trigger_event = w.wait_event AND t.nth = w.wait_count
+    WHERE w.desc_id = {wait} AND w.wait_event >= 0
+)
+"""
+"""``task_releases``' rule (a wait is released by the wait_count-th trigger of its
+wait_event, by end cycle, start cycle, task id, among its invocation's records) applied to
+the selected records of invocations ``first`` to ``last`` that the selection holds whole, as
+``kept`` for ``_ARROWS``: those records are every record of their invocation, on the same
+clock as the view's, so the edges are the view's. Ranked by the integer ``inv_index`` and
+reading the selection's compact scratch file, a part reads its own invocations' triggers
+only, where the view ranks every trigger of the runs for each part."""
+
+_ARROWS = """
 SELECT
     gr.grp, k.inv_index, p.pid AS source_pid,
     k.src_core_type * {core_step} + k.src_block_id + {lane_step} * coalesce(msrc.lane, 0)
@@ -671,24 +749,33 @@ JOIN grp gs
     ON gs.inv_index = k.inv_index AND gs.core_type = k.src_core_type
     AND gs.block_id = k.src_block_id
 """
-"""The arrows into the selected waits of invocations ``first`` to ``last``, with their
-wait's group: from the trigger that released the wait (``task_edges``' release edges), on
-the tracks and lanes of both, timed from the edge's own cycles. Every edge of an invocation
-the selection holds whole (``whole``) is kept; of another, those whose two ends are both
-selected records (matched by core, task and cycles). Each carries its ``flow_id`` (the
-wait's slot code above its record index, which a slot's capacity bounds: unique in the
-timeline, as a wait has one releasing trigger) and its trigger's group and identity,
-which ``flow_ids`` files the arrow under too. ``scope`` bounds the edges' runs, ranks,
-steps and invocations by constants, which DuckDB pushes down to the records the edges are
-ranked from."""
+"""The arrows of the edges ``kept`` (``_STORED_EDGES`` or ``_SELECTED_RELEASES``), with
+their wait's group: from the trigger that released the wait (a release edge) or from a
+predecessor's compute record (a dependency edge), on the tracks and lanes of both, timed
+from the edge's own cycles. Each carries its ``flow_id`` (a release: the wait's slot code
+above its record index, which a slot's capacity bounds: unique in the timeline, as a wait
+has one releasing trigger) and its source's group and identity, which ``flow_ids`` files
+the arrow under too."""
 
-_FLOWS = """
-SELECT
-    inv_index, source_pid, source_tid, source_ts, target_pid, target_tid, target_ts, target_end
-FROM mcprof_arrows
-ORDER BY target_pid, core_type, block_id, target_ts, target_end DESC, desc_id, task_id
+_LISTED_DEPENDENCIES = """
+SELECT count(*) > 0 FROM tasks g
+SEMI JOIN inv i ON g.run_id = i.run_id AND g.rank = i.rank AND g.config_id = i.config_id
+WHERE len(g.depends_on) > 0
 """
-"""The arrows into one group's waits, in the order of their waits."""
+"""Whether a graph of the selected invocations lists its tasks' predecessors (the
+dependency edges of ``task_edges``)."""
+
+_FLOW_COLUMNS = (
+    "inv_index",
+    "source_pid",
+    "source_tid",
+    "source_ts",
+    "target_pid",
+    "target_tid",
+    "target_ts",
+    "target_end",
+)
+"""What a group's flows carry (``TimelineGroup.flows``), besides the chain's ``kind``."""
 
 _CRITICAL = """
 CREATE TEMP TABLE crit AS
@@ -789,7 +876,7 @@ JOIN grp gs
 """
 """The critical path's chain: one flow from each critical record to the next one in ``seq``
 order, on the tracks and lanes of both, with the later record's group (rows as
-``_ARROWS``'s, so ``_FLOWS`` orders them by their later record); its ``flow_id`` has the
+``_ARROWS``'s, so ``Timeline._flows`` orders them by their later record); its ``flow_id`` has the
 top bit set, so it is never an arrow's."""
 
 
@@ -877,6 +964,7 @@ class Timeline:
         con.execute(_SLOTS)
         con.execute(_PROCESSES.format(run_step=RUN_PID_STEP, pid_max=PID_MAX))
         con.execute(_TASK_STAGES)
+        con.execute(_GRAPHS)
         con.execute(_GROUPS.format(rows=group_rows))
         filed = _GroupFiles(scratch, "records")
         try:
@@ -1071,7 +1159,7 @@ class Timeline:
         for name, table in registered.items():
             self._con.register(name, table)
         try:
-            return _fetch(
+            events = _fetch(
                 self._con,
                 _ORDERED.format(
                     events=_events("mcprof_group"),
@@ -1083,45 +1171,52 @@ class Timeline:
         finally:
             for name in registered:
                 self._con.unregister(name)
+        return events.take(_shown_order(events, "pid", "ts_ns", "end_ns"))
 
     def _flows(self, filed: pa.Table | None) -> pa.Table | None:
         """The flows filed (arrows, or the chain) into one group's records, in those
         records' order (``None``: none)."""
         if filed is None:
             return None
-        self._con.register("mcprof_arrows", filed)
-        try:
-            return _fetch(self._con, _FLOWS)
-        finally:
-            self._con.unregister("mcprof_arrows")
+        order = _shown_order(filed, "target_pid", "target_ts", "target_end")
+        return filed.select(_FLOW_COLUMNS).take(order)
 
     def _file_arrows(self, arrows: _GroupFiles, departures: _GroupFiles | None) -> None:
         """File every arrow by its wait's group (and with ``departures`` by its trigger's),
         invocations of about 4 groups' records at a time: triggers are ranked within their
         invocation, so each part is exact on its own, and ranking them all at once would hold
-        every trigger of the selection."""
+        every trigger of the selection. A part the selection holds whole takes its release
+        edges from its selected records (``_SELECTED_RELEASES``), and from ``task_edges``
+        only its dependency edges, where its graphs list any; another part takes them all
+        from ``task_edges``."""
         selected = np.cumsum(numpy_column(self.invocations, "selected"))
+        whole = numpy_column(self.invocations, "whole").astype(bool)
         part = np.concatenate([[0], selected[:-1]]) // (4 * self._group_rows)
         edges = np.flatnonzero(np.diff(part, prepend=-1, append=part[-1] + 1))
+        dependencies = _one(self._con, _LISTED_DEPENDENCIES)[0]
         try:
             for first, stop in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
-                source = ("src",)
-                target = ("dst",)
-                sql = _ARROWS.format(
-                    scope=_scope(self.invocations.slice(first, stop - first)),
-                    trigger=DESC_TRIGGER_EVENT,
-                    wait=DESC_WAIT_DEPENDENCY,
-                    source_selected=_selected(_edge_end("e", *source)),
-                    target_selected=_selected(_edge_end("e", *target)),
-                    source_moved=_moved("msrc", _edge_end("k", *source)),
-                    target_moved=_moved("mdst", _edge_end("k", *target)),
-                    lane_step=LANE_TID_STEP,
-                    core_step=CORE_TID_STEP,
-                    index_bits=(self._radix - 1).bit_length(),
-                    first=first,
-                    last=stop - 1,
-                )
-                arrows.add(self._con, sql, departures)
+                kept = [_STORED_EDGES.replace("{kinds}", "'release', 'dependency'")]
+                if whole[first:stop].all():
+                    kept = [_SELECTED_RELEASES]
+                    if dependencies:
+                        kept.append(_STORED_EDGES.replace("{kinds}", "'dependency'"))
+                for edge_sql in kept:
+                    sql = (edge_sql + _ARROWS).format(
+                        scope=_scope(self.invocations.slice(first, stop - first)),
+                        trigger=DESC_TRIGGER_EVENT,
+                        wait=DESC_WAIT_DEPENDENCY,
+                        source_selected=_selected(_edge_end("e", "src")),
+                        target_selected=_selected(_edge_end("e", "dst")),
+                        source_moved=_moved("msrc", _edge_end("k", "src")),
+                        target_moved=_moved("mdst", _edge_end("k", "dst")),
+                        lane_step=LANE_TID_STEP,
+                        core_step=CORE_TID_STEP,
+                        index_bits=(self._radix - 1).bit_length(),
+                        first=first,
+                        last=stop - 1,
+                    )
+                    arrows.add(self._con, sql, departures)
         finally:
             arrows.close()
             if departures is not None:
