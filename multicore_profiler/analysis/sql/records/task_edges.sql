@@ -40,12 +40,16 @@ WITH graphed AS (
         AND g.task_id = r.task_id
     WHERE r.desc_id IN (65536, 65543)  -- WaitDependency, TriggerEvent
 ),
+-- Triggers are numbered within their invocation by its integer key; the rank and invocation
+-- id ride along as partition and join keys (the key determines them) so that a filter on
+-- them reaches the triggers too: a query of one invocation ranks its triggers only.
 triggers AS (  -- only what the edge takes: the window sorts every column it carries
     SELECT
-        invocation_key, trigger_event, core_type, block_id, record_index, task_id,
-        start_cycle, end_cycle,
+        invocation_key, rank, invocation_id, trigger_event, core_type, block_id,
+        record_index, task_id, start_cycle, end_cycle,
         row_number() OVER (
-            PARTITION BY invocation_key, trigger_event ORDER BY end_cycle, start_cycle, task_id
+            PARTITION BY invocation_key, rank, invocation_id, trigger_event
+            ORDER BY end_cycle, start_cycle, task_id
         ) AS nth
     FROM graphed
     WHERE desc_id = 65543 AND trigger_event >= 0
@@ -64,7 +68,8 @@ SELECT
     w.wait_event AS event
 FROM waits w
 JOIN triggers t
-    ON t.invocation_key = w.invocation_key AND t.trigger_event = w.wait_event
+    ON t.invocation_key = w.invocation_key AND t.rank = w.rank
+    AND t.invocation_id = w.invocation_id AND t.trigger_event = w.wait_event
     AND t.nth = w.wait_count;
 
 -- The dependency edges alone (kind = 'dependency'), with task_edges' columns: what wait
