@@ -139,12 +139,15 @@ def spread(values: list[float], unit: str = "") -> str:
 def compared(
     name: str, cases: dict[str, tuple[str, Path, tuple[str, ...]]], repeat: int
 ) -> dict[str, list[float]]:
-    """Run each case (mode, store, query args) ``repeat`` times, interleaved; print and
-    return each one's seconds, in repeat order."""
+    """Run each case (mode, store, query args) ``repeat`` times, interleaved, each repeat
+    starting with the next case (no case always follows the same one); print and return
+    each one's seconds, in repeat order."""
     times: dict[str, list[float]] = {case: [] for case in cases}
     checked: dict[str, set[int]] = {case: set() for case in cases}
-    for _ in range(repeat):
-        for case, (mode, store, args) in cases.items():
+    names = list(cases)
+    for index in range(repeat):
+        for case in names[index % len(names) :] + names[: index % len(names)]:
+            mode, store, args = cases[case]
             seconds, files = command(mode, store, *args)
             times[case].append(seconds)
             checked[case].add(files)
