@@ -12,13 +12,30 @@ once, and every run writes the same rows under its own run id, ten steps each. T
 Goal: the one-run query on the big store within 1.5x of the one-run store, whatever
 the big store holds (partition pruning: DuckDB opens no file of another run).
 
+With ``--cli``, every query is an ``mcprof query`` of its own, in a fresh process, as
+users run it (each a new ``Store``, which trusts the files the store's record of
+verified files vouches for: ``storage.verified``), timed in versions compared in
+interleaved pairs: ``record`` (as shipped), ``unrecorded`` (no record: every file a query
+reads natively is checked, as before the record), ``unverified`` (no check at all:
+DuckDB's own ``read_parquet`` over the same files, the floor). Goals:
+
+- one run of the big store (``--run``, and ``WHERE run_id``) within 1.2x of the one-run
+  store;
+- the whole-store aggregate within 1.1x of ``unverified``;
+- after ``--new-runs`` (1,000) small runs arrive, the first command checks only their
+  files.
+
     .venv/bin/python bench/scale.py [--runs 200] [--records 500000] [--repeat 5] [--dir D]
+    .venv/bin/python bench/scale.py --cli [--runs 200] [--records 100000] [--new-runs 1000]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime, timedelta, timezone
@@ -31,6 +48,7 @@ from tqdm import tqdm
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches, step_tables
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage.catalog import RACY_NS
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store
 
@@ -80,12 +98,126 @@ def timed(
     return statistics.median(times), rows
 
 
+RUNNER = """
+import sys
+from multicore_profiler.storage import store
+mode, checked = sys.argv[1], []
+if mode != "record":
+    store.VerifiedRecord = lambda root: None
+if mode == "unverified":
+    store.Store._verify = lambda self, spec, path: self._verified.__setitem__(path, True)
+read = store.read_verified
+store.read_verified = lambda *args, **kwargs: checked.append(1) or read(*args, **kwargs)
+from multicore_profiler.cli import main
+code = main(sys.argv[2:])
+print(len(checked), file=sys.stderr)
+sys.exit(code)
+"""
+"""``python -c RUNNER MODE ARGS...``: ``mcprof ARGS...`` in one of the three versions
+(see the module's docstring); prints the number of files it checked to standard error."""
+
+
+def command(mode: str, store: Path, *args: str) -> tuple[float, int]:
+    """Seconds of ``mcprof query --store STORE ARGS...`` in a fresh process (interpreter
+    start and imports included), and the number of files it checked."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    argv = [sys.executable, "-c", RUNNER, mode, "query", "--store", str(store), *args]
+    began = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    spent = time.perf_counter() - began
+    if done.returncode:
+        raise SystemExit(f"{' '.join(argv[3:])} failed: {done.stderr}")
+    return spent, int(done.stderr.split()[-1])
+
+
+def spread(values: list[float], unit: str = "") -> str:
+    """``median [min-max]`` of ``values``."""
+    return f"{statistics.median(values):.2f}{unit} [{min(values):.2f}-{max(values):.2f}]"
+
+
+def compared(
+    name: str, cases: dict[str, tuple[str, Path, tuple[str, ...]]], repeat: int
+) -> dict[str, list[float]]:
+    """Run each case (mode, store, query args) ``repeat`` times, interleaved, each repeat
+    starting with the next case (no case always follows the same one); print and return
+    each one's seconds, in repeat order."""
+    times: dict[str, list[float]] = {case: [] for case in cases}
+    checked: dict[str, set[int]] = {case: set() for case in cases}
+    names = list(cases)
+    for index in range(repeat):
+        for case in names[index % len(names) :] + names[: index % len(names)]:
+            mode, store, args = cases[case]
+            seconds, files = command(mode, store, *args)
+            times[case].append(seconds)
+            checked[case].add(files)
+    print(name)
+    for case, seconds in times.items():
+        files = "/".join(str(n) for n in sorted(checked[case]))
+        print(f"  {case:<34} {spread(seconds, ' s')} ({files} file(s) checked)")
+    return times
+
+
+def ratio(name: str, times: dict[str, list[float]], of: str, to: str, goal: float) -> None:
+    """Print the per-repeat ratios ``of / to``: median [min-max], against ``goal``."""
+    ratios = [a / b for a, b in zip(times[of], times[to], strict=True)]
+    verdict = "met" if statistics.median(ratios) <= goal else "NOT met"
+    print(f"  {name}: {of} / {to} = {spread(ratios, 'x')} (goal <= {goal}x: {verdict})")
+
+
+def cli_mode(args: argparse.Namespace, root: Path, target: str) -> None:
+    """The ``--cli`` measurements (see the module's docstring)."""
+    big, one = root / "big", root / "one"
+    everything = "SELECT * FROM stage_stats ORDER BY ALL"
+    only = f"SELECT * FROM stage_stats WHERE run_id = '{target}' ORDER BY ALL"
+    time.sleep(RACY_NS / 1e9)  # files checked this soon after their write are not recorded
+    for store in (big, one):
+        seconds, files = command("record", store, "--format", "csv", everything)
+        print(f"first command on {store.name}, every file checked: {seconds:.2f} s ({files})")
+    scoped = ("--format", "csv", "--run", target, everything)
+    filtered = ("--format", "csv", only)
+    for mode in ("record", "unrecorded"):
+        times = compared(
+            f"one run, {mode}:",
+            {
+                "big store, --run": (mode, big, scoped),
+                "one-run store, --run": (mode, one, scoped),
+                "big store, WHERE run_id": (mode, big, filtered),
+                "one-run store, WHERE run_id": (mode, one, filtered),
+            },
+            args.repeat,
+        )
+        ratio("--run", times, "big store, --run", "one-run store, --run", 1.2)
+        ratio("WHERE run_id", times, "big store, WHERE run_id", "one-run store, WHERE run_id", 1.2)
+    whole = ("--format", "csv", everything)
+    for mode in ("record", "unrecorded"):  # a pair at a time: no third command between
+        cases = {m: (m, big, whole) for m in (mode, "unverified")}
+        times = compared(f"stage_stats, all {args.runs} runs:", cases, max(2, args.repeat // 2))
+        ratio("whole store", times, mode, "unverified", 1.1)
+    small = one_run(1)[:1]
+    began = time.perf_counter()
+    with open_store(big) as store:
+        for index in range(args.new_runs):
+            write(store, f"new-{index:04d}", args.runs + index, small)
+    print(f"{args.new_runs} new runs of {small[0][2].num_rows} records written in ", end="")
+    print(f"{time.perf_counter() - began:.1f} s")
+    time.sleep(RACY_NS / 1e9)
+    seconds, files = command("record", big, *whole)
+    new = sum(1 for _ in big.glob("*/run_id=new-*/**/*.parquet"))
+    print(f"first command after them: {seconds:.2f} s, {files} file(s) checked ", end="")
+    print(f"(the new runs hold {new} data file(s))")
+    cases = {m: (m, big, whole) for m in ("record", "unverified")}
+    times = compared(f"stage_stats, all {args.runs + args.new_runs} runs:", cases, 4)
+    ratio("whole store", times, "record", "unverified", 1.1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--records", type=int, default=500_000, help="records per run")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dir", type=Path, help="where the stores go (default: a temp dir)")
+    parser.add_argument("--cli", action="store_true", help="time fresh mcprof processes")
+    parser.add_argument("--new-runs", type=int, default=1000, help="--cli: runs that arrive")
     args = parser.parse_args()
     steps = one_run(args.records)
     per_run = sum(t[2].num_rows for t in steps)
@@ -102,6 +234,9 @@ def main() -> None:
         total = args.runs * per_run
         print(f"store: {args.runs} runs x {per_run:,} records = {total:,} records")
         print(f"written in {written:.1f} s ({total / written / 1e6:.1f} M records/s)")
+        if args.cli:
+            cli_mode(args, root, target)
+            return
         everything = "SELECT * FROM stage_stats ORDER BY ALL"
         only = f"SELECT * FROM stage_stats WHERE run_id = '{target}' ORDER BY ALL"
         with open_store(root / "big") as big, open_store(root / "one") as one:

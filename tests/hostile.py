@@ -14,16 +14,19 @@ from pathlib import Path
 import pytest
 
 from multicore_profiler.cli import main
+from multicore_profiler.storage.verified import RECORD_FILES
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every file under ``root`` (the store), relative path -> SHA-256 of its bytes."""
+    """Every file under ``root`` (the store), relative path -> SHA-256 of its bytes; but
+    the store's record of verified files, which any command that reads files may add to
+    (``storage.verified``: a cache of checks, no data)."""
     if not root.exists():
         return {}
     return {
         str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted(root.rglob("*"))
-        if path.is_file()
+        if path.is_file() and str(path.relative_to(root)) not in RECORD_FILES
     }
 
 

@@ -55,6 +55,7 @@ from multicore_profiler.storage.vacuum import (
     RunFiles,
     dead_files,
 )
+from multicore_profiler.storage.verified import RECORD_FILES
 
 if TYPE_CHECKING:
     from multicore_profiler.storage.handle import StoreHandle
@@ -195,10 +196,13 @@ def check_store(
     location = store.location
     scan = _Scan()
     for info in _listing(store, runs):
+        relative = relative_path(location, info.path)
+        if relative in RECORD_FILES:  # what the check itself records, not data
+            continue
         scan.checked += 1
         scan.infos[info.path] = info
-        relative = relative_path(location, info.path)
         _classify(store, scan, info, relative, now)
+    store.save_verified()
     _special(store, scan, runs)
     for run_id in sorted(scan.good):
         if run_id:

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.schema import TableSpec
 from multicore_profiler.storage.swap import StoreLock
 
 
@@ -52,3 +53,7 @@ class StoreHandle(Protocol):
     ) -> AbstractContextManager[duckdb.DuckDBPyConnection]: ...
 
     def invocation_ids(self, run_id: str, rank: int) -> np.ndarray: ...
+
+    def verified_file(self, spec: TableSpec, path: str, *, keep: bool = True) -> pa.Table: ...
+
+    def save_verified(self) -> None: ...

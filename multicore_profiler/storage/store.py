@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -55,6 +56,7 @@ from multicore_profiler.storage.sql_modules import InstalledModules
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string, sql_strings
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
 from multicore_profiler.storage.vacuum import GRACE
+from multicore_profiler.storage.verified import VerifiedRecord
 from multicore_profiler.storage.writes import StoreWrites
 
 if TYPE_CHECKING:
@@ -117,9 +119,13 @@ class Store(Extensible, StoreWrites):
         self._ids: dict[str, pa.Table] = {}
         """The ``rank`` and ``invocation_id`` columns of invocations files read so far."""
         self._verified: dict[str, bool] = {}
-        """Files whose pages and schema were checked, each with whether it has every
-        column of its table at its type (not the narrower one of ``WIDENED``); files never
-        change once named."""
+        """Files whose pages and schema were checked, or that the store's record vouches
+        for, each with whether it has every column of its table at its type (not the
+        narrower one of ``WIDENED``); files never change once named."""
+        self._record = VerifiedRecord(location.directory) if location.is_local else None
+        """What earlier processes checked (see ``verified``)."""
+        self._vouched: set[str] = set()
+        """Files of ``_verified`` that the record vouched for, which this object never read."""
         self._shared_files: dict[str, tuple[str, ...]] = {}
         self._plan_checks: dict[tuple[str, frozenset[str]], bool] = {}
         # Over empty tables until a query finds files (see _point).
@@ -214,7 +220,10 @@ class Store(Extensible, StoreWrites):
         column as NULL either way. The views every query shares live on the store's
         connection and change only with the files; the others are ``cursor``'s own."""
         if given is None:
+            since = time.time_ns()
             listed = self._catalog.files(runs)
+            if runs is None and self._record is not None:
+                self._record.listed([p for paths in listed.values() for p in paths], since)
         else:
             listed = {table: tuple(sorted(paths)) for table, paths in given.items()}
         datasets = set()
@@ -240,6 +249,7 @@ class Store(Extensible, StoreWrites):
                 cursor.execute(
                     f"CREATE OR REPLACE TEMP VIEW raw_{spec.name} AS {_with_empty(spec, source)}"
                 )
+        self.save_verified()
         return frozenset(datasets)
 
     def _point_shared(self, spec: TableSpec, files: tuple[str, ...]) -> None:
@@ -252,9 +262,14 @@ class Store(Extensible, StoreWrites):
 
     def _native_scan(self, spec: TableSpec, files: tuple[str, ...]) -> str:
         """``read_parquet`` of local files. Each file is checked once (see ``_verify``),
-        new files in parallel threads; only where one lacks a column does DuckDB unify
-        by name."""
+        new files in parallel threads, unless the store's record vouches for it; only
+        where one lacks a column does DuckDB unify by name."""
         new = [path for path in files if path not in self._verified]
+        if new and self._record is not None:
+            vouched = self._record.vouched(new)
+            self._verified.update(vouched)
+            self._vouched.update(vouched)
+            new = [path for path in new if path not in vouched]
         if len(new) > 1:
             with ThreadPoolExecutor(min(VERIFY_THREADS, len(new))) as pool:
                 list(pool.map(partial(self._verify, spec), new))
@@ -273,15 +288,36 @@ class Store(Extensible, StoreWrites):
         """A file's rows (with ``keep=False`` none, only its columns), after checking every
         page against its checksum and its schema against the table's (``CorruptFileError``
         naming the file if either fails). Each file is checked once (files never change
-        once named): later queries read it without checking again."""
-        table = read_verified(self._location, path, keep=keep)
-        misfit = schema_misfit(table.schema, spec)
-        if misfit is not None:
-            raise CorruptFileError(relative_path(self._location, path), "schema", misfit, spec.name)
-        self._verified[path] = set(table.schema.names) >= set(spec.schema.names) and not any(
+        once named): later queries read it without checking again, and so do later
+        ``Store`` objects while it is unchanged (see ``save_verified``)."""
+        record = self._record
+        before = None if record is None else record.before(path)
+        try:
+            table = read_verified(self._location, path, keep=keep)
+            misfit = schema_misfit(table.schema, spec)
+            if misfit is not None:
+                raise CorruptFileError(
+                    relative_path(self._location, path), "schema", misfit, spec.name
+                )
+        except CorruptFileError:
+            if record is not None:
+                record.failed(path)
+            raise
+        current = set(table.schema.names) >= set(spec.schema.names) and not any(
             WIDENED.get((spec.name, f.name)) == f.type for f in table.schema
         )
+        self._verified[path] = current
+        self._vouched.discard(path)
+        if record is not None and before is not None:
+            record.passed(path, before, current)
         return table
+
+    def save_verified(self) -> None:
+        """Add the files this object checked since (and drop those that failed) to the
+        store's record, so that later ``Store`` objects (later commands) trust them while
+        they are unchanged; see ``verified``. Queries save it; so does ``check_store``."""
+        if self._record is not None:
+            self._record.save()
 
     def _verify(self, spec: TableSpec, path: str) -> None:
         """Check a file before DuckDB's reader, which checks no checksum, reads it."""
@@ -312,10 +348,11 @@ class Store(Extensible, StoreWrites):
 
     def _culprit(self, runs: Sequence[str] | None) -> IntegrityError | None:
         """After a query failed reading files: the first file of ``runs`` (default: all)
-        that fails its checks, as the error to raise, or None when all pass."""
+        that fails its checks, as the error to raise, or None when all pass. A file the
+        record vouched for is read too: bytes may rot without changing its stamp."""
         for name, paths in self._catalog.files(runs).items():
             for path in paths:
-                if path not in self._verified:
+                if path not in self._verified or path in self._vouched:
                     try:
                         self._verify(TABLES[name], path)
                     except FileNotFoundError:
