@@ -31,9 +31,14 @@ store query finds them registered.
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from multicore_profiler.extension import load_before_objects
+
+if TYPE_CHECKING:
+    # The rooms the public names come from, as static imports: for type checkers, and for
+    # the import contract, which then sees that a room importing the package reaches them.
+    from multicore_profiler import abi, analysis, errors, export, fuse, ingest, storage  # noqa: F401
 
 load_before_objects("multicore_profiler.storage.store.Store", "multicore_profiler.analysis")
 load_before_objects(

@@ -71,7 +71,7 @@ class VerifiedRecord:
         self._root = root
         self._prefix = f"{str(root).rstrip('/')}/"
         self._read_as: Stamp | None = None
-        self._table = _SCHEMA.empty_table()
+        self._table = pa.Table.from_batches([], _SCHEMA)
         self._passed: dict[str, tuple[Stamp, bool, int]] = {}
         self._failed: set[str] = set()
         self._listing: tuple[Collection[str], int] | None = None
@@ -161,12 +161,14 @@ class VerifiedRecord:
         except OSError:
             found = None
         if found is None:
-            self._table, self._read_as = _SCHEMA.empty_table(), None
+            self._table, self._read_as = pa.Table.from_batches([], _SCHEMA), None
         elif found != self._read_as:
             try:
                 table = pq.ParquetFile(path, page_checksum_verification=True).read()
-                self._table = table if table.schema.equals(_SCHEMA) else _SCHEMA.empty_table()
+                self._table = (
+                    table if table.schema.equals(_SCHEMA) else pa.Table.from_batches([], _SCHEMA)
+                )
             except (pa.ArrowException, OSError):
-                self._table = _SCHEMA.empty_table()
+                self._table = pa.Table.from_batches([], _SCHEMA)
             self._read_as = found
         return self._table
