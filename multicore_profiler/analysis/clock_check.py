@@ -121,7 +121,8 @@ def _frequency_finding(fault: dict[str, Any]) -> str:
         return (
             where + f"the host's launch times and the counter contradict each other at any "
             f"frequency (at least {_mhz(fault['low_hz'])}, at most {_mhz(fault['high_hz'])}): "
-            "a counter reset, or invocations of another device (see clock_frequency_bounds)"
+            "a counter reset, invocations of another device, or cores whose clocks disagree "
+            "(see clock_frequency_bounds and clock_sanity)"
         )
     if fault["verdict"] == "too_low":
         why = (
