@@ -31,7 +31,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from multicore_profiler.abi import CORE_NAMES
 from multicore_profiler.analysis.clock_settings import CORRECTION_SCHEMA
 from multicore_profiler.errors import ClockError
 from multicore_profiler.storage.store import Store
@@ -67,7 +66,9 @@ ORDER BY node
 
 _EDGES = """
 SELECT s.node AS src, d.node AS dst, c.slack_cycles, c.edges, c.tightest.kind AS kind,
-    c.tightest.src_task_id AS src_task_id, c.tightest.dst_task_id AS dst_task_id
+    c.tightest.src_task_id AS src_task_id, c.tightest.dst_task_id AS dst_task_id,
+    core_name(s.core_type) || '/' || s.block_id AS src_core,
+    core_name(d.core_type) || '/' || d.block_id AS dst_core
 FROM _clock_pairs c
 JOIN _clock_nodes s
     ON s.run_id = c.run_id AND s.rank = c.rank AND s.invocation_id = c.invocation_id
@@ -230,17 +231,16 @@ def solve(inv: np.ndarray, src: np.ndarray, dst: np.ndarray, slack: np.ndarray) 
 def _cycle_text(nodes: pa.Table, edges: pa.Table, inv: int, cycle: list[int]) -> str:
     """One contradictory invocation and the edges of its cycle, as words."""
     row = nodes.filter(pc.equal(nodes["inv"], inv)).slice(0, 1).to_pylist()[0]
-    names = _core_names(nodes)
     parts = []
     for edge in cycle:
         e = edges.slice(edge, 1).to_pylist()[0]
         what = "wait" if e["kind"] == "release" else "compute"
         parts.append(
-            f"{names[e['src']]} -> {names[e['dst']]} ({e['kind']}: task {e['dst_task_id']}'s "
+            f"{e['src_core']} -> {e['dst_core']} ({e['kind']}: task {e['dst_task_id']}'s "
             f"{what} recorded {-e['slack_cycles']} cycles before task {e['src_task_id']}'s "
             "end)"
             if e["slack_cycles"] < 0
-            else f"{names[e['src']]} -> {names[e['dst']]} ({e['kind']}: {e['slack_cycles']} "
+            else f"{e['src_core']} -> {e['dst_core']} ({e['kind']}: {e['slack_cycles']} "
             f"cycles of slack, task {e['src_task_id']} to task {e['dst_task_id']})"
         )
     return (
@@ -249,26 +249,13 @@ def _cycle_text(nodes: pa.Table, edges: pa.Table, inv: int, cycle: list[int]) ->
     )
 
 
-def _core_names(nodes: pa.Table) -> dict[int, str]:
-    """Each node's core as users read it (``AIC/0``)."""
-    return {
-        node: f"{CORE_NAMES.get(core_type, f'core{core_type}')}/{block}"
-        for node, core_type, block in zip(
-            nodes["node"].to_pylist(),
-            nodes["core_type"].to_pylist(),
-            nodes["block_id"].to_pylist(),
-            strict=True,
-        )
-    }
-
-
 def install_clock_offsets(con: duckdb.DuckDBPyConnection) -> None:
     """Define ``clock_offsets`` on ``con`` (the computed module ``records.clock_offsets``):
     the offsets of every core of the invocations the cursor sees. ``ClockError`` where an
     invocation's edges contradict each other around a cycle."""
     con.execute(_NODES)
     nodes = con.sql(
-        "SELECT run_id, rank, invocation_id, core_type, block_id, node, inv FROM _clock_nodes"
+        "SELECT run_id, rank, invocation_id, node, inv FROM _clock_nodes"
     ).to_arrow_table()
     edges = con.sql(_EDGES).to_arrow_table()
     found = solve(
