@@ -117,20 +117,37 @@ class Solution:
     cycles: dict[int, list[int]]
 
 
-def _relax(
-    dist: np.ndarray, tail: np.ndarray, head: np.ndarray, weight: np.ndarray, rounds: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Bellman-Ford over edges tail -> head sorted by head: at most ``rounds`` rounds of
+@dataclass(frozen=True)
+class _Edges:
+    """Edges tail -> head of weight ``weight``, sorted by head, with each head's first edge
+    (``heads``, ``starts``): grouped once for every relaxation over them."""
+
+    tail: np.ndarray
+    head: np.ndarray
+    weight: np.ndarray
+    heads: np.ndarray
+    starts: np.ndarray
+
+    @classmethod
+    def by_head(cls, tail: np.ndarray, head: np.ndarray, weight: np.ndarray) -> _Edges:
+        order = np.argsort(head, kind="stable")
+        tail, head, weight = tail[order], head[order], weight[order]
+        heads, starts = np.unique(head, return_index=True)
+        return cls(tail, head, weight, heads, starts)
+
+
+def _relax(dist: np.ndarray, edges: _Edges, rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bellman-Ford over ``edges``: at most ``rounds`` rounds of
     ``dist[head] = min(dist[head], dist[tail] + weight)``. Returns the distances and the
     nodes the last round lowered (none: they converged)."""
     changed = np.zeros(len(dist), dtype=bool)
-    if len(head) == 0:
+    if len(edges.head) == 0:
         return dist, changed
-    heads, starts = np.unique(head, return_index=True)
+    heads = edges.heads
     for _ in range(rounds):
-        reached = dist[tail]
-        candidate = np.where(reached >= _UNREACHED, _UNREACHED, reached + weight)
-        best = np.minimum.reduceat(candidate, starts)
+        reached = dist[edges.tail]
+        candidate = np.where(reached >= _UNREACHED, _UNREACHED, reached + edges.weight)
+        best = np.minimum.reduceat(candidate, edges.starts)
         lower = best < dist[heads]
         if not lower.any():
             return dist, np.zeros(len(dist), dtype=bool)
@@ -177,17 +194,15 @@ def solve(inv: np.ndarray, src: np.ndarray, dst: np.ndarray, slack: np.ndarray) 
     under ``x[src] - x[dst] <= slack`` per edge (node indices; edges between nodes of one
     invocation)."""
     n = len(inv)
-    order = np.argsort(src, kind="stable")
-    tail, head, weight = dst[order], src[order], slack[order]
-    back = np.argsort(dst, kind="stable")
-    rtail, rhead, rweight = src[back], dst[back], slack[back]
+    forward = _Edges.by_head(dst, src, slack)
+    reverse = _Edges.by_head(src, dst, slack)
     edges = np.bincount(src, minlength=n) + np.bincount(dst, minlength=n)
     edges -= np.bincount(src[src == dst], minlength=n)
     per_inv = np.bincount(inv) if n else np.zeros(0, dtype=np.int64)
     rounds = int(per_inv.max(initial=0)) + 1
 
     # Contradictions around a cycle, found from a source with an edge to every core.
-    _, changed = _relax(np.zeros(n, dtype=np.int64), tail, head, weight, rounds)
+    _, changed = _relax(np.zeros(n, dtype=np.int64), forward, rounds)
     cycles = {}
     for bad in np.unique(inv[changed]).tolist():
         cycles[bad] = _negative_cycle(np.flatnonzero(inv == bad), src, dst, slack)
@@ -199,8 +214,8 @@ def solve(inv: np.ndarray, src: np.ndarray, dst: np.ndarray, slack: np.ndarray) 
 
     start = np.full(n, _UNREACHED, dtype=np.int64)
     start[ref] = 0
-    ahead, _ = _relax(start, tail, head, weight, rounds)  # x[v] <= path ref -> v
-    behind, _ = _relax(start, rtail, rhead, rweight, rounds)  # x[v] >= -path v -> ref
+    ahead, _ = _relax(start, forward, rounds)  # x[v] <= path ref -> v
+    behind, _ = _relax(start, reverse, rounds)  # x[v] >= -path v -> ref
     high_bounded = ahead < _UNREACHED
     low_bounded = behind < _UNREACHED
     # Two ways to move each core as little as causality forces, both relative to the
@@ -209,9 +224,9 @@ def solve(inv: np.ndarray, src: np.ndarray, dst: np.ndarray, slack: np.ndarray) 
     # least at least min(high, 0) (the mirror image). Each invocation takes the one that
     # moves its cores less in all (the first on a tie).
     ceiling = np.where(low_bounded, np.maximum(-behind, 0), 0)
-    back_first, _ = _relax(ceiling, tail, head, weight, rounds)
+    back_first, _ = _relax(ceiling, forward, rounds)
     floor = np.where(high_bounded, np.maximum(-ahead, 0), 0)
-    mirrored, _ = _relax(floor, rtail, rhead, rweight, rounds)
+    mirrored, _ = _relax(floor, reverse, rounds)
     forward_first = -mirrored
     size = len(per_inv)
     back_cost = np.bincount(inv, weights=np.abs(back_first), minlength=size)
