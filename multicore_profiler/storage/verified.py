@@ -78,20 +78,24 @@ class VerifiedRecord:
 
     def vouched(self, paths: Sequence[str]) -> dict[str, bool]:
         """Those of ``paths`` (as the filesystem names them) whose stamp the record holds
-        now, each with whether its schema is current."""
+        now, each with whether its schema is current. Matched in Python over the record's
+        columns: pyarrow's conversion of the paths to an array would import pandas."""
         table = self._read()
         if not table.num_rows or not paths:
             return {}
-        wanted = pa.array([p.removeprefix(self._prefix) for p in paths], pa.string())
+        wanted = {p.removeprefix(self._prefix) for p in paths}
+        columns = table.select(["path", "size", "mtime_ns", "ctime_ns", "inode", "current"])
         found = {}
-        for row in table.filter(pc.is_in(table["path"], value_set=wanted)).to_pylist():
-            path = self._prefix + row["path"]
+        for relative, *recorded, current in zip(*columns.to_pydict().values(), strict=True):
+            if relative not in wanted:
+                continue
+            path = self._prefix + relative
             try:
                 now = stamp(path)
             except FileNotFoundError:
                 continue
-            if now == (row["size"], row["mtime_ns"], row["ctime_ns"], row["inode"]):
-                found[path] = row["current"]
+            if now == tuple(recorded):
+                found[path] = current
         return found
 
     @staticmethod
