@@ -5,10 +5,9 @@ Perfetto's trace-processor stdlib. Rooms above storage (``analysis``) register t
 ``register``; storage imports none of them (the package has the analysis room imported
 before the first ``Store`` is made, so registration is done before a store opens). A store
 installs a module, after what it needs, when a query names anything the module defines;
-modules that only define views and macros are also installed with the first work without
-a query text (a cursor of ``Store.reading``, whose SQL is not known beforehand), unless
-they are marked ``on_demand`` (views whose creation, which binds them, costs milliseconds
-every store would pay on its first such read). A materialized module's tables are built on install
+modules that only define views and macros are installed with the first read, unless they
+are marked ``on_demand`` (views whose creation, which binds them, costs milliseconds every
+store would pay on its first query). A materialized module's tables are built on install
 and rebuilt when its ``freshness`` query says the data under them changed; a module with a
 ``Setting`` (the outer-kernel rules) is configured per store, one with ``per_cursor`` set
 up again on each cursor scoped to runs that needs it, and a ``computed`` one (what numpy
@@ -200,15 +199,12 @@ class InstalledModules:
         *,
         scoped: bool = False,
     ) -> None:
-        """Install, on ``con``, the modules ``query`` names, or the eager ones for work
-        without a query text (a cursor of ``Store.reading``), and ``modules``, each after
-        what it needs; rebuild materialized tables whose data changed. A cursor ``scoped``
-        to given runs also gets each such module's ``per_cursor`` setup. A query installs
-        only what it names: ``mcprof runs`` binds no view of the analyses."""
-        if query is None:
-            wanted = {m.name for m in self._registry.eager() if m.name not in self._installed}
-        else:
-            wanted = {m.name for m in self._registry.named_in(query)}
+        """Install, on ``con``, the eager modules, those ``query`` names and ``modules``,
+        each after what it needs; rebuild materialized tables whose data changed. A cursor
+        ``scoped`` to given runs also gets each such module's ``per_cursor`` setup."""
+        wanted = {m.name for m in self._registry.eager() if m.name not in self._installed}
+        if query is not None:
+            wanted.update(m.name for m in self._registry.named_in(query))
         wanted.update(modules)
         answers: dict[str, Any] = {}  # modules that share a freshness query ask it once
         for module in self._registry.closure(wanted):
