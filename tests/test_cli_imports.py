@@ -31,6 +31,7 @@ def loaded_after(code: str) -> dict:
     ``HEAVY`` modules it loaded; any other keys the code adds to ``report``)."""
     script = (
         "import contextlib, io, json, sys\n"
+        "from pathlib import Path\n"
         "report = {}\n"
         f"{code}\n"
         f"report['modules'] = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
@@ -84,8 +85,9 @@ def test_help_loads_no_library_or_room_and_lists_every_command():
 
 
 def test_runs_loads_neither_pandas_nor_pyarrow_dataset(tmp_path, capsys):
-    """Listing the runs of a store reads its few files as ``ParquetFile`` s (checksums
-    checked) and converts no Python value with pyarrow, which would import pandas."""
+    """Listing the runs of a store checks its few new files as ``ParquetFile`` s (every
+    page against its checksum), records them as checked and converts no Python value with
+    pyarrow, which would import pandas."""
     from golden import AIC, TASK7, Slot, pack
 
     from multicore_profiler.cli import main
@@ -100,14 +102,18 @@ def test_runs_loads_neither_pandas_nor_pyarrow_dataset(tmp_path, capsys):
     )
     report = loaded_after(
         "from multicore_profiler.cli import main\n"
+        "from multicore_profiler.storage import verified\n"
+        "verified.RACY_NS = -1  # the files just written count as old enough to record\n"
         "listing = io.StringIO()\n"
         "with contextlib.redirect_stdout(listing):\n"
         f"    report['status'] = main(['runs', '--store', {store!r}])\n"
-        "report['rows'] = sum('complete' in line for line in listing.getvalue().splitlines())"
+        "report['rows'] = sum('complete' in line for line in listing.getvalue().splitlines())\n"
+        f"report['recorded'] = len(verified.VerifiedRecord(Path({store!r}))._read())"
     )
     assert report == {
         "status": 0,
         "rows": 1,
+        "recorded": 4,
         "modules": [
             "duckdb",
             "multicore_profiler.analysis",

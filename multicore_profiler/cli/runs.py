@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from array import array
-from itertools import accumulate
 
 import pyarrow as pa
 
 from multicore_profiler.cli.arguments import Parents, open_given_store, outer_kernel_rules
 from multicore_profiler.cli.output import emit
+from multicore_profiler.storage.arrow_values import strings
 from multicore_profiler.storage.runs import CAPTURE_COLUMNS, CaptureCost
 from multicore_profiler.storage.sql_policy import read_only_statement
 
@@ -39,18 +38,8 @@ def _cost_per_step(table: pa.Table) -> pa.Table:
         job.append(per_step[0])
         writer.append(per_step[1])
     table = table.drop_columns(list(CAPTURE_COLUMNS))
-    table = table.append_column("job ms/step", _strings(job))
-    return table.append_column("writer CPU ms/step", _strings(writer))
-
-
-def _strings(values: list[str]) -> pa.Array:
-    """Python strings as an Arrow string array, made from its buffers: ``pa.array`` would
-    import pandas (a fifth of a second) for a column of a few cells."""
-    data = [value.encode() for value in values]
-    offsets = array("i", accumulate(map(len, data), initial=0))
-    return pa.Array.from_buffers(
-        pa.string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
-    )
+    table = table.append_column("job ms/step", strings(job))
+    return table.append_column("writer CPU ms/step", strings(writer))
 
 
 def cmd_query(args: argparse.Namespace) -> None:
