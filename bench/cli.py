@@ -11,11 +11,17 @@ an untimed first round; medians and [min-max], ratios per repeat:
 * ``mcprof --help`` and ``mcprof runs`` on the small store. Goals: <= 0.15 s and <= 0.3 s.
   ``--before PATH`` (a checkout of an earlier version) runs its commands beside ours as the
   baseline.
-* The seed's first flow: ``mcprof ingest-buffer`` into a new store then ``mcprof export``
-  of its run to Chrome JSON (two processes: time summed, peak RSS the larger), against a
-  parse + ``json.dump`` in the shape of hyper-parallel's host exporter (``upstream``
-  below: each record unpacked into a dict, an event dict per record, sorted, dumped).
-  Goal: >= 5x faster, peak RSS <= the baseline's.
+* The seed's first flow: ``mcprof trace-buffer`` (one process, through a temporary
+  store) and ``mcprof ingest-buffer`` into a new store then ``mcprof export`` of its run
+  (two processes: time summed, peak RSS the larger; with ``--before``, the earlier
+  version's too), each to Chrome JSON, against a parse + ``json.dump`` in the shape of
+  hyper-parallel's host exporter (``upstream`` below: each record unpacked into a dict,
+  an event dict per record, sorted, dumped). Goal: >= 5x faster, peak RSS <= the
+  baseline's.
+
+Every process may cache the bytecode it compiles (under a scratch directory, whatever
+``PYTHONDONTWRITEBYTECODE`` says), as an installed package has its bytecode: the timed
+rounds, after the first, compile nothing.
 
     .venv/bin/python bench/cli.py [--repeat 5] [--before /path/to/old/checkout]
 """
@@ -40,6 +46,8 @@ SLOTS = (24, 48)
 HEADER = struct.Struct("<QIIIIII32x")
 RECORD = struct.Struct("<QQIIII")
 CORE_NAMES = {1: "AIC", 2: "AIV"}
+BYTECODE = Path(tempfile.gettempdir()) / "mcprof-bench-cli-bytecode"
+"""Where the processes cache their bytecode, one folder per tree."""
 
 
 def upstream(files: list[str], capacities: tuple[int, int], output: str) -> None:
@@ -124,11 +132,27 @@ def write_buffers(folder: Path) -> tuple[list[str], tuple[int, int]]:
     return files, (kernel.layout.aic_capacity, kernel.layout.aiv_capacity)
 
 
+def measured_buffers(folder: Path) -> tuple[list[str], tuple[int, int]]:
+    """``write_buffers`` in a process of its own. This process imports neither numpy nor
+    the package, so that its memory stays small: a child's peak RSS (``ru_maxrss``) counts
+    the memory of the process it was forked from until it runs its own program."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--write-buffers", str(folder)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    files, capacities = json.loads(done.stdout)
+    return files, (capacities[0], capacities[1])
+
+
 def run(command: list[str], tree: Path) -> tuple[float, float, float]:
     """Wall seconds, peak RSS (MiB) and CPU seconds (user + system: what a loaded machine
     inflates least) of one fresh process running ``command``, with ``tree`` first on the
     import path."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": str(BYTECODE / tree.name)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     began = time.perf_counter()
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, cwd=tree)
     _, status, usage = os.wait4(child.pid, 0)
@@ -156,15 +180,19 @@ def main() -> None:
     options.add_argument("--repeat", type=int, default=5)
     options.add_argument("--before", type=Path, help="a checkout of an earlier version")
     options.add_argument("--upstream", nargs="+", help=argparse.SUPPRESS)
+    options.add_argument("--write-buffers", type=Path, help=argparse.SUPPRESS)
     given = options.parse_args()
     if given.upstream:  # the baseline's own process: AIC_CAP AIV_CAP OUTPUT FILE...
         aic, aiv, output, *files = given.upstream
         upstream(files, (int(aic), int(aiv)), output)
         return
+    if given.write_buffers:  # a process of its own: see measured_buffers
+        print(json.dumps(write_buffers(given.write_buffers)))
+        return
     trees = {"ours": ROOT} | ({"before": given.before.resolve()} if given.before else {})
     with tempfile.TemporaryDirectory(prefix="mcprof-bench-cli-") as scratch:
         folder = Path(scratch)
-        files, capacities = write_buffers(folder)
+        files, capacities = measured_buffers(folder)
         layout = [
             "--aic-slots", str(SLOTS[0]), "--aiv-slots", str(SLOTS[1]),
             "--aic-capacity", str(capacities[0]), "--aiv-capacity", str(capacities[1]),
@@ -174,12 +202,7 @@ def main() -> None:
         run(mcprof("ingest-buffer", files[0], "--store", small, *layout), ROOT)
 
         startup: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
-        flow: dict[str, list[tuple[float, float, float]]] = {
-            "upstream": [],
-            "mcprof": [],
-            "ingest-buffer": [],
-            "export": [],
-        }
+        flow: dict[str, list[tuple[float, float, float]]] = {}
         for repeat in range(given.repeat + 1):
             for name, tree in trees.items():
                 for command, args in (("--help", ["--help"]), ("runs", ["runs", "--store", small])):
@@ -187,22 +210,32 @@ def main() -> None:
                     if repeat:
                         startup.setdefault(command, {}).setdefault(name, []).append(measured)
             out = str(folder / "upstream.json")
-            up = run(
-                [sys.executable, __file__, "--upstream", *map(str, capacities), out, *files], ROOT
-            )
-            store = folder / "flow-store"
-            shutil.rmtree(store, ignore_errors=True)
-            ingest = run(mcprof("ingest-buffer", *files, "--store", str(store), *layout), ROOT)
-            export = run(
-                mcprof("export", "--store", str(store), "-o", str(folder / "ours.json")), ROOT
-            )
-            if repeat:
-                flow["upstream"].append(up)
-                flow["mcprof"].append(
-                    (ingest[0] + export[0], max(ingest[1], export[1]), ingest[2] + export[2])
+            timed = {
+                "upstream": run(
+                    [sys.executable, __file__, "--upstream", *map(str, capacities), out, *files],
+                    ROOT,
+                ),
+                "trace-buffer": run(
+                    mcprof("trace-buffer", *files, *layout, "-o", str(folder / "one.json")), ROOT
+                ),
+            }
+            for name, tree in trees.items():
+                store = folder / f"flow-store-{name}"
+                shutil.rmtree(store, ignore_errors=True)
+                ingest = run(mcprof("ingest-buffer", *files, "--store", str(store), *layout), tree)
+                export = run(
+                    mcprof("export", "--store", str(store), "-o", str(folder / "two.json")), tree
                 )
-                flow["ingest-buffer"].append(ingest)
-                flow["export"].append(export)
+                timed[f"two commands, {name}"] = (
+                    ingest[0] + export[0],
+                    max(ingest[1], export[1]),
+                    ingest[2] + export[2],
+                )
+                timed[f"  of which ingest-buffer, {name}"] = ingest
+                timed[f"  of which export, {name}"] = export
+            if repeat:
+                for name, measured in timed.items():
+                    flow.setdefault(name, []).append(measured)
 
     print(f"fresh processes, {given.repeat} interleaved repeats: median [min-max]")
     goals = {"--help": 0.15, "runs": 0.3}
@@ -219,26 +252,20 @@ def main() -> None:
                 f"  faster than before: {spread([b[0] / o[0] for b, o in pairs], 'x', 1)}, "
                 f"CPU {spread([b[2] / o[2] for b, o in pairs], 'x', 1)}"
             )
-    up, ours = flow["upstream"], flow["mcprof"]
-    print("buffers -> trace, 8 buffers, 146,944 records:")
-    for name, label in (
-        ("upstream", "upstream parse + json.dump"),
-        ("mcprof", "mcprof ingest-buffer + export"),
-        ("ingest-buffer", "  of which ingest-buffer"),
-        ("export", "  of which export"),
-    ):
-        measured = flow[name]
+    print("buffers -> trace, 8 buffers, 146,944 records (goal >= 5x, peak RSS <= upstream's):")
+    for name, measured in flow.items():
         print(
-            f"  {label}: {spread([m[0] for m in measured])}, "
+            f"  {name}: {spread([m[0] for m in measured])}, "
             f"CPU {spread([m[2] for m in measured])}, "
             f"peak RSS {spread([m[1] for m in measured], 'MiB', 0)}"
         )
-    speedups = [u[0] / o[0] for u, o in zip(up, ours, strict=True)]
-    cpu = [u[2] / o[2] for u, o in zip(up, ours, strict=True)]
-    print(
-        f"  speed-up {spread(speedups, 'x')}, CPU {spread(cpu, 'x')} "
-        "(goal >= 5x, peak RSS <= upstream's)"
-    )
+    for name, measured in flow.items():
+        if name != "upstream" and not name.startswith(" "):
+            pairs = list(zip(flow["upstream"], measured, strict=True))
+            print(
+                f"  speed-up of {name}: {spread([u[0] / o[0] for u, o in pairs], 'x')}, "
+                f"CPU {spread([u[2] / o[2] for u, o in pairs], 'x')}"
+            )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ def loaded_after(code: str) -> dict:
     ``HEAVY`` modules it loaded; any other keys the code adds to ``report``)."""
     script = (
         "import contextlib, io, json, sys\n"
+        "from pathlib import Path\n"
         "report = {}\n"
         f"{code}\n"
         f"report['modules'] = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
@@ -75,10 +76,51 @@ def test_help_loads_no_library_or_room_and_lists_every_command():
             "compact",
             "gc",
             "export",
+            "trace-buffer",
             "fuse",
             "demo",
         ],
         "modules": [],
+    }
+
+
+def test_runs_loads_neither_pandas_nor_pyarrow_dataset(tmp_path, capsys):
+    """Listing the runs of a store checks its few new files as ``ParquetFile`` s (every
+    page against its checksum), records them as checked and converts no Python value with
+    pyarrow, which would import pandas."""
+    from golden import AIC, TASK7, Slot, pack
+
+    from multicore_profiler.cli import main
+
+    buffer = tmp_path / "dump.bin"
+    buffer.write_bytes(pack(1, 1, 16, 16, [Slot(AIC, 0, 100, TASK7)]))
+    store = str(tmp_path / "store")
+    layout = ["--aic-slots", "1", "--aiv-slots", "1", "--aic-capacity", "16", "--aiv-capacity"]
+    assert (
+        main(["ingest-buffer", str(buffer), *layout, "16", "--freq-mhz", "50", "--store", store])
+        == 0
+    )
+    report = loaded_after(
+        "from multicore_profiler.cli import main\n"
+        "from multicore_profiler.storage import verified\n"
+        "verified.RACY_NS = -1  # the files just written count as old enough to record\n"
+        "listing = io.StringIO()\n"
+        "with contextlib.redirect_stdout(listing):\n"
+        f"    report['status'] = main(['runs', '--store', {store!r}])\n"
+        "report['rows'] = sum('complete' in line for line in listing.getvalue().splitlines())\n"
+        f"report['recorded'] = len(verified.VerifiedRecord(Path({store!r}))._read())"
+    )
+    assert report == {
+        "status": 0,
+        "rows": 1,
+        "recorded": 4,
+        "modules": [
+            "duckdb",
+            "multicore_profiler.analysis",
+            "multicore_profiler.storage.store",
+            "numpy",
+            "pyarrow",
+        ],
     }
 
 

@@ -71,6 +71,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "export",
         "write the trace (Chrome JSON or Perfetto protobuf) of records in the store",
     ),
+    "trace-buffer": (
+        "trace_buffer",
+        "decode raw profile buffers and write their trace, with no store (ingest-buffer, then "
+        "export, through a temporary store)",
+    ),
     "fuse": ("fuse", "add a MegaKernel's AIC/AIV tracks to a torch.profiler or torch_npu trace"),
     "demo": ("demo", "profile the CPU reference MegaKernel into the store"),
 }

@@ -4,6 +4,7 @@ Chrome traces): files into the store."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from multicore_profiler.abi import GENERATIONS, BufferLayout
 from multicore_profiler.cli.arguments import (
@@ -16,7 +17,7 @@ from multicore_profiler.cli.arguments import (
     path,
     text,
 )
-from multicore_profiler.ingest.buffers import ingest_into_run
+from multicore_profiler.ingest.buffers import IngestedStep, ingest_into_run
 from multicore_profiler.ingest.decode import decode_buffers, read_buffer_file
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.limits import (
@@ -28,10 +29,29 @@ from multicore_profiler.limits import (
     STEP,
 )
 from multicore_profiler.storage.partitions import check_run_id
+from multicore_profiler.storage.store import Store
 
 
 def cmd_ingest_buffer(args: argparse.Namespace) -> None:
     """Decode the buffer files as one step of ``--run`` (a new run unless it exists)."""
+    run_id = check_run_id(args.run) if args.run else None
+    step = ingest_given_buffers(
+        args, lambda: open_given_store(args, create=True), run_id, args.label
+    )
+    decoded = step.decoded
+    print(
+        f"run {step.run_id}: {decoded.buffers} invocation(s) from id {step.first_invocation_id}, "
+        f"{int(decoded.record_counts.sum())} records, {int(decoded.dropped_counts.sum())} dropped"
+    )
+
+
+def ingest_given_buffers(
+    args: argparse.Namespace, store: Callable[[], Store], run_id: str | None, label: str | None
+) -> IngestedStep:
+    """Read and decode the buffer files ``add_buffers`` took (regular files only, in
+    bounded time), then write them to the store ``store()`` opens, only then, as one step
+    of the run ``run_id`` (a new run, labelled ``label``, unless it exists): buffers
+    refused leave no store behind."""
     layout = BufferLayout(
         args.aic_slots, args.aiv_slots, args.aic_capacity, args.aiv_capacity, args.abi_generation
     )
@@ -41,19 +61,17 @@ def cmd_ingest_buffer(args: argparse.Namespace) -> None:
         stage_names=id_names(args.stage, "--stage", "desc id"),
         soc=args.soc,
     )
-    run_id = check_run_id(args.run) if args.run else None
-    # Read (regular files only, in bounded time) and decode before the store is touched.
     frequency_hz = args.freq_mhz * 1e6
     decoded = decode_buffers(
         [read_buffer_file(file, layout) for file in args.files], layout, frequency_hz=frequency_hz
     )
-    step = ingest_into_run(
-        open_given_store(args, create=True),
+    return ingest_into_run(
+        store(),
         decoded,
         layout,
         frequency_hz=frequency_hz,
         run_id=run_id,
-        label=args.label,
+        label=label,
         kernel=kernel,
         launches=Launches(
             rank=args.rank,
@@ -62,10 +80,6 @@ def cmd_ingest_buffer(args: argparse.Namespace) -> None:
             first_invocation_id=args.invocation,
             direction=args.direction,
         ),
-    )
-    print(
-        f"run {step.run_id}: {decoded.buffers} invocation(s) from id {step.first_invocation_id}, "
-        f"{int(decoded.record_counts.sum())} records, {int(decoded.dropped_counts.sum())} dropped"
     )
 
 
@@ -90,13 +104,11 @@ def cmd_ingest_trace(args: argparse.Namespace) -> None:
         print(f"{source.source_id}  {source.path}: {what}{rank}, job {source.job_id} ({state})")
 
 
-def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
-    """Add ``ingest-buffer`` and ``ingest-trace`` to ``commands``."""
-    buffers = commands.add_parser(
-        "ingest-buffer",
-        parents=[parents.store],
-    )
-    buffers.add_argument(
+def add_buffers(parser: argparse.ArgumentParser) -> None:
+    """Add the buffer files, their layout and frequency, and what names and numbers their
+    launches (kernel, stages, rank, device, step, invocation), as ``ingest_given_buffers``
+    reads them: ``ingest-buffer`` and ``trace-buffer`` take the same."""
+    parser.add_argument(
         "files",
         nargs="+",
         type=path,
@@ -104,35 +116,33 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         help="one buffer per file, one invocation each",
     )
     for name in ("aic-slots", "aiv-slots", "aic-capacity", "aiv-capacity"):
-        buffers.add_argument(f"--{name}", type=in_range(SLOTS), required=True)
-    buffers.add_argument(
+        parser.add_argument(f"--{name}", type=in_range(SLOTS), required=True)
+    parser.add_argument(
         "--abi-generation",
         choices=tuple(GENERATIONS),
         help="the hyper-parallel ABI generation that wrote the buffers: a (at most 256 records "
         "a slot) or b (up to 134217712); default: b where a capacity is above 256 or a "
         "record's desc id is a graph stage 0x30000..0x3FFFF, else a",
     )
-    buffers.add_argument(
+    parser.add_argument(
         "--freq-mhz",
         type=in_range(FREQUENCY_MHZ),
         required=True,
         help="cycle counter frequency in MHz",
     )
-    buffers.add_argument("--rank", type=in_range(RANK), default=0)
-    buffers.add_argument("--device", type=in_range(DEVICE), default=0)
-    buffers.add_argument("--step", type=in_range(STEP), default=0)
-    buffers.add_argument("--kernel", default="MegaKernel", help="kernel name (default: MegaKernel)")
-    buffers.add_argument("--run", help="add to this run (created if new; default: a new run)")
-    buffers.add_argument("--label", help="label of a new run")
-    buffers.add_argument(
+    parser.add_argument("--rank", type=in_range(RANK), default=0)
+    parser.add_argument("--device", type=in_range(DEVICE), default=0)
+    parser.add_argument("--step", type=in_range(STEP), default=0)
+    parser.add_argument("--kernel", default="MegaKernel", help="kernel name (default: MegaKernel)")
+    parser.add_argument(
         "--invocation",
         type=in_range(INVOCATION_ID),
         help="id of the first invocation (default: next free one)",
     )
-    buffers.add_argument("--direction", default="forward")
-    buffers.add_argument("--soc", help="SoC name, e.g. Ascend910B4")
-    buffers.add_argument("--owner-label", default="Owner")
-    buffers.add_argument(
+    parser.add_argument("--direction", default="forward")
+    parser.add_argument("--soc", help="SoC name, e.g. Ascend910B4")
+    parser.add_argument("--owner-label", default="Owner")
+    parser.add_argument(
         "--stage",
         action="append",
         default=[],
@@ -140,6 +150,17 @@ def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
         metavar="DESC_ID=NAME",
         help="name a stage id (repeatable)",
     )
+
+
+def register(commands: argparse._SubParsersAction, parents: Parents) -> None:
+    """Add ``ingest-buffer`` and ``ingest-trace`` to ``commands``."""
+    buffers = commands.add_parser(
+        "ingest-buffer",
+        parents=[parents.store],
+    )
+    add_buffers(buffers)
+    buffers.add_argument("--run", help="add to this run (created if new; default: a new run)")
+    buffers.add_argument("--label", help="label of a new run")
     buffers.set_defaults(func=cmd_ingest_buffer)
 
     traces = commands.add_parser(

@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from multicore_profiler.cli.arguments import Parents, open_given_store, outer_kernel_rules
 from multicore_profiler.cli.output import emit
+from multicore_profiler.storage.arrow_values import strings
 from multicore_profiler.storage.runs import CAPTURE_COLUMNS, CaptureCost
 from multicore_profiler.storage.sql_policy import read_only_statement
 
@@ -37,8 +38,8 @@ def _cost_per_step(table: pa.Table) -> pa.Table:
         job.append(per_step[0])
         writer.append(per_step[1])
     table = table.drop_columns(list(CAPTURE_COLUMNS))
-    table = table.append_column("job ms/step", pa.array(job, pa.string()))
-    return table.append_column("writer CPU ms/step", pa.array(writer, pa.string()))
+    table = table.append_column("job ms/step", strings(job))
+    return table.append_column("writer CPU ms/step", strings(writer))
 
 
 def cmd_query(args: argparse.Namespace) -> None:

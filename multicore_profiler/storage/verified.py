@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from multicore_profiler.storage.arrow_values import column, strings
 from multicore_profiler.storage.catalog import RACY_NS
 
 RECORD = ".mcprof.verified"
@@ -82,7 +83,7 @@ class VerifiedRecord:
         table = self._read()
         if not table.num_rows or not paths:
             return {}
-        wanted = pa.array([p.removeprefix(self._prefix) for p in paths], pa.string())
+        wanted = strings([p.removeprefix(self._prefix) for p in paths])
         found = {}
         for row in table.filter(pc.is_in(table["path"], value_set=wanted)).to_pylist():
             path = self._prefix + row["path"]
@@ -133,15 +134,19 @@ class VerifiedRecord:
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._read_as = None  # what other processes saved meanwhile
             table = self._read()
-            changed = pa.array([*passed, *failed], pa.string())
+            changed = strings([*passed, *failed])
             keep = pc.invert(pc.is_in(table["path"], value_set=changed))
             if listing is not None:
                 paths, since = listing
-                seen = pc.is_in(table["path"], value_set=pa.array(list(paths), pa.string()))
-                keep = pc.and_(keep, pc.or_(seen, pc.greater_equal(table["checked_ns"], since)))
+                seen = pc.is_in(table["path"], value_set=strings(list(paths)))
+                since_ns = column([since], pa.int64())[0]  # a Python int would import pandas
+                keep = pc.and_(keep, pc.or_(seen, pc.greater_equal(table["checked_ns"], since_ns)))
             rows = [(p, *found, current, began) for p, (found, current, began) in passed.items()]
-            added = pa.Table.from_pylist(
-                [dict(zip(_SCHEMA.names, row, strict=True)) for row in rows], schema=_SCHEMA
+            values = list(zip(*rows, strict=True)) or [()] * len(_SCHEMA)
+            added = pa.Table.from_arrays(
+                [strings(values[0])]
+                + [column(v, f.type) for v, f in zip(values[1:], list(_SCHEMA)[1:], strict=True)],
+                schema=_SCHEMA,
             )
             merged = pa.concat_tables([table.filter(keep), added])
             pq.write_table(merged, aside, compression="snappy", write_page_checksum=True)
