@@ -31,8 +31,10 @@ and the writer share the CPUs, so the writer's CPU shows in (c) too; on a device
 kernel runs on the device and the host is idle while it waits.
 
 The store is a temporary directory of the system's (``--scratch`` to measure another
-file system: most of the writer's fixed cost per step is creating 2 directories and 3
-files, which costs ten times more on this machine's ext4 than on tmpfs).
+file system: most of the fixed cost of a file per step (e) is creating 2 directories
+and 2 files, which costs ten times more on this machine's ext4 than on tmpfs; (c) pays
+it once per group of steps). The last line of each step size is the writer's CPU per
+step of (c) over (e), per repetition.
 
     .venv/bin/python bench/overhead.py [--steps 20] [--repeat 9] [--scratch /dev/shm]
 """

@@ -3,16 +3,20 @@ of a window, read beside the files of one step, maintained like them."""
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 from multicore_profiler import Store, mega_kernel_profile, open_store, schedule
+from multicore_profiler.errors import CaptureError
 from multicore_profiler.ingest import committer
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage import store as store_module
@@ -205,3 +209,42 @@ def test_check_names_a_corrupt_group_file_and_leaves_its_run_out_of_the_counts(
     assert [(p.path, p.check) for p in problems] == [
         (f"records/run_id={run_id}/{path.name}", "parquet")
     ]
+
+
+def test_a_group_that_fails_when_its_time_runs_out_fails_the_next_step(
+    store: Store,
+    kernel: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The error of a group written by its time bound, between two messages, is the
+    answer to the session's next one."""
+    monkeypatch.setattr(committer, "GROUP_SECONDS", 0.05)
+    real = pq.ParquetWriter.write_table
+
+    def full(self: pq.ParquetWriter, table: pa.Table, *args: object, **kwargs: object) -> None:
+        if "record_index" in table.column_names:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    k, batch = kernel
+    message = (
+        "profile buffers could not be stored: cannot write records to the store at "
+        f"{store.root}: No space left on device"
+    )
+    with (  # noqa: PT012 (raised at a later step)
+        pytest.raises(CaptureError) as raised,
+        mega_kernel_profile(store=store, group_steps=100, writer="thread") as prof,
+    ):
+        k(*batch)
+        prof.step()
+        prof.flush()
+        time.sleep(0.5)  # the group's time runs out: its write fails
+        for _ in range(3):
+            k(*batch)
+            prof.step()
+    assert str(raised.value) == message
+    assert store.sql("SELECT count(*) AS n FROM raw_records").to_pylist() == [{"n": 0}]
+    assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
+    assert store.sql("SELECT status FROM runs").to_pylist() == [{"status": "failed"}]
+    assert check_store(store).problems == []

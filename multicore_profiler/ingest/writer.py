@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 QUEUE_DEPTH = 4
 """Batches in flight before the session's next hand-over waits for the writer."""
 
-GROUP_STEPS = 8
+GROUP_STEPS = 16
 """Steps of a window whose cores and records the committer writes as one file per table
 (within ``committer.GROUP_SECONDS``); 1 writes a file per step."""
 
