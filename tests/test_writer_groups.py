@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from multicore_profiler import Store, mega_kernel_profile, open_store, schedule
-from multicore_profiler.errors import CaptureError
+from multicore_profiler.errors import CaptureError, SessionError
 from multicore_profiler.ingest import committer
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage import store as store_module
@@ -248,3 +248,10 @@ def test_a_group_that_fails_when_its_time_runs_out_fails_the_next_step(
     assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
     assert store.sql("SELECT status FROM runs").to_pylist() == [{"status": "failed"}]
     assert check_store(store).problems == []
+
+
+@pytest.mark.parametrize("value", [0, True, 2.0])
+def test_group_steps_is_a_positive_int(store: Store, value: object) -> None:
+    with pytest.raises(SessionError) as raised:
+        mega_kernel_profile(store=store, group_steps=value)  # type: ignore[arg-type]
+    assert str(raised.value) == f"group_steps must be an int >= 1, got {value!r}"
