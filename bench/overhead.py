@@ -9,7 +9,9 @@ limited to one intra-op thread):
 (c) a session recording every step with the writer in its own process (the default):
     the job's thread copies each step's buffers to shared memory and hands them over;
 (d) the same with ``writer="thread"``: decode, Arrow and Parquet in a thread of the job,
-    sharing its GIL (the design (c) replaced, measured here against it).
+    sharing its GIL (the design (c) replaced, measured here against it);
+(e) (c) with ``group_steps=1``: a cores and a records file per step, as before the writer
+    wrote a group of steps' rows in one file per table (``GROUP_STEPS`` of them).
 
 The time compared is that of the job's steps (launches and ``prof.step()``) inside an
 open session, as in a long job; a session's start and end (run row, git revision,
@@ -29,8 +31,10 @@ and the writer share the CPUs, so the writer's CPU shows in (c) too; on a device
 kernel runs on the device and the host is idle while it waits.
 
 The store is a temporary directory of the system's (``--scratch`` to measure another
-file system: most of the writer's fixed cost per step is creating 2 directories and 3
-files, which costs ten times more on this machine's ext4 than on tmpfs).
+file system: most of the fixed cost of a file per step (e) is creating 2 directories
+and 2 files, which costs ten times more on this machine's ext4 than on tmpfs; (c) pays
+it once per group of steps). The last line of each step size is the writer's CPU per
+step of (c) over (e), per repetition.
 
     .venv/bin/python bench/overhead.py [--steps 20] [--repeat 9] [--scratch /dev/shm]
 """
@@ -140,6 +144,7 @@ def measure(
         ),
         "c: recording, writer process": lambda: mega_kernel_profile(store=store),
         "d: recording, writer thread": lambda: mega_kernel_profile(store=store, writer="thread"),
+        "e: (c), a file per step": lambda: mega_kernel_profile(store=store, group_steps=1),
     }
     runs: dict[str, list[Run]] = {name: [] for name in modes}
     for session in modes.values():  # warm up threads, allocator and store
@@ -178,6 +183,13 @@ def measure(
             f"  {name[0]}: job thread per recorded step {spread(job_ms)} ms (goal <= 0.5); "
             f"writer CPU per step {spread(writer_ms)} ms (goal <= 2)"
         )
+    pairs = zip(runs["c: recording, writer process"], runs["e: (c), a file per step"], strict=True)
+    ratios = [
+        (c.cost.writer_cpu_seconds / c.cost.steps) / (e.cost.writer_cpu_seconds / e.cost.steps)
+        for c, e in pairs
+        if c.cost is not None and e.cost is not None
+    ]
+    print(f"  writer CPU per step, c/e (groups / a file per step) = {spread(ratios)}")
 
 
 def hook_cost(kernel: ReferenceMoeKernel, store: Store, calls: int = 20000) -> None:

@@ -24,7 +24,7 @@ from multicore_profiler import Store, mega_kernel_profile, open_store, schedule
 from multicore_profiler.errors import CaptureError
 from multicore_profiler.ingest.committer import ORPHANED
 from multicore_profiler.ingest.session import MegaKernelProfile
-from multicore_profiler.ingest.writer import QUEUE_DEPTH, stop_idle_writers
+from multicore_profiler.ingest.writer import GROUP_STEPS, QUEUE_DEPTH, stop_idle_writers
 from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
 from multicore_profiler.storage.check import check_store
 
@@ -90,7 +90,9 @@ JOB = (
     JOB_PREAMBLE
     + """
 with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
-    with mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=2)) as prof:
+    with mega_kernel_profile(
+        store=store, schedule=schedule(wait=0, warmup=0, active=2), group_steps={group_steps}
+    ) as prof:
         for _ in range(3):  # window 0: steps 0 and 1; window 1 opens at step 2
             kernel(*batch)
             prof.step()
@@ -171,7 +173,7 @@ def test_writer_killed_mid_file_fails_the_session_and_leaves_nothing_of_its_wind
 ) -> None:
     kernel, batch = kernel_and_batch
     stalled = writer_site(monkeypatch, tmp_path, "stall", at=3)
-    prof = mega_kernel_profile(store=store)
+    prof = mega_kernel_profile(store=store, group_steps=1)  # a file per step
     pid = kill_the_stalled_writer(prof, kernel, batch, stalled)
     assert visible(store) == NOTHING
     assert store.sql("SELECT status, capture_steps, capture_writer FROM runs").to_pylist() == [
@@ -202,7 +204,10 @@ def test_a_writer_that_exits_is_named_with_its_status_and_what_it_said(
     kernel, batch = kernel_and_batch
     writer_site(monkeypatch, tmp_path, "exit", at=2)
     exited = r"^the profile writer process \(pid \d+\) exited with status 3; it said: disk on fire$"
-    with pytest.raises(CaptureError, match=exited), mega_kernel_profile(store=store) as prof:  # noqa: PT012
+    with (  # noqa: PT012
+        pytest.raises(CaptureError, match=exited),
+        mega_kernel_profile(store=store, group_steps=1) as prof,  # a file per step
+    ):
         for _ in range(6):
             kernel(*batch)
             prof.step()
@@ -260,8 +265,13 @@ def test_a_full_queue_holds_the_job_until_the_writer_commits(
     ).to_pylist() == [{"steps": steps, "n": steps}]
 
 
-def test_job_killed_mid_window_leaves_only_the_windows_it_ended(tmp_path: Path) -> None:
-    script = job_script(JOB)
+@pytest.mark.parametrize("group_steps", [1, GROUP_STEPS])
+def test_job_killed_mid_window_leaves_only_the_windows_it_ended(
+    tmp_path: Path, group_steps: int
+) -> None:
+    """A file per step: window 1's two steps were staged and are withdrawn. In groups:
+    they were in the writer's memory, never written, so there is nothing to withdraw."""
+    script = job_script(JOB, group_steps=group_steps)
     job = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
     try:
         wait_for(tmp_path / "writer.pid", "the job's flush of step 3")
@@ -285,9 +295,16 @@ def test_job_killed_mid_window_leaves_only_the_windows_it_ended(tmp_path: Path) 
             {"window_id": 0, "step": 0, "n": 1},
             {"window_id": 0, "step": 1, "n": 1},
         ]
-        assert store.sql(
-            "SELECT window_id, reason, count(*) AS n FROM raw_discards GROUP BY ALL"
-        ).to_pylist() == [{"window_id": 1, "reason": ORPHANED, "n": 2}]
+        withdrawn = [{"window_id": 1, "reason": ORPHANED, "n": 2}] if group_steps == 1 else []
+        assert (
+            store.sql(
+                "SELECT window_id, reason, count(*) AS n FROM raw_discards GROUP BY ALL"
+            ).to_pylist()
+            == withdrawn
+        )
+        staged = store.sql("SELECT DISTINCT step FROM raw_records ORDER BY step")["step"]
+        assert staged.to_pylist() == ([0, 1, 2, 3] if group_steps == 1 else [0, 1])
+        assert check_store(store).problems == []
         assert store.sql("SELECT status, capture_steps, capture_writer FROM runs").to_pylist() == [
             {"status": "failed", "capture_steps": 4, "capture_writer": "process"}
         ]
@@ -341,8 +358,10 @@ def kill_the_stalled_writer(
     return pid
 
 
-def job_script(template: str) -> str:
-    return template.format(experts=EXPERTS, hidden=HIDDEN, inter=INTER, tokens=TOKENS, top_k=TOP_K)
+def job_script(template: str, **more: object) -> str:
+    return template.format(
+        experts=EXPERTS, hidden=HIDDEN, inter=INTER, tokens=TOKENS, top_k=TOP_K, **more
+    )
 
 
 def leases(root: Path) -> list[str]:
@@ -387,7 +406,9 @@ def test_a_writer_killed_after_a_windows_last_step_leaves_none_of_that_window(
 ) -> None:
     kernel, batch = kernel_and_batch
     stalled = writer_site(monkeypatch, tmp_path, "stall", at=3)
-    prof = mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3))
+    prof = mega_kernel_profile(  # a file per step
+        store=store, schedule=schedule(wait=0, warmup=0, active=3), group_steps=1
+    )
     pid = kill_the_stalled_writer(prof, kernel, batch, stalled)  # after window 0 ended
     assert visible(store) == NOTHING
     assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
@@ -414,7 +435,9 @@ def test_a_full_disk_leaves_none_of_the_window_and_fails_the_run(
     )
     with (  # noqa: PT012 (raised at the exit)
         pytest.raises(CaptureError) as raised,
-        mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3)) as prof,
+        mega_kernel_profile(  # a file per step
+            store=store, schedule=schedule(wait=0, warmup=0, active=3), group_steps=1
+        ) as prof,
     ):
         for _ in range(4):
             kernel(*batch)
@@ -434,6 +457,46 @@ def test_a_full_disk_leaves_none_of_the_window_and_fails_the_run(
     ]
     assert leases(store.root) == []
     assert check_store(store).problems == []
+
+
+def test_a_full_disk_at_a_group_leaves_none_of_its_window_and_fails_the_run(
+    store: Store,
+    kernel_and_batch: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The writer's disk fills at its first records file: window 0's group of three
+    steps, written when the window ends."""
+    kernel, batch = kernel_and_batch
+    writer_site(monkeypatch, tmp_path, "enospc", at=1)
+    full = (
+        "profile buffers could not be stored: cannot write records to the store at "
+        f"{store.root}: No space left on device"
+    )
+    with (  # noqa: PT012 (raised at the exit)
+        pytest.raises(CaptureError) as raised,
+        mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3)) as prof,
+    ):
+        for _ in range(4):
+            kernel(*batch)
+            prof.step()
+    assert str(raised.value) == full
+    assert visible(store) == NOTHING
+    assert store.sql("SELECT count(*) AS n FROM raw_records").to_pylist() == [{"n": 0}]
+    assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
+    assert store.sql("SELECT status, capture_steps FROM runs").to_pylist() == [
+        {"status": "failed", "capture_steps": 4}
+    ]
+    # Window 0's three steps, handed over and never committed; window 1's step.
+    assert store.sql(
+        "SELECT window_id, reason, count(*) AS n FROM raw_discards GROUP BY ALL ORDER BY ALL"
+    ).to_pylist() == [
+        {"window_id": 0, "reason": f"CaptureError: {full}", "n": 3},
+        {"window_id": 1, "reason": f"CaptureError: {full}", "n": 1},
+    ]
+    assert leases(store.root) == []
+    assert check_store(store).problems == []
+    assert not list(store.root.rglob("*.tmp"))
 
 
 def test_a_stopped_writer_fails_the_step_after_the_timeout(

@@ -217,8 +217,12 @@ def test_a_capture_session_records_into_s3_through_its_writer_process(
                     kernel(x, *route(x, router, 2))
                     prof.step()
             assert prof.writer_pid == before.writer_pid
+            # The two steps are one group: an object per table, read as the run's files.
             assert remote.sql(
                 """SELECT (SELECT list(step ORDER BY step) FROM invocations) AS steps,
+                          (SELECT list(DISTINCT step ORDER BY step) FROM records) AS recorded_steps,
                           (SELECT status FROM runs) AS status,
                           (SELECT capture_steps FROM runs) AS recorded"""
-            ).to_pylist() == [{"steps": [0, 1], "status": "complete", "recorded": 2}]
+            ).to_pylist() == [
+                {"steps": [0, 1], "recorded_steps": [0, 1], "status": "complete", "recorded": 2}
+            ]

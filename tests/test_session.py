@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.profiler
@@ -171,9 +172,13 @@ def test_each_recording_step_writes_its_partition(
         for i in range(6)
         for (c, w), n in sorted(expected.items())
     ]
-    for step in (2, 3, 4):
-        assert len(list((store.root / "records" / f"run_id={prof.run_id}").glob(f"step={step}/*")))
-    assert not (store.root / "records" / f"run_id={prof.run_id}" / "step=1").exists()
+    # The window's three steps are one group: a file per table in the run's directory,
+    # their rows in step order.
+    run = store.root / "records" / f"run_id={prof.run_id}"
+    assert [p.is_file() for p in run.iterdir()] == [True]
+    steps = pq.read_table(next(run.iterdir()), columns=["step"])["step"].to_pylist()
+    assert steps == sorted(steps)
+    assert sorted(set(steps)) == [2, 3, 4]
 
     stages = store.sql(
         """SELECT stage, tasks, records, expected_records, dropped FROM stage_stats
@@ -300,16 +305,16 @@ def test_a_compaction_meanwhile_does_not_bring_a_discarded_window_back(
     store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
 ) -> None:
     def job() -> None:
-        with mega_kernel_profile(store=store) as prof:
+        with mega_kernel_profile(store=store, group_steps=2) as prof:
             for _ in range(3):
                 kernel(*batch)
                 prof.step()
             prof.flush()
             report = store.compact()
-            # The open window's three steps are staged, not committed: a compaction leaves
-            # their records and cores files alone, and the task graph no committed
-            # invocation names yet.
-            assert (report.files_before, report.uncommitted_files) == (0, 7)
+            # The open window's first two steps are staged as a group, not committed: a
+            # compaction leaves their records and cores files alone, and the task graph no
+            # committed invocation names yet (the third step is in the writer's memory).
+            assert (report.files_before, report.uncommitted_files) == (0, 3)
             raise RuntimeError("job died")
 
     with pytest.raises(RuntimeError, match="job died"):
@@ -354,8 +359,8 @@ def test_buffers_ingested_by_hand_into_a_captured_run_count_no_negative_drops(
 def test_max_pending_calls_drains_within_a_step(
     store: Store, kernel: ReferenceMoeKernel, batch: tuple[torch.Tensor, ...]
 ) -> None:
-    with mega_kernel_profile(store=store, max_pending_calls=2) as prof:
-        for _ in range(5):
+    with mega_kernel_profile(store=store, max_pending_calls=2, group_steps=1) as prof:
+        for _ in range(5):  # a file per batch: the drains are counted by files
             kernel(*batch)
     assert prof.pool.allocations == 2
     assert store.sql(

@@ -81,6 +81,9 @@ def test_spark_stage_totals_equal_duckdb_stage_stats(
     spark: object, runs: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     capture_reference_run(runs, monkeypatch)
+    # The capture wrote its steps as a group (in the run's directory), the simulated runs
+    # a file per step: Spark reads both layouts of ``records`` as one table.
+    assert list((runs.root / "records" / "run_id=reference").glob("*.parquet"))
     (first,) = runs.sql(
         "SELECT run_id FROM runs WHERE run_id <> 'reference' ORDER BY run_id LIMIT 1"
     )["run_id"].to_pylist()

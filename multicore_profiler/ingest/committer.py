@@ -2,12 +2,16 @@
 
 The session copies each recorded step's buffers into shared memory (``staging``) and
 sends a ``Batch`` naming where they lie; the committer decodes them, builds the step's
-Arrow rows and writes its cores and records (``StoreWrites.stage_step``), then answers
-with a ``Done`` that gives the segment back. The step's invocations wait: at the
-window's end (``WindowClosed``, in order after the window's batches) the committer
-commits the invocations of all its steps with one file (``StoreWrites.commit``), so a
-window shows whole or not at all; a window with a step that could not be written is
-never committed. It runs in a process of its own, started
+Arrow rows and adds them to the window's open group, then answers with a ``Done`` that
+gives the segment back. A group's cores and records are written as one file per table
+(``StoreWrites.stage_steps``) when it holds ``Open.group_steps`` steps or
+``GROUP_ROWS`` records, when its first step has waited ``GROUP_SECONDS``, or when its
+window ends; with ``group_steps=1`` each step's are written as it comes
+(``StoreWrites.stage_step``). The steps' invocations wait: at the window's end
+(``WindowClosed``, in order after the window's batches) the committer writes the open
+group, then commits the invocations of all the window's steps with one file
+(``StoreWrites.commit``), so a window shows whole or not at all; a window with a step
+that could not be written is never committed. It runs in a process of its own, started
 by ``writer.StepWriter`` with the package's ``__init__`` skipped, so it loads neither
 DuckDB nor torch and never takes the job's GIL; or, with ``writer="thread"``, in a
 thread of the job, speaking the same messages.
@@ -28,7 +32,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 
@@ -42,10 +46,16 @@ from multicore_profiler.ingest.staging import Segment, map_segment
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches, step_tables
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.runs import CaptureCost, RunInfo, RunLease
-from multicore_profiler.storage.writes import StagedStep, StoreWrites
+from multicore_profiler.storage.writes import StagedStep, StepRows, StoreWrites
 
 ORPHANED = "the job ended without closing its capture session"
 """The reason the committer gives for the windows it withdraws when the job died."""
+GROUP_SECONDS = 1.0
+"""The longest a step's rows wait in the writer's memory for the rest of their group
+before they are written (the group's first step's arrival to its write)."""
+GROUP_ROWS = 1 << 20
+"""A group is written once it holds this many records (a Parquet row group's worth), so
+that the rows a writer holds stay bounded whatever the steps' size."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,9 @@ class Open:
     lease: str | None = None
     """The run's lease file (``RunLease``), which the committer holds too until the
     session ends."""
+    group_steps: int = 1
+    """Steps of a window whose cores and records are written together, one file per
+    table (1: a file per step); see ``Committer``."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +196,15 @@ class Committer:
         self._kernels: dict[int, NewKernel] = {}
         self._staged: dict[int, list[StagedStep]] = {}
         """The steps written of each window not committed yet."""
+        self._group: list[StepRows] = []
+        """Steps of one window decoded and not yet written (at most ``group_steps``)."""
+        self._group_window = 0
+        self._group_since = 0.0
+        """When the group's first step arrived (``time.monotonic``)."""
+        self._group_rows = 0
+        self._late: Done | None = None
+        """The error of a group written when its time ran out, answered with the next
+        message of the session."""
         self._gone = False
         """Whether the session's end of the socket is closed (answers go nowhere)."""
         self._ended: set[int] = set()
@@ -237,6 +259,11 @@ class Committer:
         ended without Close; the ``Close`` or ``Abort`` of a session that then went is
         skipped, so its end is served as an orphan's)."""
         while not self._queue or self._connection.poll(0):
+            if not self._queue and self._group:
+                left = self._group_since + GROUP_SECONDS - time.monotonic()
+                if left <= 0 or not self._connection.poll(left):
+                    self._write_late()
+                    continue
             try:
                 message = self._connection.recv()
             except (EOFError, OSError):
@@ -264,6 +291,8 @@ class Committer:
 
     def _batch(self, batch: Batch) -> Done:
         self._cost = (batch.recorded_steps, batch.job_seconds)
+        if self._late is not None:
+            return self._late_answer(batch.sequence)
         if self._failed or (self._aborted and batch.window not in self._ended):
             return Done(batch.sequence, False, 0, 0.0)
         began = self._clock()
@@ -275,12 +304,20 @@ class Committer:
         return Done(batch.sequence, True, invocations, self._spent(began))
 
     def _commit(self, closed: WindowClosed) -> Done:
-        """Commit the steps of a window that ended, all of them with one file; none if
-        one of them could not be written."""
+        """Commit the steps of a window that ended, all of them with one file (after its
+        open group's files); none if one of them could not be written."""
+        if self._late is not None:
+            return self._late_answer(closed.sequence)
+        began = self._clock()
+        if self._group and self._group_window == closed.window and not self._failed:
+            try:
+                self._write_group()
+            except BaseException as exc:
+                self._failed = True
+                return self._error(closed.sequence, exc, began)
         staged = self._staged.pop(closed.window, [])
         if self._failed or not staged:
-            return Done(closed.sequence, False, 0, 0.0)
-        began = self._clock()
+            return Done(closed.sequence, False, 0, self._spent(began))
         try:
             self._writes.commit(self._opening.run.run_id, staged)
         except BaseException as exc:
@@ -289,6 +326,27 @@ class Committer:
             return self._error(closed.sequence, exc, began)
         invocations = sum(s.invocations.num_rows for s in staged)
         return Done(closed.sequence, True, invocations, self._spent(began))
+
+    def _write_late(self) -> None:
+        """Write the open group, whose first step waited ``GROUP_SECONDS``; an error is
+        answered with the session's next message. A group that will not be committed
+        (after an error, or an abort before its window ended) is dropped."""
+        if self._failed or (self._aborted and self._group_window not in self._ended):
+            self._group, self._group_rows = [], 0
+            return
+        began = self._clock()
+        try:
+            self._write_group()
+        except BaseException as exc:
+            self._failed = True
+            self._late = self._error(0, exc, began)
+        else:
+            self._spent(began)
+
+    def _late_answer(self, sequence: int) -> Done:
+        """The error of a group written late, as the answer to message ``sequence``."""
+        late, self._late = self._late, None
+        return replace(late, sequence=sequence)
 
     def _error(self, sequence: int, exc: BaseException, began: float) -> Done:
         """The answer for a batch or window that could not be written."""
@@ -343,16 +401,37 @@ class Committer:
             tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             for tables in zip(*parts, strict=True)
         )
-        staged = self._writes.stage_step(
-            opening.run.run_id,
-            batch.step,
-            invocations=invocations,
-            cores=cores,
-            records=records,
-            write_id=batch.write_id,
-        )
-        self._staged.setdefault(batch.window, []).append(staged)
+        if opening.group_steps == 1:
+            staged = self._writes.stage_step(
+                opening.run.run_id,
+                batch.step,
+                invocations=invocations,
+                cores=cores,
+                records=records,
+                write_id=batch.write_id,
+            )
+            self._staged.setdefault(batch.window, []).append(staged)
+            return invocations.num_rows
+        if self._group and self._group_window != batch.window:
+            self._write_group()
+        if not self._group:
+            self._group_window, self._group_since = batch.window, time.monotonic()
+        self._group.append(StepRows(batch.step, invocations, cores, records, batch.write_id))
+        self._group_rows += records.num_rows
+        if (
+            len(self._group) >= opening.group_steps
+            or self._group_rows >= GROUP_ROWS
+            or time.monotonic() - self._group_since >= GROUP_SECONDS
+        ):
+            self._write_group()
         return invocations.num_rows
+
+    def _write_group(self) -> None:
+        """Write the open group's cores and records, one file per table, as staged steps
+        of its window; the group is gone either way (a failed write fails the session)."""
+        group, self._group, self._group_rows = self._group, [], 0
+        staged = self._writes.stage_steps(self._opening.run.run_id, group)
+        self._staged.setdefault(self._group_window, []).extend(staged)
 
     def _orphaned(self) -> None:
         """The job died: withdraw the steps staged of windows never committed, fail the

@@ -43,7 +43,7 @@ from multicore_profiler.errors import DroppedRecordsWarning, ProfileError, Sessi
 from multicore_profiler.extension import Extensible
 from multicore_profiler.ingest.pool import BufferPool
 from multicore_profiler.ingest.schedule import ProfilerAction, Schedule
-from multicore_profiler.ingest.writer import WRITER_TIMEOUT, StepWriter, WriterStats
+from multicore_profiler.ingest.writer import GROUP_STEPS, WRITER_TIMEOUT, StepWriter, WriterStats
 from multicore_profiler.kernels.runtime import (
     PreparedCall,
     RuntimeConfig,
@@ -183,7 +183,10 @@ class MegaKernelProfile(Extensible):
         tags: Mapping[str, str] | None,
         writer: str,
         writer_timeout: float | None = None,
+        group_steps: int = GROUP_STEPS,
     ) -> None:
+        if isinstance(group_steps, bool) or not isinstance(group_steps, int) or group_steps < 1:
+            raise SessionError(f"group_steps must be an int >= 1, got {group_steps!r}")
         if isinstance(max_pending_calls, bool) or not isinstance(max_pending_calls, int):
             raise SessionError(f"max_pending_calls must be an int, got {max_pending_calls!r}")
         if max_pending_calls < 1:
@@ -204,6 +207,7 @@ class MegaKernelProfile(Extensible):
         self._tags = {str(k): str(v) for k, v in (tags or {}).items()}
         self._writer_kind = writer
         self._writer_timeout = _writer_timeout(writer_timeout)
+        self._group_steps = group_steps
         self.pool = BufferPool()
         """The session's profile buffers, reused across launches."""
         self.windows: list[Window] = []
@@ -305,6 +309,7 @@ class MegaKernelProfile(Extensible):
                     writer=self._writer_kind,
                     timeout=self._writer_timeout,
                     lease=None if self._lease is None else self._lease.path,
+                    group_steps=self._group_steps,
                 )
             except BaseException:
                 self._end_lease()
@@ -643,6 +648,7 @@ def mega_kernel_profile(
     tags: Mapping[str, str] | None = None,
     writer: str = "process",
     writer_timeout: float | None = None,
+    group_steps: int = GROUP_STEPS,
 ) -> MegaKernelProfile:
     """Profile the MegaKernel launches of a block of code into a store, step by step.
 
@@ -660,7 +666,10 @@ def mega_kernel_profile(
     ``"process"`` (a process of its own: the job's thread only copies and hands over) or
     ``"thread"`` (a thread of the job, sharing its GIL). ``writer_timeout`` bounds each
     wait for the writer, in seconds (default ``$MCPROF_WRITER_TIMEOUT``, else 300): a
-    writer silent for longer is killed and the wait ends in ``CaptureError``. Sessions do
+    writer silent for longer is killed and the wait ends in ``CaptureError``.
+    ``group_steps`` steps of a window are written together, one file per table (1: a
+    file per step, as stores written before groups hold them); a step waits at most a
+    second for the rest of its group. Sessions do
     not nest. A window's steps become visible together when it ends. On an exception
     inside the block, or if the writer dies, the open window's buffers and rows are
     discarded, the run is marked failed, and the exception propagates.
@@ -675,4 +684,5 @@ def mega_kernel_profile(
         tags=tags,
         writer=writer,
         writer_timeout=writer_timeout,
+        group_steps=group_steps,
     )

@@ -72,6 +72,10 @@ if TYPE_CHECKING:
 QUEUE_DEPTH = 4
 """Batches in flight before the session's next hand-over waits for the writer."""
 
+GROUP_STEPS = 16
+"""Steps of a window whose cores and records the committer writes as one file per table
+(within ``committer.GROUP_SECONDS``); 1 writes a file per step."""
+
 STDERR_TAIL = 2000
 """Characters of a dead writer process's stderr quoted in the error."""
 
@@ -243,6 +247,7 @@ class StepWriter:
         depth: int = QUEUE_DEPTH,
         timeout: float = WRITER_TIMEOUT,
         lease: str | None = None,
+        group_steps: int = GROUP_STEPS,
     ) -> None:
         self.stats = WriterStats()
         """Updated as the committer's answers arrive."""
@@ -281,7 +286,7 @@ class StepWriter:
             self._connection = Connection(ours.detach())
         try:
             self._connection.send(Environment(dict(os.environ)))
-            self._connection.send(Open(location, run, rank, writer, lease))
+            self._connection.send(Open(location, run, rank, writer, lease, group_steps))
         except (TypeError, AttributeError, pickle.PicklingError) as exc:  # a live filesystem
             self._release()  # the writer has the environment and waits for an Open: stop it
             raise SessionError(
@@ -372,8 +377,9 @@ class StepWriter:
         self._closing[self._sequence] = window
 
     def flush(self) -> None:
-        """Wait until every batch handed over is written and every window ended is
-        committed; raise if one could not be."""
+        """Wait until every batch handed over is taken by the writer (written, or held in
+        its window's open group) and every window ended is committed; raise if one could
+        not be."""
         while (self._in_flight or self._closing) and self._dead is None:
             self._answers(wait=True)
         self._raise()

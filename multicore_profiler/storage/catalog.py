@@ -30,6 +30,7 @@ from multicore_profiler.storage.partitions import PARQUET_SUFFIX, check_run_id
 from multicore_profiler.storage.schema import (
     CORES,
     DISCARDS,
+    GROUPED,
     INVOCATIONS,
     RECORDS,
     RUNS,
@@ -37,6 +38,7 @@ from multicore_profiler.storage.schema import (
     TRACE_EVENTS,
     TRACE_SOURCES,
     TableSpec,
+    file_spec,
 )
 
 RACY_NS = 2_000_000_000
@@ -56,7 +58,8 @@ class _Listed:
 
 
 class FileCatalog:
-    """The live files of each table of a store (``*.parquet``, at partition depth)."""
+    """The live files of each table of a store (``*.parquet``, at partition depth, or in
+    a run's directory for the files of several steps of ``GROUPED`` tables)."""
 
     def __init__(self, location: StoreLocation) -> None:
         self._location = location
@@ -76,7 +79,10 @@ class FileCatalog:
         found = {}
         for spec in listed:
             scoped = wanted if spec.partition_by[0] == "run_id" else None
-            files = self._walk(self._location.join(spec.name), len(spec.partition_by), scoped)
+            root = self._location.join(spec.name)
+            files = self._walk(root, len(spec.partition_by), scoped)
+            if spec.name in GROUPED:  # files of several steps, in the run's directory
+                files += self._walk(root, 1, scoped)
             if files:
                 found[spec.name] = tuple(sorted(files))
         return found
@@ -98,7 +104,8 @@ class FileCatalog:
                     *partitions, name = info.path.removeprefix(table).split("/")
                     if (
                         name.endswith(PARQUET_SUFFIX)
-                        and [p.split("=")[0] for p in partitions] == list(spec.partition_by)
+                        and file_spec(spec, len(partitions)).partition_by
+                        == tuple(p.split("=")[0] for p in partitions)
                         and (wanted is None or not run_partitioned or partitions[0] in wanted)
                     ):
                         files.append(info.path)

@@ -39,12 +39,14 @@ from multicore_profiler.storage.partitions import (
 from multicore_profiler.storage.runs import LEASE_NAME, lease_abandoned
 from multicore_profiler.storage.schema import (
     CORES,
+    GROUPED,
     INVOCATIONS,
     RECORDS,
     RUNS,
     TABLES,
     TASKS,
     TableSpec,
+    file_spec,
 )
 from multicore_profiler.storage.swap import JOURNAL_DIR, LOCK_FILE
 from multicore_profiler.storage.vacuum import (
@@ -97,6 +99,7 @@ JOIN visible v USING (run_id, rank, invocation_id, write_id)
 LEFT JOIN records r USING (run_id, rank, invocation_id, write_id)
 LEFT JOIN cores c USING (run_id, rank, invocation_id, write_id)
 WHERE (i.run_id, i.step) NOT IN (SELECT (run_id, step) FROM broken)
+    AND i.run_id NOT IN (SELECT run_id FROM broken WHERE step = -1)
     AND (i.record_count IS DISTINCT FROM coalesce(r.n, 0)
         OR i.record_count IS DISTINCT FROM coalesce(c.recorded, 0)
         OR coalesce(c.n, 0) > i.slots)
@@ -181,7 +184,9 @@ class _Scan:
     infos: dict[str, pafs.FileInfo] = field(default_factory=dict)
     """Every listed file by path."""
     broken: set[tuple[str, int]] = field(default_factory=set)
-    """(run, step) partitions of cores or records with a file that failed its checks."""
+    """(run, step) partitions of cores or records with a file that failed its checks;
+    step -1 for a run whose file of several steps failed (which steps it held is not
+    known)."""
 
     def problem(self, path: str, check: str, reason: str) -> None:
         self.problems.append(Problem(path, check, reason))
@@ -264,8 +269,9 @@ def _classify(
     if parts[0] == JOURNAL_DIR:
         return  # a swap a reader finishes
     spec = TABLES.get(parts[0])
-    depth = 0 if spec is None else len(spec.partition_by)
-    values = _partition(spec, parts[1:-1]) if spec is not None and len(parts) == depth + 2 else None
+    kind = None if spec is None else file_spec(spec, len(parts) - 2)
+    depth = 0 if kind is None else len(kind.partition_by)
+    values = _partition(kind, parts[1:-1]) if kind is not None and len(parts) == depth + 2 else None
     name = parts[-1]
     if values is None:
         keys = "/".join(f"{k}=<{k}>" for k in spec.partition_by) if spec else "<partition>"
@@ -384,8 +390,8 @@ def _data_file(
         table = store.verified_file(spec, info.path)
     except CorruptFileError as exc:
         scan.problem(relative, exc.check, exc.reason)
-        if "step" in values:
-            scan.broken.add((str(values["run_id"]), int(values["step"])))
+        if spec.name in GROUPED:
+            scan.broken.add((str(values["run_id"]), int(values.get("step", -1))))
         return
     run_id = str(values.get("run_id", ""))
     scan.good.setdefault(run_id, {}).setdefault(spec.name, []).append(info.path)

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 COMPACT_LOCK = ".mcprof.compact.lock"
 _KEYED = (CORES, RECORDS)
+_KEYED_NAMES = {spec.name for spec in _KEYED}
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,9 @@ def _file_graphs(location: StoreLocation, path: Path) -> set[tuple[int, str]]:
 
 
 def _merged(location: StoreLocation, files: list[Path], spec: TableSpec) -> Iterator[pa.Table]:
-    """The rows of ``files`` in the spec's order (files of cores and records come pre-ordered)."""
-    if spec in _KEYED:
+    """The rows of ``files`` in the spec's order (files of cores and records come
+    pre-ordered: a group's by step, then by invocation)."""
+    if spec.name in _KEYED_NAMES:
         yield from (read_file(location, path, spec) for path in files)
         return
     table = pa.concat_tables(read_file(location, f, spec) for f in files)
@@ -172,7 +174,7 @@ def _compact_local(
             query = "SELECT DISTINCT rank, config_id FROM raw_invocations WHERE run_id = $1"
             named = set(_graphs(store.sql(query, [run_id])))
             for spec in (RUNS, INVOCATIONS, TASKS, DISCARDS, CORES, RECORDS):
-                for directory, files in run_partitions(root, spec, run_id):
+                for directory, files, kind in run_partitions(root, spec, run_id):
                     if spec in _KEYED:
                         keyed = [(_invocation_keys(store.location, f), f) for f in files]
                         ready = sorted((k, f) for k, f in keyed if set(k) <= written)
@@ -183,7 +185,7 @@ def _compact_local(
                         uncommitted += len(files) - len(ready)
                         files = ready
                     if len(files) > 1:
-                        work.append((spec, directory, files))
+                        work.append((kind, directory, files))
 
         rows = 0
         for spec, directory, files in tqdm(work, desc="compacting", unit="partition", disable=None):

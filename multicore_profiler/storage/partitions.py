@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from multicore_profiler.errors import IntegrityError, QueryError, StoreError
 from multicore_profiler.storage.location import StoreLocation, store_write
-from multicore_profiler.storage.schema import WIDENED, TableSpec
+from multicore_profiler.storage.schema import WIDENED, TableSpec, file_spec
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -279,6 +279,13 @@ def _value_type(kind: pa.DataType) -> pa.DataType:
     return kind.value_type if pa.types.is_dictionary(kind) else kind
 
 
+def spec_of_file(spec: TableSpec, path: str | Path) -> TableSpec:
+    """The spec of the file of ``spec`` at ``path``: the grouped one (``GROUPED``) for a
+    step-partitioned table's file in a run's directory, which holds several steps."""
+    parent = str(path).rsplit("/", 2)[-2]
+    return file_spec(spec, 1) if parent.startswith("run_id=") else spec
+
+
 def read_file(location: StoreLocation, path: str | Path, spec: TableSpec) -> pa.Table:
     """One file's rows with the spec's columns, its checksums verified; columns the file
     predates are null."""
@@ -353,19 +360,23 @@ def write_partition(
         return final
 
 
-def run_partitions(root: Path, spec: TableSpec, run_id: str) -> Iterator[tuple[Path, list[Path]]]:
-    """Each partition directory of a run in a local store with its live files, in a
-    stable order; nothing reached through a symbolic link (a compaction never merges or
-    unlinks what a link points to)."""
+def run_partitions(
+    root: Path, spec: TableSpec, run_id: str
+) -> Iterator[tuple[Path, list[Path], TableSpec]]:
+    """Each partition directory of a run in a local store with its live files and their
+    spec (a step-partitioned table's files of several steps, in the run's directory, are
+    one more), in a stable order; nothing reached through a symbolic link (a compaction
+    never merges or unlinks what a link points to)."""
     base = root / spec.name / f"run_id={check_run_id(run_id)}"
     if base.parent.is_symlink() or base.is_symlink() or not base.is_dir():
         return
-    nested = len(spec.partition_by) > 1
-    directories = sorted(_real_entries(base, stat.S_ISDIR)) if nested else [base]
-    for directory in directories:
+    directories = [(base, file_spec(spec, 1))]
+    if len(spec.partition_by) > 1:
+        directories += [(d, spec) for d in sorted(_real_entries(base, stat.S_ISDIR))]
+    for directory, kind in directories:
         files = sorted(_real_entries(directory, stat.S_ISREG, PARQUET_SUFFIX))
         if files:
-            yield directory, files
+            yield directory, files, kind
 
 
 def _real_entries(directory: Path, kind: Callable[[int], bool], suffix: str = "") -> Iterator[Path]:

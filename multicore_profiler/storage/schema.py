@@ -1,7 +1,8 @@
 """Arrow schemas of the store's tables, and how each is partitioned and encoded.
 
 Partition columns (``run_id``, ``step``) live in the directory names, not in the
-files, so that DuckDB and Spark read the same hive layout without duplicate columns.
+files, so that DuckDB and Spark read the same hive layout without duplicate columns;
+only a cores or records file of several steps (``GROUPED``) holds ``step`` itself.
 Raw cycles and ids are kept exactly as the device wrote them.
 
 ``write_id`` is drawn afresh for every step a writer stores and stamped on its
@@ -12,7 +13,7 @@ the invocations a retry writes under the same ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
@@ -368,3 +369,30 @@ TABLES = {
     spec.name: spec
     for spec in (RUNS, INVOCATIONS, CORES, RECORDS, TASKS, DISCARDS, TRACE_EVENTS, TRACE_SOURCES)
 }
+
+
+def _grouped(spec: TableSpec) -> TableSpec:
+    """The spec of a ``spec`` file that holds several steps: in the run's directory, with
+    ``step`` as its first column."""
+    return replace(
+        spec,
+        schema=spec.schema.insert(0, pa.field("step", pa.int64())),
+        partition_by=("run_id",),
+    )
+
+
+GROUPED = {spec.name: _grouped(spec) for spec in (CORES, RECORDS)}
+"""Step-partitioned tables whose files may also hold several steps each (a capture
+writer's group of steps: one file per table instead of one per step). Such a file lies
+in the run's directory (``records/run_id=<run>/part-*.parquet``), beside the step
+directories of the files of one step, and carries ``step`` as a column; its steps' rows
+are contiguous, in step order, so a filter on one step prunes by the column's statistics
+where it cannot by path."""
+
+
+def file_spec(spec: TableSpec, directory_keys: int) -> TableSpec:
+    """The spec of a file of ``spec`` below ``directory_keys`` partition directories: the
+    grouped one for a step-partitioned table's file in the run's directory."""
+    if directory_keys < len(spec.partition_by) and spec.name in GROUPED:
+        return GROUPED[spec.name]
+    return spec

@@ -17,12 +17,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.location import StoreLocation
+from multicore_profiler.storage.partitions import PARQUET_SUFFIX, spec_of_file
 from multicore_profiler.storage.schema import (
     DISCARDS,
+    GROUPED,
     INVOCATIONS,
     RECORDS,
     RUNS,
@@ -77,7 +80,8 @@ def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
     names = []
     for spec in SPARK_TABLES:
         view = f"raw_{spec.name}"
-        if not location.files(spec.name):
+        listed = location.files(spec.name)
+        if not listed:
             if view not in _EMPTY:
                 raise StoreError(f"the store at {location} has no {spec.name} yet")
             columns = {**_EMPTY[view], **_ADDED_LATER.get(view, {})}
@@ -85,15 +89,10 @@ def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
             spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS SELECT {nulls} WHERE false")
             names.append(view)
             continue
-        table = f"{base}/{spec.name}"
-        reader = spark.read.option("basePath", table)
-        if any(name == spec.name for name, _ in WIDENED):
-            reader = reader.schema(_spark_schema(spark, spec))
-        else:
-            reader = reader.option("mergeSchema", "true")
-        frame = reader.parquet(f"{table}/{'/'.join(['*'] * len(spec.partition_by))}")
-        if "step" in spec.partition_by:
-            frame = frame.withColumn("step", frame["step"].cast("bigint"))
+        frame = None
+        for layout in _layouts(spec, listed):
+            part = _frame(spark, f"{base}/{spec.name}", spec, layout)
+            frame = part if frame is None else frame.unionByName(part, allowMissingColumns=True)
         for column, kind in _ADDED_LATER.get(view, {}).items():
             if column not in frame.columns:
                 frame = frame.withColumn(column, functions.lit(None).cast(kind))
@@ -104,6 +103,34 @@ def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
         spark.sql(statement)
         names.append(statement.split(" AS", 1)[0].rsplit(" ", 1)[-1])
     return names
+
+
+def _layouts(spec: TableSpec, listed: list[pafs.FileInfo]) -> list[TableSpec]:
+    """The specs of the table's ``listed`` files: a step-partitioned table's files of one
+    step and its files of several steps (``GROUPED``) are read apart, their hive layouts
+    differing."""
+    if spec.name not in GROUPED:
+        return [spec]
+    found = {
+        len(kind.partition_by): kind
+        for kind in (spec_of_file(spec, i.path) for i in listed if i.path.endswith(PARQUET_SUFFIX))
+    }
+    return [found[depth] for depth in sorted(found, reverse=True)] or [spec]
+
+
+def _frame(spark: Any, table: str, spec: TableSpec, kind: TableSpec) -> Any:
+    """The files of ``table`` of one layout (``kind``) as a Spark frame."""
+    reader = spark.read.option("basePath", table)
+    if any(name == spec.name for name, _ in WIDENED):
+        reader = reader.schema(_spark_schema(spark, kind))
+    else:
+        reader = reader.option("mergeSchema", "true")
+    if len(kind.partition_by) < len(spec.partition_by):  # files of several steps
+        return reader.parquet(f"{table}/*/*{PARQUET_SUFFIX}")
+    if "step" not in spec.partition_by:
+        return reader.parquet(f"{table}/{'/'.join(['*'] * len(spec.partition_by))}")
+    frame = reader.parquet(f"{table}/*/step=*")
+    return frame.withColumn("step", frame["step"].cast("bigint"))
 
 
 def _spark_schema(spark: Any, spec: TableSpec) -> Any:

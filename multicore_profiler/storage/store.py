@@ -41,6 +41,7 @@ from multicore_profiler.storage.partitions import (
     read_verified,
     relative_path,
     schema_misfit,
+    spec_of_file,
     verified_parquet,
 )
 from multicore_profiler.storage.retention import GcPlan, collect, plan_gc
@@ -277,12 +278,17 @@ class Store(Extensible, StoreWrites):
             self._verify(spec, new[0])
         if new:  # the pages read to check them: hand them back rather than hold them
             pa.default_memory_pool().release_unused()
-        current = all(self._verified[path] for path in files)
-        types = ", ".join(f"{sql_string(k)}: {_HIVE_TYPES[k]}" for k in spec.partition_by)
-        return (
-            f"read_parquet([{sql_strings(files)}], hive_partitioning = true, "
-            f"hive_types = {{{types}}}, union_by_name = {str(not current).lower()})"
-        )
+        scans = []
+        for kind, paths in _layouts(spec, files):
+            current = all(self._verified[path] for path in paths)
+            types = ", ".join(f"{sql_string(k)}: {_HIVE_TYPES[k]}" for k in kind.partition_by)
+            scans.append(
+                f"read_parquet([{sql_strings(paths)}], hive_partitioning = true, "
+                f"hive_types = {{{types}}}, union_by_name = {str(not current).lower()})"
+            )
+        if len(scans) == 1:
+            return scans[0]
+        return "(" + " UNION ALL BY NAME ".join(f"SELECT * FROM {scan}" for scan in scans) + ")"
 
     def verified_file(self, spec: TableSpec, path: str, *, keep: bool = True) -> pa.Table:
         """A file's rows (with ``keep=False`` none, only its columns), after checking every
@@ -292,6 +298,7 @@ class Store(Extensible, StoreWrites):
         ``Store`` objects while it is unchanged (see ``save_verified``)."""
         record = self._record
         before = None if record is None else record.before(path)
+        spec = spec_of_file(spec, path)
         try:
             table = read_verified(self._location, path, keep=keep)
             misfit = schema_misfit(table.schema, spec)
@@ -386,14 +393,22 @@ class Store(Extensible, StoreWrites):
         cached = self._datasets.get(spec.name)
         if cached is None or cached[0] != files:
             partitions = pa.schema([(k, _PARTITION_TYPES[k]) for k in spec.partition_by])
-            dataset = ds.dataset(
-                list(files),
-                schema=pa.unify_schemas([partitions, spec.schema]),
-                format=verified_parquet(),
-                filesystem=self._location.filesystem,
-                partitioning=ds.partitioning(partitions, flavor="hive"),
-                partition_base_dir=self._location.join(spec.name),
-            )
+            schema = pa.unify_schemas([partitions, spec.schema])
+            parts = [
+                ds.dataset(
+                    list(paths),
+                    schema=schema,
+                    format=verified_parquet(),
+                    filesystem=self._location.filesystem,
+                    partitioning=ds.partitioning(
+                        pa.schema([(k, _PARTITION_TYPES[k]) for k in kind.partition_by]),
+                        flavor="hive",
+                    ),
+                    partition_base_dir=self._location.join(spec.name),
+                )
+                for kind, paths in _layouts(spec, files)
+            ]
+            dataset = parts[0] if len(parts) == 1 else ds.dataset(parts)
             cached = self._datasets[spec.name] = (files, dataset)
         return cached[1]
 
@@ -627,6 +642,16 @@ def _json_kind(value: object) -> str:
     kinds = ((bool, "a boolean"), (str, "a string"), (int, "an integer"), (float, "a number"))
     kinds += ((list, "an array"), (dict, "an object"), (type(None), "null"))
     return next(word for kind, word in kinds if isinstance(value, kind))
+
+
+def _layouts(spec: TableSpec, files: Sequence[str]) -> list[tuple[TableSpec, tuple[str, ...]]]:
+    """``files`` by the spec they are read with: a step-partitioned table's files of one
+    step and its files of several steps (``GROUPED``) each need a scan of their own."""
+    found: dict[int, tuple[TableSpec, list[str]]] = {}
+    for path in files:
+        kind = spec_of_file(spec, path)
+        found.setdefault(len(kind.partition_by), (kind, []))[1].append(path)
+    return [(kind, tuple(paths)) for kind, paths in found.values()]
 
 
 def _with_empty(spec: TableSpec, source: str) -> str:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from multicore_profiler.storage.connection import connection
 from multicore_profiler.storage.location import StoreLocation
-from multicore_profiler.storage.partitions import read_file, write_partition
+from multicore_profiler.storage.partitions import read_file, spec_of_file, write_partition
 from multicore_profiler.storage.schema import DISCARDS, INVOCATIONS, TABLES, TableSpec
 from multicore_profiler.storage.vacuum import RunFiles
 
@@ -91,7 +91,7 @@ class Rewrite:
         Nothing shows them until ``commit``."""
         location = store.location
         for (table, directory), files in self.sources.items():
-            spec = TABLES[table]
+            spec = spec_of_file(TABLES[table], f"{directory}/")
             values: dict[str, object] = dict(
                 part.split("=", 1) for part in directory.split("/")[-len(spec.partition_by) :]
             )
@@ -132,6 +132,7 @@ class Rewrite:
         )
         renamed = dict(zip(keys, self.writes["replaced_by"].to_pylist(), strict=True))
         origin = ", k.origin AS origin_write_id" if spec is INVOCATIONS else ""
+        steps = "f.step, " if "step" in spec.schema.names else ""  # a group's, in order
         with connection() as con:
             con.register("keys", self.writes)
             for path, whole in files:
@@ -157,7 +158,7 @@ class Rewrite:
                     table = con.sql(
                         f"""SELECT f.* REPLACE (k.replaced_by AS write_id{origin})
                             FROM file f JOIN keys k USING (rank, write_id)
-                            ORDER BY f.rank, f.invocation_id"""
+                            ORDER BY {steps}f.rank, f.invocation_id"""
                     ).to_arrow_table()
                 self.rows += table.num_rows
                 yield table

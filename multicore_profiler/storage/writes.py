@@ -20,11 +20,12 @@ import pyarrow.compute as pc
 from multicore_profiler.errors import StoreError
 from multicore_profiler.limits import INT64_MAX
 from multicore_profiler.storage.location import StoreLocation
-from multicore_profiler.storage.partitions import write_partition
+from multicore_profiler.storage.partitions import check_run_id, write_partition
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import (
     CORES,
     DISCARDS,
+    GROUPED,
     INVOCATIONS,
     OPTIONAL_COLUMNS,
     RECORDS,
@@ -45,6 +46,17 @@ class StagedStep:
     write_id: int
     invocations: pa.Table
     """The step's invocation rows, stamped with its write id."""
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """One step's rows, for ``StoreWrites.stage_steps``."""
+
+    step: int
+    invocations: pa.Table
+    cores: pa.Table
+    records: pa.Table
+    write_id: int | None = None
 
 
 def new_write_id() -> int:
@@ -105,8 +117,8 @@ class StoreWrites:
         Every row is stamped with a fresh ``write_id`` (or the one given: a capture
         session picks it, so that it can withdraw the step even if its writer dies before
         saying it was written). A capture session stages each step of a window as it comes
-        and commits the window's steps together at its end: a window shows whole or not
-        at all.
+        (or a group of them, ``stage_steps``) and commits the window's steps together at its
+        end: a window shows whole or not at all.
 
         Durability: only the invocations file, the commit, is flushed to disk (the file,
         then its directory after the rename). The cores and records files are renamed into
@@ -116,11 +128,62 @@ class StoreWrites:
         page cache is written back can lose the cores and records files of the last steps
         committed, whose invocations then show without them.
         """
+        staged, rows = self._stamped_step(run_id, step, invocations, cores, records, write_id)
+        partition = {"run_id": run_id, "step": step}
+        for spec, table in zip((RECORDS, CORES), rows, strict=True):
+            if table.num_rows:
+                write_partition(self._location, spec, partition, table, durable=False)
+        return staged
+
+    def stage_steps(self, run_id: str, steps: Sequence[StepRows]) -> list[StagedStep]:
+        """Write the cores and records of several steps of a run as one file per table
+        (``GROUPED``: a ``step`` column, the steps' rows contiguous and in the order
+        given), which no view shows until ``commit`` writes the invocations returned.
+
+        Each step is checked and stamped as ``stage_step`` does, with its own write id; a
+        capture writer groups the steps of one window only, so a withdrawn window withdraws
+        whole files. Two files for the group instead of two a step: a file's fixed cost
+        (its Parquet writer, its directory entry) is most of what a small step costs to
+        write. Durable as ``stage_step``'s files are."""
+        if not steps:
+            raise StoreError("no step to stage")
+        staged, grouped = [], ([], [])
+        for step in steps:
+            done, rows = self._stamped_step(
+                run_id, step.step, step.invocations, step.cores, step.records, step.write_id
+            )
+            staged.append(done)
+            for tables, table in zip(grouped, rows, strict=True):
+                if table.num_rows:
+                    number = pa.repeat(pa.scalar(step.step, pa.int64()), table.num_rows)
+                    tables.append(table.add_column(0, "step", number))
+        for spec, tables in zip((RECORDS, CORES), grouped, strict=True):
+            if tables:
+                table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+                write_partition(
+                    self._location, GROUPED[spec.name], {"run_id": run_id}, table, durable=False
+                )
+        return staged
+
+    def _stamped_step(
+        self,
+        run_id: str,
+        step: int,
+        invocations: pa.Table,
+        cores: pa.Table,
+        records: pa.Table,
+        write_id: int | None,
+    ) -> tuple[StagedStep, tuple[pa.Table, pa.Table]]:
+        """A step's rows checked and stamped with its write id: its staged invocations,
+        and its records and cores as their files hold them."""
+        check_run_id(run_id)
         if invocations.num_rows == 0:
             raise StoreError("a step needs at least one invocation")
         steps = pc.unique(invocations["step"]).to_pylist()
         if steps != [step]:
             raise StoreError(f"invocations written to step {step} carry steps {steps}")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise StoreError(f"step must be a non-negative integer, got {step!r}")
         allowed: dict[str, _Allowed] = {}  # each made once, for both tables
         for name, table in (("cores", cores), ("records", records)):
             for key in _STEP_KEYS:
@@ -138,23 +201,20 @@ class StoreWrites:
             or not (0 <= write_id <= INT64_MAX)
         ):
             raise StoreError(f"a write id is a non-negative int64, got {write_id!r}")
-        partition = {"run_id": run_id, "step": step}
-        cores = _completed(cores, CORES)
-        for spec, table in ((RECORDS, records), (CORES, cores)):
-            if table.num_rows:
-                write_partition(
-                    self._location, spec, partition, _stamped(table, spec, write_id), durable=False
-                )
+        rows = (
+            _stamped(records, RECORDS, write_id),
+            _stamped(_completed(cores, CORES), CORES, write_id),
+        )
         # A writer's rows are their own origin (only a compaction rewrites them).
         if _has(invocations, "origin_write_id"):
             invocations = invocations.drop_columns(["origin_write_id"])
-        rows = _insert(
+        stamped = _insert(
             _stamped(_completed(invocations, INVOCATIONS), INVOCATIONS, write_id),
             INVOCATIONS,
             "origin_write_id",
             pa.nulls(invocations.num_rows, pa.int64()),
         )
-        return StagedStep(write_id, rows)
+        return StagedStep(write_id, stamped), rows
 
     def commit(self, run_id: str, steps: Sequence[StagedStep]) -> None:
         """Commit staged steps of a run with one invocations file: every view shows all
