@@ -108,6 +108,7 @@ def test_four_writer_processes_lose_and_duplicate_nothing(tmp_path: Path) -> Non
 # before the invocations file that commits the step.
 KILL_POINTS = {
     "mid-file": """
+import types
 import pyarrow.parquet as pq
 import multicore_profiler.storage.partitions as partitions
 class Stalling(pq.ParquetWriter):
@@ -117,7 +118,7 @@ class Stalling(pq.ParquetWriter):
             Path(sys.argv[1], "stalled").touch()
             time.sleep(600)
         super().write_table(table.slice(len(table) // 2), *args, **kwargs)
-partitions.pq = type("pq", (), {"ParquetWriter": Stalling})
+partitions.pq = types.SimpleNamespace(**{**vars(pq), "ParquetWriter": Stalling})
 STALL = False
 """,
     "before-commit": """
