@@ -5,9 +5,13 @@ the same event and byte, wherever a chunk is cut; and no worker is left behind."
 from __future__ import annotations
 
 import glob
-from collections.abc import Generator
+import os
+import signal
+from collections.abc import Callable, Generator
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -118,6 +122,52 @@ def test_a_refusal_names_the_same_event_and_byte(
     assert str(path) in alone
 
 
+@dataclass
+class Done:
+    """A guess decoded at once."""
+
+    columns: trace_workers.ChunkColumns | None
+
+    def result(self) -> trace_workers.ChunkColumns | None:
+        return self.columns
+
+
+def read_here(path: Path) -> pa.Table | None:
+    """``path`` read as the workers read it, each guess decoded at once by their function
+    in this process: every cut and every fallback, without processes."""
+    stats = TimeStats()
+
+    def decode(guess: trace_reader.Guess) -> Done:
+        return Done(trace_workers._chunk_columns(path, guess, trace_reader.ARGS_KEYS))
+
+    trace, pieces = trace_reader.read_guessed(path, decode, 3, lambda: True)
+    with trace, closing(pieces):
+        found = list(trace_workers.tables_of(pieces, stats))
+    return pa.concat_tables(found) if found else None
+
+
+def alone_or_refused(path: Path, read_with: Callable[[Path], pa.Table | None]) -> Any:
+    try:
+        return read_with(path)
+    except TraceFormatError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("kind", ["", *sorted(BAD)])
+def test_every_cut_reads_or_refuses_the_same(tmp_path: Path, monkeypatch, kind: str) -> None:
+    """Chunks of every size, so that cuts fall at every byte around the bad event."""
+    path = crafted(tmp_path, BAD.get(kind, ""), before=10, after=3)
+    size = path.stat().st_size
+    for chunk in range(24, size + 1, 23):
+        monkeypatch.setattr(trace_reader, "CHUNK_BYTES", chunk)
+        alone = alone_or_refused(path, lambda path: read(path, 1)[0])
+        found = alone_or_refused(path, read_here)
+        if isinstance(alone, str):
+            assert found == alone, chunk
+        else:
+            assert found.equals(alone), chunk
+
+
 def test_a_truncated_trace_names_the_same_count(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(trace_reader, "CHUNK_BYTES", 900)
     path = crafted(tmp_path, "", end="")
@@ -152,6 +202,22 @@ def interrupted(trace: trace_reader.TraceText, tables: Generator[pa.Table, None,
     with trace, closing(tables):
         for _ in tables:
             raise KeyboardInterrupt
+
+
+def test_a_worker_killed_midway_costs_nothing_but_time(tmp_path: Path, monkeypatch) -> None:
+    """Its chunks, and those after, are read by the others and the reading process."""
+    monkeypatch.setattr(trace_reader, "CHUNK_BYTES", 400)
+    path = crafted(tmp_path, "", before=300)
+    before = children()
+    trace, tables = read_tables(path, TimeStats(), workers=2)
+    with trace, closing(tables):
+        found = [next(tables)]
+        os.kill(min(children() - before), signal.SIGKILL)
+        found += list(tables)
+    alone = read(path, 1)[0]
+    assert alone is not None
+    assert pa.concat_tables(found).equals(alone)
+    assert children() <= before
 
 
 def test_ingest_on_workers_stores_the_same_events(tmp_path: Path, monkeypatch) -> None:

@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -39,6 +39,7 @@ from multicore_profiler.ingest.trace_reader import (
     ARGS_KEYS,
     EventBlock,
     Guess,
+    Pending,
     TraceText,
     guessed_block,
     read_guessed,
@@ -159,6 +160,8 @@ class _Worker:
         self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.ready = threading.Event()
+        self.gone = False
+        """Whether it ended (what is sent to it then comes back unread)."""
         self.waiting = 0
         """Chunks sent whose answer is not taken yet."""
         self.threads = [
@@ -182,6 +185,7 @@ class _Worker:
             while True:
                 self.answers.put(self.connection.recv())
         except Exception:  # ended, or an answer that does not unpickle: read in-process
+            self.gone = True
             self.answers.put(_GONE)
 
     def submit(self, work: tuple[Path, Guess, tuple[str, ...]]) -> _Answer:
@@ -221,14 +225,19 @@ class _Pool:
         while len(self.workers) < self.count:
             self.workers.append(_Worker())
 
-    def ready(self) -> bool:
-        """Whether a worker has started (until then the reading process reads alone)."""
-        return any(worker.ready.is_set() for worker in self.workers)
+    def _serving(self) -> list[_Worker]:
+        return [worker for worker in self.workers if worker.ready.is_set() and not worker.gone]
 
-    def decode(self, guess: Guess) -> _Answer:
-        """Send the chunk to the started worker with the fewest chunks waiting."""
-        ready = [worker for worker in self.workers if worker.ready.is_set()]
-        worker = min(ready, key=lambda worker: worker.waiting)
+    def ready(self) -> bool:
+        """Whether a worker serves (until one does, the reading process reads alone)."""
+        return bool(self._serving())
+
+    def decode(self, guess: Guess) -> Pending[ChunkColumns]:
+        """Send the chunk to the serving worker with the fewest chunks waiting."""
+        serving = self._serving()
+        if not serving:  # they ended: the reading process reads the chunk
+            return _Unread()
+        worker = min(serving, key=lambda worker: worker.waiting)
         return worker.submit((self.path, guess, self.args_keys))
 
     def stop(self) -> None:
@@ -242,6 +251,26 @@ class _Answer:
 
     def result(self) -> ChunkColumns | None:
         return self.worker.answer()
+
+
+class _Unread:
+    def result(self) -> None:
+        return None
+
+
+def tables_of(pieces: Iterator[ChunkColumns | EventBlock], stats: TimeStats) -> Iterator[pa.Table]:
+    """The ``trace_events`` tables of what ``read_guessed`` yields: a worker's columns
+    numbered on from the events before them, a block read in this process made here."""
+    first = 0
+    for piece in pieces:
+        if isinstance(piece, EventBlock):
+            table = events_table(piece, stats)
+        else:
+            stats.add(piece.stats)
+            index = pa.array(np.arange(first, first + len(piece)))
+            table = piece.table.set_column(0, "event_index", index)
+        first += table.num_rows
+        yield table
 
 
 def read_tables(
@@ -264,18 +293,9 @@ def read_tables(
     trace, pieces = read_guessed(path, pool.decode, 2 * count, pool.ready, args_keys=args_keys)
 
     def tables() -> Generator[pa.Table, None, None]:
-        first = 0
         try:
             pool.start()
-            for piece in pieces:
-                if isinstance(piece, EventBlock):
-                    table = events_table(piece, stats)
-                else:
-                    stats.add(piece.stats)
-                    index = pa.array(np.arange(first, first + len(piece)))
-                    table = piece.table.set_column(0, "event_index", index)
-                first += table.num_rows
-                yield table
+            yield from tables_of(pieces, stats)
         finally:
             pieces.close()
             pool.stop()
