@@ -10,6 +10,11 @@ cuts after the chunk's last whole event, else reads as much text again, up to
 ``EVENT_BYTES_MAX`` for one event; a failure before it is the text's own error, or the
 events array's end. Whitespace between events is skipped as it is read, never held.
 
+``read_guessed`` leaves the decoding of each guess to other processes (``trace_workers``):
+its cut also needs an object's first key after the comma (``},{"``, which in a string takes
+one ending in ``}, {``), and where a guess fails this reader reads that chunk itself, as
+above, so its refusals are ``read_trace``'s.
+
 msgspec decodes each event into a struct whose fields (``EVENT_KEYS``) are ``Raw``: the
 value's JSON text, a view of the chunk. Encoding those structs again writes every event
 in one known layout (``{"ph":...,"cat":...}``, an absent field empty), where each field's

@@ -82,16 +82,27 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def idle_cores(cores: int, load: float) -> int:
+    """The cores of ``cores`` that a ``load`` (processes running, on average) leaves idle,
+    rounded, and at least 1: workers beyond them slow a read down (on 2 cores that other
+    work keeps busy, 2 workers took 1.45 times as long as one process)."""
+    return max(1, min(cores, round(cores - load)))
+
+
 def worker_count(path: Path, workers: int | None) -> int:
     """How many processes read ``path``: ``workers`` where given, else ``WORKERS_ENV``, else
-    every core for a file of ``PARALLEL_BYTES_MIN`` or more and 1 below."""
+    a worker per idle core (``idle_cores`` of the last minute's load) for a file of
+    ``PARALLEL_BYTES_MIN`` or more, and 1 (this process alone) below or where no more than
+    one core is idle."""
     if workers is None and os.environ.get(WORKERS_ENV):
         text = os.environ[WORKERS_ENV]
         if not text.isdigit():
             raise ArgumentError(f"{WORKERS_ENV} must be a number of processes, got {text!r}")
         workers = int(text)
     if workers is None:
-        return cores() if path.stat().st_size >= PARALLEL_BYTES_MIN else 1
+        if path.stat().st_size < PARALLEL_BYTES_MIN:
+            return 1
+        return idle_cores(cores(), os.getloadavg()[0])
     if workers < 1:
         raise ArgumentError(f"a trace is read by 1 process or more, got {workers}")
     return workers
