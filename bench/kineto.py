@@ -215,12 +215,15 @@ def bench(args: argparse.Namespace, trace: Path) -> None:
     ours: list[dict[str, float]] = []
     alone: list[dict[str, float]] = []
     load = os.getloadavg()[0]
-    for _ in range(args.repeat):  # interleaved, so that each ratio is of one repetition
+    for repetition in range(args.repeat):  # interleaved: each ratio is of one repetition
         walls, by_type, by_kernel = hta_run(trace_analysis, trace, args.workdir)
         hta.append(walls)
+        if repetition % 2:  # in turn first after HTA's run, which slows the next one down
+            alone.append(ours_run(trace, args.workdir, workers=1)[0])
         times, result = ours_run(trace, args.workdir)
         ours.append(times)
-        alone.append(ours_run(trace, args.workdir, workers=1)[0])
+        if not repetition % 2:
+            alone.append(ours_run(trace, args.workdir, workers=1)[0])
 
     source = result["source"]
     events = source.events
