@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from shared_fixtures import shared_fixture
 
+from multicore_profiler import cli
 from multicore_profiler.errors import ArgumentError, TraceFormatError
 from multicore_profiler.ingest import trace_reader, trace_workers
 from multicore_profiler.ingest.event_columns import TimeStats
@@ -239,6 +240,20 @@ def test_ingest_on_workers_stores_the_same_events(tmp_path: Path, monkeypatch) -
         )
     assert rows[1][0].equals(rows[0][0])
     assert rows[1][1:] == rows[0][1:]
+
+
+def test_the_cli_refuses_the_same_on_workers(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(trace_reader, "CHUNK_BYTES", 700)
+    path = crafted(tmp_path, BAD["ts not a number"])
+    before = children()
+    said = []
+    for workers in ("1", "2"):
+        monkeypatch.setenv(WORKERS_ENV, workers)
+        assert cli.main(["ingest-trace", "--store", str(tmp_path / "store"), str(path)]) == 1
+        said.append(capsys.readouterr().err)
+    assert said[1] == said[0]
+    assert 'event 40 has ts "abc", which is not a number (at byte' in said[0]
+    assert children() <= before
 
 
 @pytest.mark.parametrize(
