@@ -18,15 +18,16 @@ ignores Ctrl-C: the reading process stops its workers when it stops, however it 
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +137,54 @@ than the next ones (pyarrow and numpy set up what they use on first use), which 
 hold up the chunks queued behind it."""
 
 
+_LENGTH = struct.Struct("<Q")
+
+
+def _send(channel: socket.socket, message: object) -> None:
+    """``message`` pickled, after its length."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    channel.sendall(_LENGTH.pack(len(data)))
+    channel.sendall(data)
+
+
+class _Inbox:
+    """The messages ``_send`` sent over a socket, each read into one buffer kept for the
+    next: ``multiprocessing``'s ``Connection`` reads a message a few hundred KiB at a time,
+    each into a new buffer of the size still missing, and took twice the CPU (1.0 to 1.3 s
+    against 0.45 s for 200 messages of 4 MiB, both ends counted)."""
+
+    def __init__(self, channel: socket.socket) -> None:
+        self.channel = channel
+        self.buffer = bytearray()
+
+    def receive(self) -> Any:
+        (size,) = _LENGTH.unpack(self._read(_LENGTH.size))
+        return pickle.loads(self._read(size))  # copies what it makes: the buffer is reused
+
+    def _read(self, size: int) -> memoryview:
+        if len(self.buffer) < size:
+            self.buffer = bytearray(size)
+        view = memoryview(self.buffer)[:size]
+        done = 0
+        while done < size:
+            count = self.channel.recv_into(view[done:])
+            if not count:
+                raise EOFError("the other end closed its socket")
+            done += count
+        return view
+
+
 def serve(fd: int) -> None:
     """A worker's loop: it says it is ready (its imports done), then sends the columns of
     each chunk sent over the socket ``fd`` until the socket closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with Connection(fd) as connection:
+    with socket.socket(fileno=fd) as channel:
+        inbox = _Inbox(channel)
         try:
             _chunk_columns(Path(), _WARM_UP, ARGS_KEYS)
-            connection.send(_READY)
+            _send(channel, _READY)
             while True:
-                connection.send(_chunk_columns(*connection.recv()))
+                _send(channel, _chunk_columns(*inbox.receive()))
         except (EOFError, OSError):  # the reading process ended
             return
 
@@ -167,7 +206,8 @@ class _Worker:
             raise
         finally:
             theirs.close()
-        self.connection = Connection(ours.detach())
+        self.channel = ours
+        self.inbox = _Inbox(ours)
         self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.ready = threading.Event()
@@ -185,16 +225,16 @@ class _Worker:
     def _send(self) -> None:
         try:
             while (work := self.work.get()) is not None:
-                self.connection.send(work)
+                _send(self.channel, work)
         except OSError:  # the worker ended: its answers say so
             return
 
     def _receive(self) -> None:
         try:
-            if self.connection.recv() == _READY:
+            if self.inbox.receive() == _READY:
                 self.ready.set()
             while True:
-                self.answers.put(self.connection.recv())
+                self.answers.put(self.inbox.receive())
         except Exception:  # ended, or an answer that does not unpickle: read in-process
             self.gone = True
             self.answers.put(_GONE)
@@ -220,7 +260,7 @@ class _Worker:
         self.process.wait()
         for thread in self.threads:
             thread.join()
-        self.connection.close()
+        self.channel.close()
 
 
 @dataclass
