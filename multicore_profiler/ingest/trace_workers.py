@@ -5,8 +5,9 @@ the reading process only cuts the events array into chunks (``trace_reader.Guess
 worker processes decode each and make its columns (``events_table``), which come back
 pickled over a socket and are taken in order; the reading process writes them. A chunk
 a worker cannot take (a cut inside a string, an error) is read again by the reading
-process itself, so every refusal names the byte ``read_trace`` names. A small trace is
-read in-process: starting the workers costs more than it saves (``PARALLEL_BYTES_MIN``).
+process itself, so every refusal names the byte ``read_trace`` names. A small trace, or
+one read where no more than one core is idle, is read in-process: starting the workers,
+or making them compete for busy cores, costs more than it saves (``worker_count``).
 
 A worker is a fresh interpreter that imports this module alone (numpy, pyarrow, msgspec;
 no DuckDB, no torch) and nothing of the reading process: not its state, as a fork would
