@@ -18,8 +18,10 @@ profiler steps) + ``get_gpu_kernel_breakdown(visualize=False)``; its
 our ``step_time_breakdown`` query. HTA reads a directory of
 ``rank<N>.json.gz`` files, so the trace is symlinked into a fresh temporary directory as
 ``rank0.json.gz`` for each repetition; HTA's logging and warnings are muted. The import of
-``hta.trace_analysis`` is outside the timing and reported on its own. Wall times are the best of
-``--repeat`` runs, all in this process.
+``hta.trace_analysis`` is outside the timing and reported on its own. Wall times are the median
+[min-max] of ``--repeat`` repetitions, all in this process, each repetition running HTA, ours
+and ours with the trace read by one process (``workers=1``: how much the trace's worker
+processes give) back to back; ratios are taken repetition by repetition.
 
 Goal: ours (ingest + step_family_totals + step_time_breakdown) >= 10x faster than HTA's load
 + kernel breakdown, on the fixture and at ``--scale 10``.
@@ -39,12 +41,12 @@ import gzip
 import logging
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,16 +87,6 @@ def scratch(workdir: Path | None, prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@dataclass
-class Timings:
-    """Wall times of each repetition by phase; ``best`` picks the fastest repetition."""
-
-    runs: list[dict[str, float]] = field(default_factory=list)
-
-    def best(self, key: str = "total") -> dict[str, float]:
-        return min(self.runs, key=lambda run: run[key])
-
-
 def hta_import() -> tuple[Any, float]:
     """``hta.trace_analysis.TraceAnalysis`` and the seconds its import took."""
     began = time.perf_counter()
@@ -120,14 +112,17 @@ def hta_run(
         return {"total": loaded - began, "temporal": temporal - loaded}, by_type, by_kernel
 
 
-def ours_run(trace: Path, workdir: Path | None) -> tuple[dict[str, float], dict[str, Any]]:
-    """One timed ingest into a fresh store + ``step_family_totals``, then the extra queries."""
+def ours_run(
+    trace: Path, workdir: Path | None, workers: int | None = None
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """One timed ingest into a fresh store + ``step_family_totals``, then the extra queries;
+    the trace read by ``workers`` processes (default: ``ingest_trace``'s choice)."""
     import multicore_profiler
 
     with scratch(workdir, "mcprof-kineto-") as root:
         began = time.perf_counter()
         store = multicore_profiler.open_store(root / "store")
-        source = multicore_profiler.ingest_trace(store, trace)
+        source = multicore_profiler.ingest_trace(store, trace, workers=workers)
         ingested = time.perf_counter()
         totals = store.sql(STEP_FAMILY_TOTALS, [source.source_id])
         totalled = time.perf_counter()
@@ -165,12 +160,24 @@ def text_bytes(trace: Path) -> int:
     return size
 
 
-def row(work: str, wall: float, size: int, events: int, base: float | None) -> str:
-    """One line of the table; ``base`` is HTA's wall time, or None for HTA's own row."""
-    speedup = f"{base / wall:8.2f}x" if base is not None else f"{'-':>9}"
+def spread(values: list[float], scale: float = 1.0) -> str:
+    """``median [min-max]`` of ``values`` times ``scale``."""
+    low, high = min(values) * scale, max(values) * scale
+    return f"{statistics.median(values) * scale:9.1f} [{low:.1f}-{high:.1f}]"
+
+
+def row(work: str, walls: list[float], size: int, events: int, base: list[float] | None) -> str:
+    """One line of the table: the median [min-max] ms of ``walls``, MB/s and M events/s of
+    the median, and against ``base`` (HTA's walls, None for HTA's own rows) the median
+    [min-max] of each repetition's ratio."""
+    wall = statistics.median(walls)
+    against = "-"
+    if base:
+        ratios = [b / w for b, w in zip(base, walls, strict=True)]
+        against = f"{statistics.median(ratios):6.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
     return (
-        f"{work:<44} {wall * 1e3:9.1f} {size / 1e6 / wall:8.1f} {events / 1e6 / wall:8.3f} "
-        f"{speedup}"
+        f"{work:<46} {spread(walls, 1e3):<27} {size / 1e6 / wall:8.1f} "
+        f"{events / 1e6 / wall:8.3f} {against:>20}"
     )
 
 
@@ -204,22 +211,32 @@ def bench(args: argparse.Namespace, trace: Path) -> None:
 
     ours_import_s = time.perf_counter() - began
 
-    hta = Timings()
-    for _ in range(args.repeat):
+    hta: list[dict[str, float]] = []
+    ours: list[dict[str, float]] = []
+    alone: list[dict[str, float]] = []
+    load = os.getloadavg()[0]
+    for repetition in range(args.repeat):  # interleaved: each ratio is of one repetition
         walls, by_type, by_kernel = hta_run(trace_analysis, trace, args.workdir)
-        hta.runs.append(walls)
-    ours = Timings()
-    for _ in range(args.repeat):
+        hta.append(walls)
+        if repetition % 2:  # in turn first after HTA's run, which slows the next one down
+            alone.append(ours_run(trace, args.workdir, workers=1)[0])
         times, result = ours_run(trace, args.workdir)
-        ours.runs.append(times)
+        ours.append(times)
+        if not repetition % 2:
+            alone.append(ours_run(trace, args.workdir, workers=1)[0])
 
     source = result["source"]
     events = source.events
     kernel_rows = result["kernels"]
     launches = sum(kernel_rows.column(1).to_pylist()) if kernel_rows.num_rows else 0
+    from multicore_profiler.ingest.trace_workers import worker_count
+
+    workers = worker_count(trace, None)
     print(
         f"trace {trace.name}: {size / 1e6:.1f} MB of JSON ({trace.stat().st_size / 1e6:.1f} MB "
-        f"on disk), {events:,} events, {launches:,} kernels; {os.cpu_count()} CPUs"
+        f"on disk), {events:,} events, {launches:,} kernels; {os.cpu_count()} CPUs, read by "
+        f"{workers} process{'es' if workers > 1 else ''} by default; load average {load:.2f} "
+        "at the start"
     )
     print(
         f"imports (not timed below): hta.trace_analysis {hta_import_s:.2f} s, "
@@ -232,34 +249,45 @@ def bench(args: argparse.Namespace, trace: Path) -> None:
         f"HTA per-kernel breakdown {len(by_kernel)} rows, per kernel type {len(by_type)} rows"
     )
 
-    base = hta.best()["total"]
-    best = ours.best()
+    def walls(runs: list[dict[str, float]], key: str) -> list[float]:
+        return [run[key] for run in runs]
+
+    base = walls(hta, "total")
     print()
     print(
-        f"{'work':<44} {'wall ms':>9} {'MB/s':>8} {'M ev/s':>8} "
-        f"{'vs HTA':>9} (best of {args.repeat})"
+        f"{'work':<46} {'wall ms median [min-max]':<27} {'MB/s':>8} {'M ev/s':>8} "
+        f"{'vs HTA [min-max]':>20} ({args.repeat} interleaved repetitions)"
     )
     print(row("HTA TraceAnalysis + get_gpu_kernel_breakdown", base, size, events, None))
-    print(row("ours open_store + ingest_trace", best["ingest"], size, events, base))
-    print(row("ours step_family_totals query", best["totals"], size, events, base))
-    print(row("ours step_time_breakdown query", best["breakdown"], size, events, base))
-    print(row("ours ingest + both queries", best["total"], size, events, base))
+    print(row("ours open_store + ingest_trace", walls(ours, "ingest"), size, events, base))
+    print(row("ours step_family_totals query", walls(ours, "totals"), size, events, base))
+    print(row("ours step_time_breakdown query", walls(ours, "breakdown"), size, events, base))
+    print(row("ours ingest + both queries", walls(ours, "total"), size, events, base))
+    print(row("  the same, the trace read by 1 process", walls(alone, "total"), size, events, base))
+    print(row("    its open_store + ingest_trace", walls(alone, "ingest"), size, events, base))
     for key, work in (
         ("steps", "ours steps query (extra, tables built)"),
         ("kernels", "ours kernels by name (extra, tables built)"),
     ):
-        print(row(work, min(run[key] for run in ours.runs), size, events, base))
-    temporal = min(run["temporal"] for run in hta.runs)
+        print(row(work, walls(ours, key), size, events, base))
+    temporal = walls(hta, "temporal")
     print(row("HTA get_temporal_breakdown (trace loaded)", temporal, size, events, None))
     print(
-        f"{'  beside ours step_time_breakdown query':<44} {best['breakdown'] * 1e3:9.1f} "
-        f"{'':>8} {'':>8} {temporal / best['breakdown']:8.2f}x"
+        row(
+            "  ours step_time_breakdown query beside it",
+            walls(ours, "breakdown"),
+            size,
+            events,
+            temporal,
+        )
     )
     print()
-    ratio = base / best["total"]
+    ratios = [b / w for b, w in zip(base, walls(ours, "total"), strict=True)]
+    ratio = statistics.median(ratios)
     print(
         f"ratio: HTA / ours (ingest + both queries) = {ratio:.2f}x "
-        f"(goal >= {GOAL:g}x) -> {'met' if ratio >= GOAL else 'NOT met'}"
+        f"[{min(ratios):.2f}-{max(ratios):.2f}] (goal >= {GOAL:g}x) -> "
+        f"{'met' if ratio >= GOAL else 'NOT met'}"
     )
 
 

@@ -14,26 +14,36 @@ as one chunk, and the whole reader end to end, in MB/s of JSON text:
 - ``args fields``: the ``args`` objects decoded again for their id fields;
 - ``columns``: ``events_table`` (exact numbers and strings, a column at a time);
 - ``reader end to end``: ``read_trace`` + ``events_table`` of every block, chunked as in
-  an ingest.
+  an ingest, in this process (two threads), and ``read_tables`` on 2 worker processes up
+  to one a core (``trace_workers``), the workers' start included, interleaved run by run
+  with the one-process reader: their ratio is taken run by run.
 
-Each is the median of ``--repeat`` runs with its min-max; ratios are of medians.
+Each is the median of ``--repeat`` runs with its min-max; each stage's ``x msgspec`` is its
+speed over that of msgspec decoding the same bytes (ratio of medians).
+``--repetitions K`` reads a trace of the fixture's events K times over (``fuse.write_trace``)
+in place of ``--trace``: where the workers start to pay (``PARALLEL_BYTES_MIN``).
 
-    .venv/bin/python bench/trace_read.py [--repeat 7] [--trace PATH]
+    .venv/bin/python bench/trace_read.py [--repeat 7] [--trace PATH | --repetitions K]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from fuse import FIXTURE
+from fuse import FIXTURE, KERNEL_PATTERN, load_template, write_trace
 
 from multicore_profiler.ingest import trace_reader
+from multicore_profiler.ingest.event_columns import TimeStats
 from multicore_profiler.ingest.outer_trace import events_table
+from multicore_profiler.ingest.trace_workers import cores, read_tables
 
 
 def timed(work: Callable[[], Any], repeat: int) -> list[float]:
@@ -46,11 +56,11 @@ def timed(work: Callable[[], Any], repeat: int) -> list[float]:
     return seconds
 
 
-def line(name: str, seconds: list[float], size: int) -> str:
+def line(name: str, seconds: list[float], size: int, decode: list[float]) -> str:
     median = statistics.median(seconds)
     return (
         f"{name:<46} {median * 1e3:8.1f} ms [{min(seconds) * 1e3:.1f}-{max(seconds) * 1e3:.1f}]"
-        f" {size / 1e6 / median:8.1f} MB/s"
+        f" {size / 1e6 / median:8.1f} MB/s {statistics.median(decode) / median:6.2f}"
     )
 
 
@@ -60,11 +70,41 @@ def whole_read(path: Path) -> int:
         return sum(events_table(block).num_rows for block in trace.blocks)
 
 
+def worker_read(path: Path, workers: int) -> int:
+    """``path``'s tables made by ``workers`` processes; the event count."""
+    trace, tables = read_tables(path, TimeStats(), workers=workers)
+    with trace, closing(tables):
+        return sum(table.num_rows for table in tables)
+
+
+def interleaved(works: list[Callable[[], Any]], repeat: int) -> list[list[float]]:
+    """Wall seconds of each of ``works``, run one after the other ``repeat`` times over."""
+    seconds: list[list[float]] = [[] for _ in works]
+    for _ in range(repeat):
+        for work, taken in zip(works, seconds, strict=True):
+            taken.extend(timed(work, 1))
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--trace", type=Path, default=FIXTURE)
+    parser.add_argument("--repetitions", type=int, help="read the fixture's events K times over")
     args = parser.parse_args()
+    if args.repetitions:
+        with tempfile.TemporaryDirectory(prefix="mcprof-trace-read-") as folder:
+            args.trace = Path(folder) / "trace.json"
+            template = load_template(FIXTURE, KERNEL_PATTERN)
+            write_trace(template, args.trace, args.repetitions)
+            bench(args)
+    else:
+        bench(args)
+
+
+def bench(args: argparse.Namespace) -> None:
+    """Time each stage on ``args.trace``."""
+    load = os.getloadavg()[0]
 
     def text() -> bytes:
         source, _ = trace_reader.open_text(args.trace)
@@ -108,24 +148,47 @@ def main() -> None:
         args.repeat,
     )
     join = timed(joined, args.repeat)
+    decode = timed(lambda: trace_reader._decoded(guess), args.repeat)
+    counts = range(2, max(2, cores()) + 1)
+    reads = interleaved(
+        [
+            lambda: whole_read(args.trace),
+            *(lambda count=count: worker_read(args.trace, count) for count in counts),
+        ],
+        args.repeat,
+    )
     rows = [
-        line("gunzip / read the text", timed(text, args.repeat), size),
-        line("msgspec decode", timed(lambda: trace_reader._decoded(guess), args.repeat), size),
-        line("field spans: encode + numpy split", split, size),
-        line("  baseline: spans value by value (_addressed)", addressed, size),
-        line("  baseline: a b''.join + len per field", join, size),
-        line("args fields (decode + split)", args_seconds, size),
-        line("columns (events_table)", timed(lambda: events_table(prepared), args.repeat), size),
+        line("gunzip / read the text", timed(text, args.repeat), size, decode),
+        line("msgspec decode", decode, size, decode),
+        line("field spans: encode + numpy split", split, size, decode),
+        line("  baseline: spans value by value (_addressed)", addressed, size, decode),
+        line("  baseline: a b''.join + len per field", join, size, decode),
+        line("args fields (decode + split)", args_seconds, size, decode),
         line(
-            "reader end to end (chunked, threaded)",
-            timed(lambda: whole_read(args.trace), args.repeat),
+            "columns (events_table)",
+            timed(lambda: events_table(prepared), args.repeat),
             size,
+            decode,
+        ),
+        line("reader end to end, 1 process (two threads)", reads[0], size, decode),
+        *(
+            line(f"reader end to end, {count} worker processes", seconds, size, decode)
+            for count, seconds in zip(counts, reads[1:], strict=True)
         ),
     ]
-    print(f"trace {args.trace.name}: {size / 1e6:.1f} MB of JSON, {len(structs):,} events")
-    print(f"{'stage':<46} {'median':>11} [min-max] {'MB/s':>13}")
+    print(
+        f"trace {args.trace.name}: {size / 1e6:.1f} MB of JSON, {len(structs):,} events; "
+        f"{cores()} cores, load average {load:.2f} at the start"
+    )
+    print(f"{'stage':<46} {'median':>11} [min-max] {'MB/s':>13} {'x msgspec':>9}")
     for row in rows:
         print(row)
+    for count, seconds in zip(counts, reads[1:], strict=True):
+        speedups = [one / many for one, many in zip(reads[0], seconds, strict=True)]
+        print(
+            f"ratio: {count} worker processes vs 1 process = {statistics.median(speedups):.2f}x "
+            f"[{min(speedups):.2f}-{max(speedups):.2f}] (run by run)"
+        )
     fastest = statistics.median(split)
     print(
         f"ratio: field spans by the split vs value by value = "

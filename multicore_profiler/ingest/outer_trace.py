@@ -26,27 +26,19 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 from tqdm import tqdm
 
 from multicore_profiler.errors import ArgumentError, TraceFormatError
-from multicore_profiler.ingest.trace_reader import (
-    EventBlock,
-    TraceText,
-    file_sha256,
-    read_trace,
-    regular_file,
-)
+from multicore_profiler.ingest.event_columns import TimeStats
+from multicore_profiler.ingest.event_columns import events_table as events_table  # fusion's
+from multicore_profiler.ingest.trace_reader import TraceText, file_sha256, regular_file
+from multicore_profiler.ingest.trace_workers import read_tables
 from multicore_profiler.limits import INT64, RANK
 from multicore_profiler.storage.partitions import partition_dir, write_partition
 from multicore_profiler.storage.schema import TRACE_EVENTS, TRACE_SOURCES
 from multicore_profiler.storage.store import Store
-
-_NS_DECIMALS = 3
-"""Trace Event Format times are microseconds: three decimals make integer ns."""
 
 
 @dataclass(frozen=True)
@@ -78,101 +70,6 @@ class RankContext:
 def source_id_of(sha256: str) -> str:
     """A trace's id in the store: the first 16 hex digits of its file's SHA-256."""
     return sha256[:16]
-
-
-@dataclass
-class _Stats:
-    first_ts: int | None = None
-    last_ts: int | None = None
-    rounded: int = 0
-
-
-_INT64 = INT64.bounds()
-
-
-def _integers(block: EventBlock, key: str) -> pa.Array:
-    """An integer field: the value where the text holds an integer number; null where it
-    is absent, a string (a ``pid`` or ``tid`` name) or not a number (``true``, an object).
-    A number that is not an integer, or does not fit int64, is refused."""
-    numbers = block.numbers(key, strings=False)
-    written = (block.span(key)[0] >= 0) & ~numbers.quoted
-    wrong = written & (numbers.overflow | (numbers.number & numbers.rounded))
-    if wrong.any():
-        row = int(np.argmax(wrong))
-        problem = "is out of range" if numbers.overflow[row] else "is not an integer"
-        raise block.value_error(key, row, f"{problem}: it must be an integer in {_INT64}")
-    return pa.array(numbers.value, pa.int64(), mask=~(written & numbers.number))
-
-
-def _times(block: EventBlock, key: str, stats: _Stats) -> pa.Array:
-    """A time field in integer ns; a value that is not a number, or whose ns do not fit
-    int64, is refused."""
-    start, _ = block.span(key)
-    numbers = block.numbers(key, _NS_DECIMALS)
-    bad = (start >= 0) & ~numbers.number
-    if bad.any():
-        row = int(np.argmax(bad))
-        if numbers.overflow[row]:
-            problem = f"is out of range: {key} in ns must fit int64 {_INT64}"
-        else:
-            problem = "is not a number"
-        raise block.value_error(key, row, problem)
-    stats.rounded += int(numbers.rounded.sum())
-    return pa.array(numbers.value, pa.int64(), mask=start < 0)
-
-
-def _check_ends(block: EventBlock, ts: np.ndarray, dur: np.ndarray, has: np.ndarray) -> None:
-    """Refuse an event whose end (``ts + dur`` in ns) does not fit int64: the views add them."""
-    ends = ts + dur  # int64 arithmetic wraps round: an overflow flips the sign of the step
-    wrapped = has & (((dur > 0) & (ends < ts)) | ((dur < 0) & (ends > ts)))
-    if wrapped.any():
-        row = int(np.argmax(wrapped))
-        raise block.value_error(
-            "dur", row, f"ends past int64 ns: ts + dur must fit int64 {_INT64} in ns"
-        )
-
-
-def events_table(block: EventBlock, stats: _Stats | None = None) -> pa.Table:
-    """The ``trace_events`` columns (but ``write_id``) of one block of events (its messages
-    name the block's file, ``block.path``)."""
-    stats = stats if stats is not None else _Stats()
-    count = len(block)
-    ts = _times(block, "ts", stats)
-    dur = _times(block, "dur", stats)
-    if ts.null_count < count:
-        ts_values = ts.fill_null(0).to_numpy()
-        has_ts = ~np.asarray(ts.is_null())
-        dur_values = dur.fill_null(0).to_numpy()
-        _check_ends(block, ts_values, dur_values, has_ts)
-        ends = ts_values + dur_values
-        low, high = int(ts_values[has_ts].min()), int(ends[has_ts].max())
-        stats.first_ts = low if stats.first_ts is None else min(stats.first_ts, low)
-        stats.last_ts = high if stats.last_ts is None else max(stats.last_ts, high)
-    columns: dict[str, pa.Array] = {
-        "event_index": pa.array(np.arange(block.first_index, block.first_index + count)),
-        "ph": block.strings("ph"),
-        "cat": block.strings("cat"),
-        "name": block.strings("name"),
-    }
-    for key in ("pid", "tid"):
-        columns[key] = _integers(block, key)
-        is_string = block.quoted(key)
-        names = block.strings(key) if is_string.any() else pa.nulls(count, pa.string())
-        columns[f"{key}_name"] = pc.if_else(pa.array(is_string), names, None)
-    columns["ts_ns"] = ts
-    columns["dur_ns"] = dur
-    columns["flow_id"] = block.strings("id")
-    for column, key in (("correlation", "correlation"), ("external_id", "External id")):
-        columns[column] = _integers(block, key)
-    for column, keys in (("stream", ("stream", "Stream Id")), ("device", ("device",))):
-        values = None
-        for key in keys:
-            found = _integers(block, key)
-            values = found if values is None else pc.coalesce(values, found)
-        columns[column] = values
-    columns["task_type"] = block.strings("Task Type")
-    columns["args"] = block.strings("args", raw=True)
-    return pa.table(columns)
 
 
 def _json_text(fields: dict[str, Any]) -> str:
@@ -221,7 +118,8 @@ def _base_time(metadata: Mapping[str, Any], path: Path) -> int | None:
         return None
     if not INT64.low <= base <= INT64.high:
         raise TraceFormatError(
-            f"{path}: its baseTimeNanoseconds {base} is out of range: it must fit int64 {_INT64}"
+            f"{path}: its baseTimeNanoseconds {base} is out of range: it must fit int64 "
+            f"{INT64.bounds()}"
         )
     return base
 
@@ -387,6 +285,7 @@ def ingest_trace(
     job: str | None = None,
     context: RankContext | None = None,
     sha256: str | None = None,
+    workers: int | None = None,
 ) -> TraceSource:
     """Load a Chrome trace (``.json`` or gzipped; an object with ``traceEvents`` or a bare
     array) into the store's ``trace_events`` and ``trace_sources``; return its source.
@@ -396,7 +295,9 @@ def ingest_trace(
     ``rank`` defaults to the trace's ``distributedInfo.rank``. ``job`` names the job the
     trace is a rank of (default: a job of its own, named by its source id); ``context``
     is what the profiler's output folder adds (see ``ingest/jobs.py``); ``sha256`` the
-    file's ``trace_digest`` where the caller has it already. A file already in
+    file's ``trace_digest`` where the caller has it already; ``workers`` how many processes
+    read it (``trace_workers.worker_count``: by default every core for a large file, 1 for a
+    small one, or ``MCPROF_TRACE_WORKERS``). A file already in
     the store (same SHA-256) is not loaded again. Raises ``ArgumentError`` for a rank
     outside ``limits.RANK``, a label, tag or job that is not a string, a rank its job
     already has from another trace, or a trace already in the store under another job,
@@ -413,10 +314,11 @@ def ingest_trace(
         return _known_in_job(known, job, path)
     job_id = job or source_id
     write_id = secrets.randbits(63)
-    stats = _Stats()
+    stats = TimeStats()
     written = None
     try:
-        with read_trace(path) as trace, closing(_tables(trace, path, write_id, stats)) as tables:
+        trace, read = read_tables(path, stats, workers=workers)
+        with trace, closing(read), closing(_tables(read, path, write_id)) as tables:
             written = write_partition(
                 store.location, TRACE_EVENTS, {"source_id": source_id}, tables
             )
@@ -544,10 +446,10 @@ def resolve_trace(
     return _known_source(found[0])
 
 
-def _tables(trace: TraceText, path: Path, write_id: int, stats: _Stats) -> Iterator[pa.Table]:
-    """The ``trace_events`` tables of a trace's blocks, with a progress bar on a terminal."""
+def _tables(tables: Iterator[pa.Table], path: Path, write_id: int) -> Iterator[pa.Table]:
+    """The ``trace_events`` tables with their ``write_id``, with a progress bar on a terminal."""
     with tqdm(desc=f"ingest {path.name}", unit="event", disable=None) as progress:
-        for block in trace.blocks:
-            table = events_table(block, stats)
-            yield table.add_column(0, "write_id", pa.repeat(pa.scalar(write_id), len(block)))
-            progress.update(len(block))
+        for table in tables:
+            count = table.num_rows
+            yield table.add_column(0, "write_id", pa.repeat(pa.scalar(write_id), count))
+            progress.update(count)

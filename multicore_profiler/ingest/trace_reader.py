@@ -10,6 +10,11 @@ cuts after the chunk's last whole event, else reads as much text again, up to
 ``EVENT_BYTES_MAX`` for one event; a failure before it is the text's own error, or the
 events array's end. Whitespace between events is skipped as it is read, never held.
 
+``read_guessed`` leaves the decoding of each guess to other processes (``trace_workers``):
+its cut also needs an object's first key after the comma (``},{"``, which in a string takes
+one ending in ``}, {``), and where a guess fails this reader reads that chunk itself, as
+above, so its refusals are ``read_trace``'s.
+
 msgspec decodes each event into a struct whose fields (``EVENT_KEYS``) are ``Raw``: the
 value's JSON text, a view of the chunk. Encoding those structs again writes every event
 in one known layout (``{"ph":...,"cat":...}``, an absent field empty), where each field's
@@ -36,12 +41,12 @@ import os
 import re
 import zlib
 from collections import deque
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -98,12 +103,17 @@ def _decoder(keys: tuple[str, ...]) -> msgspec.json.Decoder:
 _ENCODER = msgspec.json.Encoder()
 _DECODE_ERRORS = (msgspec.DecodeError, RecursionError)
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,")
+_GUESS = re.compile(rb'\}[ \t\r\n]*,(?=[ \t\r\n]*\{[ \t\r\n]*")')
+"""Where ``guess`` cuts: after a ``}`` that a comma and an object's first key follow,
+which in a string takes one ending in ``}, {`` (C++ names hold ``{lambda()#1}, ``)."""
 _CLOSE = re.compile(rb"\}[ \t\r\n]*\]")
 _EVENTS_NAME = re.compile(rb'"traceEvents"')
 _WHITE = b" \t\r\n"
 _SPACES = re.compile(rb"[ \t\r\n]*")
 _BYTE = re.compile(r" \(byte (\d+)\)$")
-_ELEMENT = re.compile(r"at `\$\[(\d+)\]")
+_ELEMENT = re.compile(r" - at `\$\[(\d+)\]`")
+"""Where msgspec says an element is: in the chunk, which the message turns into the event's
+index in the trace."""
 _ESCAPE = re.compile(
     rb'\\(?:(u[dD][89a-fA-F][0-9a-fA-F]{2})|(u(?![0-9a-fA-F]{4})|[^"\\/bfnrtu])|[\s\S])'
 )
@@ -695,10 +705,22 @@ class _Reader:
         self.scanned = 0
         self.keys: list[int] = []
         """Where the top-level ``traceEvents`` key is (a second one is refused)."""
+        self.closing = False
+        """Whether the events array's end is found: ``blocks`` yields its last events,
+        then reads the epilogue."""
+        self.unread = b""
+        self.unread_at = 0
+        """Text read again from ``unread_at`` on before the source's (``rewind``)."""
 
     def _read(self, size: int | None = None) -> bytes:
-        """The next text (empty at the end), counted in ``text_bytes``."""
-        chunk = self.source.read(size or CHUNK_BYTES)
+        """The next text (empty at the end): what ``rewind`` gave back first, then the
+        source's, counted in ``text_bytes``."""
+        size = size or CHUNK_BYTES
+        if self.unread_at < len(self.unread):
+            chunk = self.unread[self.unread_at : self.unread_at + size]
+            self.unread_at += len(chunk)
+            return chunk
+        chunk = self.source.read(size)
         self.trace.text_bytes += len(chunk)
         return chunk
 
@@ -852,9 +874,10 @@ class _Reader:
                 cut = found.start() + 1
                 decoded, failure, size = _guessed(pending[:cut])
                 if decoded is not None:
-                    yield self._block(pending[:cut], decoded)
+                    block = self._block(pending[:cut], decoded)
                     self._skip(found.end())
                     self.comma = True
+                    yield block
                     continue
             if not final and (failure is None or _at_end(failure, size)):
                 # No cut yet, or one inside an event: find the events' ends exactly.
@@ -863,9 +886,10 @@ class _Reader:
                     events_end = len(pending[: None if between else last].rstrip(_WHITE))
                     decoded, failure, size = _guessed(pending[:events_end])
                     if decoded is not None:
-                        yield self._block(pending[:events_end], decoded)
+                        block = self._block(pending[:events_end], decoded)
                         self._skip(events_end if between else last + 1)
                         self.comma, self.after_event = not between, between
+                        yield block
                         continue
                 elif exact is None:
                     grow = self._room(pending)
@@ -878,6 +902,42 @@ class _Reader:
                 yield from closed
                 return
             raise self._error(failure, size)
+
+    def guess(self) -> Guess | None:
+        """The next chunk, filled and cut as ``blocks`` cuts it first but not decoded, the
+        reader moved past it as if it had decoded; ``None`` where ``blocks`` must take the
+        next step (after an event, at the array's end, or with no ``},`` in the chunk).
+        Chunks of whitespace alone are skipped."""
+        if self.after_event or self.closing:
+            return None
+        while True:
+            size = CHUNK_BYTES - len(self.pending)
+            ended = size > 0 and not self._more(size)
+            if _SPACES.match(self.pending).end() < len(self.pending):
+                break
+            self._skip(len(self.pending))
+            if ended:
+                return None
+        found = _last(_GUESS, self.pending)
+        if found is None:
+            return None
+        cut = found.start() + 1
+        guess = Guess(self.offset, self.pending[:cut], self.pending[cut : found.end()], self.comma)
+        self._skip(found.end())
+        self.comma = True
+        return guess
+
+    def rewind(self, guesses: Sequence[Guess]) -> None:
+        """Move the reader back to the first of ``guesses``, the last ones it made (in
+        order) and took no events from, so that ``blocks`` reads their text again: the
+        first chunk's as its next chunk, the others' as text read again (``unread``)."""
+        first, later = guesses[0], guesses[1:]
+        taken = [part for guess in later for part in (guess.text, guess.separator)]
+        self.unread = b"".join([*taken, self.pending, self.unread[self.unread_at :]])
+        self.unread_at = 0
+        self.pending = first.text + first.separator
+        self.offset = first.offset
+        self.comma = first.comma
 
     def _room(self, pending: bytes) -> int:
         """How much more to read for the one event in ``pending``, whose end is not there:
@@ -917,6 +977,7 @@ class _Reader:
     def _closed(
         self, pending: bytes, close: int, decoded: tuple[list[Any], bytes, bool]
     ) -> Iterator[EventBlock]:
+        self.closing = True
         if decoded[0]:
             events_end = len(pending[:close].rstrip())
             yield self._block(pending[:events_end], decoded)
@@ -1000,7 +1061,8 @@ class _Reader:
         if isinstance(failure, msgspec.ValidationError) and element:
             return TraceFormatError(
                 f"{self.path}: the events array holds something other than comma-separated "
-                f"objects: event {self.index + int(element[1])} is not an object ({message})"
+                f"objects: event {self.index + int(element[1])} is not an object "
+                f"({_ELEMENT.sub('', message)})"
             )
         within = max((_failure_byte(failure) or 1) - 1, 0)
         check_utf8(self.path, self.pending[:within], self.offset)
@@ -1018,6 +1080,107 @@ def _last(pattern: re.Pattern[bytes], text: bytes) -> re.Match[bytes] | None:
         if found or window >= len(text):
             return found[0] if found else None
         window *= 4
+
+
+@dataclass(frozen=True)
+class Guess:
+    """A chunk of the events array cut after its last ``}`` that a comma follows, not yet
+    decoded: ``text`` is guessed to hold whole events (``guessed_block`` checks it)."""
+
+    offset: int
+    """Where ``text`` starts in the whole JSON text."""
+    text: bytes
+    separator: bytes
+    """The text after it up to and including the comma it was cut at."""
+    comma: bool
+    """Whether the text before it ended in an events' comma (an event must come first)."""
+
+
+def guessed_block(path: Path, guess: Guess, args_keys: tuple[str, ...]) -> EventBlock | None:
+    """The events of ``guess`` (numbered from 0) with their fields found, where its text
+    decodes as whole events and is UTF-8; else ``None``, and ``read_guessed`` reads it
+    again itself, raising what ``read_trace`` raises."""
+    decoded, _, _ = _guessed(guess.text)
+    if decoded is None:
+        return None
+    try:
+        check_utf8(path, guess.text, guess.offset)
+    except TraceFormatError:
+        return None
+    block = EventBlock(path, 0, guess.offset, guess.text, decoded, args_keys)
+    block.prepare()
+    return block
+
+
+Decoded = TypeVar("Decoded", bound=Sized, covariant=True)
+
+
+class Pending(Protocol[Decoded]):
+    """A guess's decoding under way elsewhere."""
+
+    def result(self) -> Decoded | None:
+        """Its result, once there: ``None`` where the guess failed or could not be decoded."""
+        ...
+
+
+def read_guessed(
+    path: Path | str,
+    decode: Callable[[Guess], Pending[Decoded]],
+    depth: int,
+    ready: Callable[[], bool],
+    *,
+    args_keys: tuple[str, ...] = ARGS_KEYS,
+) -> tuple[TraceText, Generator[Decoded | EventBlock, None, None]]:
+    """Open a trace as ``read_trace`` does, its chunks decoded elsewhere once ``ready`` says
+    so (until then this reader reads them): each chunk's ``Guess`` goes to ``decode`` (work
+    for another process), up to ``depth`` ahead, and its result (whose length is its event
+    count) is taken in order. Where a result is
+    ``None``, the reader reads on itself from that chunk (the results of the guesses after
+    it taken and dropped), yielding ``EventBlock``s until it can guess again; so every
+    refusal is the one ``read_trace`` raises. Close the generator and the ``TraceText``
+    when done; what is still under way elsewhere is the caller's to stop."""
+    path = Path(path)
+    try:
+        source, compressed = open_text(path)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    trace = TraceText(path, compressed=compressed, source=source)
+
+    def generate() -> Generator[Decoded | EventBlock, None, None]:
+        flying: deque[tuple[Guess, Pending[Decoded]]] = deque()
+        with source:
+            reader = _Reader(trace, source, tuple(args_keys))
+            try:
+                reader.prologue()
+                while True:
+                    while (
+                        len(flying) < depth
+                        and (flying or ready())
+                        and (guess := reader.guess()) is not None
+                    ):
+                        flying.append((guess, decode(guess)))
+                    if flying:
+                        guess, pending = flying.popleft()
+                        result = pending.result()
+                        if result is not None:
+                            reader.index += len(result)
+                            yield result
+                            continue
+                        reader.rewind([guess, *(later for later, _ in flying)])
+                        while flying:
+                            flying.popleft()[1].result()
+                    steps = reader.blocks()
+                    for block in steps:
+                        yield block
+                        if not reader.closing:
+                            break
+                    else:
+                        return
+                    steps.close()
+            except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+                raise TraceFormatError(f"cannot read {path}: {exc}") from exc
+
+    return trace, generate()
 
 
 def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> TraceText:
