@@ -558,6 +558,16 @@ class TraceText:
     source: BinaryIO | None = field(default=None, repr=False)
     """The open text, closed by ``close`` (also where ``blocks`` never started)."""
 
+    @classmethod
+    def opened(cls, path: Path) -> TraceText:
+        """``path`` opened (``open_text``), its blocks not yet read; a file that cannot be
+        read is a ``TraceFormatError``."""
+        try:
+            source, compressed = open_text(path)
+        except OSError as exc:
+            raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        return cls(path, compressed=compressed, source=source)
+
     def close(self) -> None:
         """Stop reading: the reading thread is joined and the file closed, now rather than
         whenever the garbage collector gets to them (on whatever thread it runs)."""
@@ -1140,11 +1150,8 @@ def read_guessed(
     refusal is the one ``read_trace`` raises. Close the generator and the ``TraceText``
     when done; what is still under way elsewhere is the caller's to stop."""
     path = Path(path)
-    try:
-        source, compressed = open_text(path)
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    trace = TraceText(path, compressed=compressed, source=source)
+    trace = TraceText.opened(path)
+    source = trace.source
 
     def generate() -> Generator[Decoded | EventBlock, None, None]:
         flying: deque[tuple[Guess, Pending[Decoded]]] = deque()
@@ -1195,11 +1202,8 @@ def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> T
     releases its thread and file at once.
     """
     path = Path(path)
-    try:
-        source, compressed = open_text(path)
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    trace = TraceText(path, compressed=compressed, source=source)
+    trace = TraceText.opened(path)
+    source = trace.source
 
     def generate() -> Generator[EventBlock, None, None]:
         with source:
