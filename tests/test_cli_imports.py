@@ -25,6 +25,15 @@ HEAVY = (
 """Libraries and rooms that neither ``import multicore_profiler.cli`` nor ``mcprof --help``
 may load (each costs tens to hundreds of milliseconds of start-up)."""
 
+STORE_COMMAND_MODULES = [
+    "duckdb",
+    "multicore_profiler.analysis",
+    "multicore_profiler.storage.store",
+    "numpy",
+    "pyarrow",
+]
+"""What of ``HEAVY`` a command that reads the store loads: no pandas, no exporters."""
+
 
 def loaded_after(code: str) -> dict:
     """What a fresh interpreter reports as JSON after running ``code`` (``modules``: the
@@ -114,13 +123,7 @@ def test_runs_loads_neither_pandas_nor_pyarrow_dataset(tmp_path, capsys):
         "status": 0,
         "rows": 1,
         "recorded": 4,
-        "modules": [
-            "duckdb",
-            "multicore_profiler.analysis",
-            "multicore_profiler.storage.store",
-            "numpy",
-            "pyarrow",
-        ],
+        "modules": STORE_COMMAND_MODULES,
     }
 
 
@@ -164,13 +167,7 @@ def test_the_first_store_finds_every_sql_module_and_method_of_the_rooms_above(tm
                 "multicore_profiler.export.handlers"
             ],
         },
-        "modules": [
-            "duckdb",
-            "multicore_profiler.analysis",
-            "multicore_profiler.storage.store",
-            "numpy",
-            "pyarrow",
-        ],
+        "modules": STORE_COMMAND_MODULES,
     }
 
 
