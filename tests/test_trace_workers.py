@@ -5,6 +5,7 @@ the same event and byte, wherever a chunk is cut; and no worker is left behind."
 from __future__ import annotations
 
 import glob
+import gzip
 import os
 import signal
 from collections.abc import Callable, Generator
@@ -22,7 +23,12 @@ from multicore_profiler.errors import ArgumentError, TraceFormatError
 from multicore_profiler.ingest import trace_reader, trace_workers
 from multicore_profiler.ingest.event_columns import TimeStats
 from multicore_profiler.ingest.outer_trace import ingest_trace
-from multicore_profiler.ingest.trace_workers import WORKERS_ENV, read_tables, worker_count
+from multicore_profiler.ingest.trace_workers import (
+    PARALLEL_BYTES_MIN,
+    WORKERS_ENV,
+    read_tables,
+    worker_count,
+)
 from multicore_profiler.storage.store import open_store
 
 
@@ -279,3 +285,21 @@ def test_how_many_workers(tmp_path: Path, monkeypatch) -> None:
         worker_count(small, None)
     with pytest.raises(ArgumentError, match="1 process or more, got 0"):
         worker_count(small, 0)
+
+
+def test_a_gzipped_trace_counts_its_text(tmp_path: Path, monkeypatch) -> None:
+    """A large trace is often gzipped to a few percent of its text: its workers are chosen
+    by the text's size, which its gzip trailer gives, not by the file's."""
+    text = b"[" + b" " * (PARALLEL_BYTES_MIN - 2) + b"]"
+    packed = tmp_path / "t.json.gz"
+    packed.write_bytes(gzip.compress(text, compresslevel=1))
+    plain = tmp_path / "t.json"
+    plain.write_bytes(text[:1000])
+    assert packed.stat().st_size < PARALLEL_BYTES_MIN // 100
+    assert trace_reader.text_size(packed) == PARALLEL_BYTES_MIN
+    assert trace_reader.text_size(plain) == 1000
+    monkeypatch.delenv(WORKERS_ENV, raising=False)
+    monkeypatch.setattr(trace_workers, "cores", lambda: 4)
+    monkeypatch.setattr(trace_workers.os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    assert worker_count(packed, None) == 3
+    assert worker_count(plain, None) == 1

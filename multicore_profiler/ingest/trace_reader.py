@@ -618,15 +618,31 @@ def regular_file(path: Path) -> os.stat_result:
     return status
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+"""The first bytes of a gzip file."""
+
+
 def open_text(path: Path) -> tuple[BinaryIO, bool]:
     """A trace file's JSON text to read (gunzipped when its bytes are gzip, whatever its
     name), and whether it was compressed. The caller closes it."""
     regular_file(path)
     with open(path, "rb") as probe:
-        compressed = probe.read(2) == b"\x1f\x8b"
+        compressed = probe.read(2) == _GZIP_MAGIC
     if compressed:
         return gzip.open(path, "rb"), True
     return open(path, "rb"), False
+
+
+def text_size(path: Path) -> int:
+    """About how many bytes of JSON text ``path`` holds, without reading it: for a gzip
+    file what its trailer says (ISIZE: its last member's text size modulo 2^32), at least
+    the file's own size; for another file its size."""
+    size = path.stat().st_size
+    with open(path, "rb") as probe:
+        if probe.read(2) != _GZIP_MAGIC or size < 20:
+            return size
+        probe.seek(-4, os.SEEK_END)
+        return max(size, int.from_bytes(probe.read(4), "little"))
 
 
 def file_sha256(path: Path) -> str:

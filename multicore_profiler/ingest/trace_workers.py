@@ -46,6 +46,7 @@ from multicore_profiler.ingest.trace_reader import (
     guessed_block,
     read_guessed,
     read_trace,
+    text_size,
 )
 
 WORKERS_ENV = "MCPROF_TRACE_WORKERS"
@@ -94,15 +95,15 @@ def idle_cores(cores: int, load: float) -> int:
 def worker_count(path: Path, workers: int | None) -> int:
     """How many processes read ``path``: ``workers`` where given, else ``WORKERS_ENV``, else
     a worker per idle core (``idle_cores`` of the last minute's load) for a file of
-    ``PARALLEL_BYTES_MIN`` or more, and 1 (this process alone) below or where no more than
-    one core is idle."""
+    ``PARALLEL_BYTES_MIN`` or more of JSON text (a gzip file's text, not its bytes), and 1
+    (this process alone) below or where no more than one core is idle."""
     if workers is None and os.environ.get(WORKERS_ENV):
         text = os.environ[WORKERS_ENV]
         if not text.isdigit():
             raise ArgumentError(f"{WORKERS_ENV} must be a number of processes, got {text!r}")
         workers = int(text)
     if workers is None:
-        if path.stat().st_size < PARALLEL_BYTES_MIN:
+        if text_size(path) < PARALLEL_BYTES_MIN:
             return 1
         return idle_cores(cores(), os.getloadavg()[0])
     if workers < 1:
