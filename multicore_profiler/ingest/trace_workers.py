@@ -9,11 +9,9 @@ process itself, so every refusal names the byte ``read_trace`` names. A small tr
 one read where no more than one core is idle, is read in-process: starting the workers,
 or making them compete for busy cores, costs more than it saves (``worker_count``).
 
-A worker is a fresh interpreter that imports this module alone (numpy, pyarrow, msgspec;
-no DuckDB, no torch) and nothing of the reading process: not its state, as a fork would
-copy, nor its main module, as ``multiprocessing``'s spawn and forkserver import again
-(which runs a script with no ``if __name__ == "__main__"`` guard a second time). It
-ignores Ctrl-C: the reading process stops its workers when it stops, however it stops.
+A worker is a fresh interpreter (``child_process``, as the capture writer is) that imports
+this module alone (numpy, pyarrow, msgspec; no DuckDB, no torch). It ignores Ctrl-C: the
+reading process stops its workers when it stops, however it stops.
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ import queue
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from multicore_profiler.errors import ArgumentError
+from multicore_profiler.ingest.child_process import start_child
 from multicore_profiler.ingest.event_columns import TimeStats, events_table
 from multicore_profiler.ingest.trace_reader import (
     ARGS_KEYS,
@@ -110,16 +107,6 @@ def worker_count(path: Path, workers: int | None) -> int:
         raise ArgumentError(f"a trace is read by 1 process or more, got {workers}")
     return workers
 
-
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-"""Where the reading process found this package: its workers import the same code."""
-
-_PROGRAM = """\
-import sys
-sys.path.insert(0, sys.argv[1])
-from multicore_profiler.ingest.trace_workers import serve
-serve(int(sys.argv[2]))
-"""
 
 _GONE = object()
 """What a worker's answers hold once it ended."""
@@ -196,18 +183,7 @@ class _Worker:
     answers as they come, so that neither side waits on the other's full socket."""
 
     def __init__(self) -> None:
-        ours, theirs = socket.socketpair()
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", _PROGRAM, str(_PACKAGE_ROOT), str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        self.process, ours = start_child("multicore_profiler.ingest.trace_workers:serve")
         self.channel = ours
         self.inbox = _Inbox(ours)
         self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()

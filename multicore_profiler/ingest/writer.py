@@ -28,7 +28,6 @@ import pickle
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,10 +38,10 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
-from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from multicore_profiler.errors import CaptureError, SessionError
+from multicore_profiler.ingest.child_process import start_child
 from multicore_profiler.ingest.committer import (
     Abort,
     Batch,
@@ -85,20 +84,6 @@ START_TIMEOUT = 120.0
 WRITER_TIMEOUT = 300.0
 """Default seconds a session waits for an answer of its writer before it gives up on it."""
 
-_PACKAGE = Path(__file__).resolve().parents[1]
-
-BOOTSTRAP = """\
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location(
-    "multicore_profiler", sys.argv[1] + "/__init__.py", submodule_search_locations=[sys.argv[1]]
-)
-sys.modules["multicore_profiler"] = importlib.util.module_from_spec(spec)
-from multicore_profiler.ingest.committer import main
-main(int(sys.argv[2]))
-"""
-"""The writer process's program: the package without its ``__init__`` (which imports
-every room, DuckDB among them), so it starts in a fraction of the time."""
-
 
 @dataclass
 class WriterStats:
@@ -132,22 +117,14 @@ class WriterProcess:
     @classmethod
     def start(cls) -> WriterProcess:
         """A new writer process, serving sessions over a socket pair."""
-        ours, theirs = socket.socketpair()
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept open while it runs)
         try:
-            process = subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, str(_PACKAGE), str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
+            process, ours = start_child(
+                "multicore_profiler.ingest.committer:main", stdout=subprocess.DEVNULL, stderr=stderr
             )
         except BaseException:
-            ours.close()
             stderr.close()
             raise
-        finally:
-            theirs.close()
         started = cls(process, Connection(ours.detach()), stderr)
         _STARTED.add(started)
         started.wait_ready()
