@@ -286,6 +286,18 @@ def spec_of_file(spec: TableSpec, path: str | Path) -> TableSpec:
     return file_spec(spec, 1) if parent.startswith("run_id=") else spec
 
 
+def files_by_spec(spec: TableSpec, paths: Iterable[str]) -> list[tuple[TableSpec, tuple[str, ...]]]:
+    """``paths`` of ``spec``'s files by the spec each is read with (``spec_of_file``), in
+    the order first met: a step-partitioned table's files of one step and its files of
+    several steps (``GROUPED``) lie in different hive layouts, so each needs a scan of its
+    own."""
+    found: dict[int, tuple[TableSpec, list[str]]] = {}
+    for path in paths:
+        kind = spec_of_file(spec, path)
+        found.setdefault(len(kind.partition_by), (kind, []))[1].append(path)
+    return [(kind, tuple(kind_paths)) for kind, kind_paths in found.values()]
+
+
 def read_file(location: StoreLocation, path: str | Path, spec: TableSpec) -> pa.Table:
     """One file's rows with the spec's columns, its checksums verified; columns the file
     predates are null."""

@@ -22,10 +22,9 @@ import pyarrow.parquet as pq
 
 from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.location import StoreLocation
-from multicore_profiler.storage.partitions import PARQUET_SUFFIX, spec_of_file
+from multicore_profiler.storage.partitions import PARQUET_SUFFIX, files_by_spec
 from multicore_profiler.storage.schema import (
     DISCARDS,
-    GROUPED,
     INVOCATIONS,
     RECORDS,
     RUNS,
@@ -106,16 +105,12 @@ def register_spark_views(spark: Any, where: str | StoreLocation) -> list[str]:
 
 
 def _layouts(spec: TableSpec, listed: list[pafs.FileInfo]) -> list[TableSpec]:
-    """The specs of the table's ``listed`` files: a step-partitioned table's files of one
-    step and its files of several steps (``GROUPED``) are read apart, their hive layouts
-    differing."""
-    if spec.name not in GROUPED:
-        return [spec]
-    found = {
-        len(kind.partition_by): kind
-        for kind in (spec_of_file(spec, i.path) for i in listed if i.path.endswith(PARQUET_SUFFIX))
-    }
-    return [found[depth] for depth in sorted(found, reverse=True)] or [spec]
+    """The specs of the table's ``listed`` files, those of one step first: a
+    step-partitioned table's files of one step and its files of several steps
+    (``GROUPED``) are read apart, their hive layouts differing."""
+    paths = (info.path for info in listed if info.path.endswith(PARQUET_SUFFIX))
+    kinds = [kind for kind, _ in files_by_spec(spec, paths)]
+    return sorted(kinds, key=lambda kind: -len(kind.partition_by)) or [spec]
 
 
 def _frame(spark: Any, table: str, spec: TableSpec, kind: TableSpec) -> Any:

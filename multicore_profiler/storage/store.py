@@ -38,6 +38,7 @@ from multicore_profiler.storage.default_store import default_store_path
 from multicore_profiler.storage.location import MARKER, StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     CorruptFileError,
+    files_by_spec,
     read_verified,
     relative_path,
     schema_misfit,
@@ -279,7 +280,7 @@ class Store(Extensible, StoreWrites):
         if new:  # the pages read to check them: hand them back rather than hold them
             pa.default_memory_pool().release_unused()
         scans = []
-        for kind, paths in _layouts(spec, files):
+        for kind, paths in files_by_spec(spec, files):
             current = all(self._verified[path] for path in paths)
             types = ", ".join(f"{sql_string(k)}: {_HIVE_TYPES[k]}" for k in kind.partition_by)
             scans.append(
@@ -406,7 +407,7 @@ class Store(Extensible, StoreWrites):
                     ),
                     partition_base_dir=self._location.join(spec.name),
                 )
-                for kind, paths in _layouts(spec, files)
+                for kind, paths in files_by_spec(spec, files)
             ]
             dataset = parts[0] if len(parts) == 1 else ds.dataset(parts)
             cached = self._datasets[spec.name] = (files, dataset)
@@ -642,16 +643,6 @@ def _json_kind(value: object) -> str:
     kinds = ((bool, "a boolean"), (str, "a string"), (int, "an integer"), (float, "a number"))
     kinds += ((list, "an array"), (dict, "an object"), (type(None), "null"))
     return next(word for kind, word in kinds if isinstance(value, kind))
-
-
-def _layouts(spec: TableSpec, files: Sequence[str]) -> list[tuple[TableSpec, tuple[str, ...]]]:
-    """``files`` by the spec they are read with: a step-partitioned table's files of one
-    step and its files of several steps (``GROUPED``) each need a scan of their own."""
-    found: dict[int, tuple[TableSpec, list[str]]] = {}
-    for path in files:
-        kind = spec_of_file(spec, path)
-        found.setdefault(len(kind.partition_by), (kind, []))[1].append(path)
-    return [(kind, tuple(paths)) for kind, paths in found.values()]
 
 
 def _with_empty(spec: TableSpec, source: str) -> str:
