@@ -41,7 +41,8 @@ import os
 import re
 import zlib
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence, Sized
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence, Sized
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from operator import attrgetter
@@ -1165,45 +1166,52 @@ def read_guessed(
     it taken and dropped), yielding ``EventBlock``s until it can guess again; so every
     refusal is the one ``read_trace`` raises. Close the generator and the ``TraceText``
     when done; what is still under way elsewhere is the caller's to stop."""
-    path = Path(path)
-    trace = TraceText.opened(path)
-    source = trace.source
+    trace = TraceText.opened(Path(path))
 
     def generate() -> Generator[Decoded | EventBlock, None, None]:
         flying: deque[tuple[Guess, Pending[Decoded]]] = deque()
-        with source:
-            reader = _Reader(trace, source, tuple(args_keys))
-            try:
-                reader.prologue()
-                while True:
-                    while (
-                        len(flying) < depth
-                        and (flying or ready())
-                        and (guess := reader.guess()) is not None
-                    ):
-                        flying.append((guess, decode(guess)))
-                    if flying:
-                        guess, pending = flying.popleft()
-                        result = pending.result()
-                        if result is not None:
-                            reader.index += len(result)
-                            yield result
-                            continue
-                        reader.rewind([guess, *(later for later, _ in flying)])
-                        while flying:
-                            flying.popleft()[1].result()
-                    steps = reader.blocks()
-                    for block in steps:
-                        yield block
-                        if not reader.closing:
-                            break
-                    else:
-                        return
-                    steps.close()
-            except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
-                raise TraceFormatError(f"cannot read {path}: {exc}") from exc
+        with _reading(trace, args_keys) as reader:
+            while True:
+                while (
+                    len(flying) < depth
+                    and (flying or ready())
+                    and (guess := reader.guess()) is not None
+                ):
+                    flying.append((guess, decode(guess)))
+                if flying:
+                    guess, pending = flying.popleft()
+                    result = pending.result()
+                    if result is not None:
+                        reader.index += len(result)
+                        yield result
+                        continue
+                    reader.rewind([guess, *(later for later, _ in flying)])
+                    while flying:
+                        flying.popleft()[1].result()
+                steps = reader.blocks()
+                for block in steps:
+                    yield block
+                    if not reader.closing:
+                        break
+                else:
+                    return
+                steps.close()
 
     return trace, generate()
+
+
+@contextmanager
+def _reading(trace: TraceText, args_keys: Iterable[str]) -> Iterator[_Reader]:
+    """A reader of ``trace``'s open text, past its prologue; the text is closed after, and
+    a failed read of it (a truncated gzip, a disk error) is a ``TraceFormatError``."""
+    assert trace.source is not None  # TraceText.opened
+    with trace.source as source:
+        try:
+            reader = _Reader(trace, source, tuple(args_keys))
+            reader.prologue()
+            yield reader
+        except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+            raise TraceFormatError(f"cannot read {trace.path}: {exc}") from exc
 
 
 def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> TraceText:
@@ -1217,18 +1225,11 @@ def read_trace(path: Path | str, *, args_keys: tuple[str, ...] = ARGS_KEYS) -> T
     array. Use it as a context manager (or ``close`` it) so that a reader stopped early
     releases its thread and file at once.
     """
-    path = Path(path)
-    trace = TraceText.opened(path)
-    source = trace.source
+    trace = TraceText.opened(Path(path))
 
     def generate() -> Generator[EventBlock, None, None]:
-        with source:
-            reader = _Reader(trace, source, tuple(args_keys))
-            try:
-                reader.prologue()
-                yield from reader.blocks()
-            except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
-                raise TraceFormatError(f"cannot read {path}: {exc}") from exc
+        with _reading(trace, args_keys) as reader:
+            yield from reader.blocks()
 
     trace.blocks = ahead(generate(), "mcprof-trace-read")
     return trace
