@@ -55,6 +55,9 @@ _SCHEMA = pa.schema(
 """One row per file: its path relative to the store, its stamp, whether it has every
 column of its table at its type (see ``Store.verified_file``), when its check began."""
 
+_NONE = pa.Table.from_batches([], _SCHEMA)
+"""The record of no file (made from no batches: ``Schema.empty_table`` imports pandas)."""
+
 Stamp = tuple[int, int, int, int]
 """A file's size, modification time, change time (ns) and inode."""
 
@@ -72,7 +75,7 @@ class VerifiedRecord:
         self._root = root
         self._prefix = f"{str(root).rstrip('/')}/"
         self._read_as: Stamp | None = None
-        self._table = pa.Table.from_batches([], _SCHEMA)
+        self._table = _NONE
         self._passed: dict[str, tuple[Stamp, bool, int]] = {}
         self._failed: set[str] = set()
         self._listing: tuple[Collection[str], int] | None = None
@@ -166,14 +169,12 @@ class VerifiedRecord:
         except OSError:
             found = None
         if found is None:
-            self._table, self._read_as = pa.Table.from_batches([], _SCHEMA), None
+            self._table, self._read_as = _NONE, None
         elif found != self._read_as:
             try:
                 table = pq.ParquetFile(path, page_checksum_verification=True).read()
-                self._table = (
-                    table if table.schema.equals(_SCHEMA) else pa.Table.from_batches([], _SCHEMA)
-                )
+                self._table = table if table.schema.equals(_SCHEMA) else _NONE
             except (pa.ArrowException, OSError):
-                self._table = pa.Table.from_batches([], _SCHEMA)
+                self._table = _NONE
             self._read_as = found
         return self._table
