@@ -179,6 +179,23 @@ def test_output_matches_oracle_unprofiled(weights, x, routing, with_spec) -> Non
     torch.testing.assert_close(out, moe_reference(x, *routing, weights[1], weights[2]))
 
 
+def test_every_worker_of_a_launch_runs_on_a_thread_of_its_own(weights, x, monkeypatch) -> None:
+    """Workers that finish at once (here: doing nothing) still each get their own thread:
+    a pool thread done with one would otherwise take the next, one core after the other."""
+    threads: list[int] = []
+    monkeypatch.setattr(
+        moe_module, "_run_fast", lambda queue, events: threads.append(threading.get_ident())
+    )
+    with ReferenceMoeKernel(
+        weights[1], weights[2], tiles_per_expert=TILES, aic_workers=3, aiv_workers=5
+    ) as kernel:
+        for _ in range(20):
+            threads.clear()
+            within_timeout(lambda: kernel(x, *route(x, weights[0], TOP_K)))
+            assert len(threads) == 8
+            assert len(set(threads)) == 8
+
+
 @pytest.mark.parametrize("with_spec", [True, False])
 def test_output_matches_oracle_profiled(weights, x, routing, with_spec) -> None:
     spec = {} if with_spec else {"spec": None}

@@ -228,11 +228,16 @@ def _run_profiled(
             write(start, end, DESC_TRIGGER_EVENT, task, index, owner)
 
 
-def _guarded(events: _Events, loop: Callable[..., None], *args: object) -> None:
-    """Run a worker loop; on an error, abort the launch instead of leaving others waiting."""
+def _guarded(
+    events: _Events, together: threading.Barrier, loop: Callable[..., None], *args: object
+) -> None:
+    """Run a worker loop once every worker of the launch has a thread of its own (a thread
+    done with one worker would otherwise take the next from the queue, one core after the
+    other); on an error, abort the launch instead of leaving others waiting."""
     try:
+        together.wait()
         loop(*args)
-    except _Aborted:
+    except (_Aborted, threading.BrokenBarrierError):
         pass
     except BaseException as error:
         events.fail(error)
@@ -252,11 +257,13 @@ class _WorkerPool:
     def launch(self, jobs: list[tuple[object, ...]], events: _Events) -> None:
         """Run every worker of a launch at once; re-raise the first error of any of them."""
         with self.lock:
-            futures = [self.executor.submit(_guarded, events, *job) for job in jobs]
+            together = threading.Barrier(len(jobs))
+            futures = [self.executor.submit(_guarded, events, together, *job) for job in jobs]
             try:
                 concurrent.futures.wait(futures)
             except BaseException as interrupted:
                 events.fail(interrupted)
+                together.abort()
                 concurrent.futures.wait(futures)
                 raise
         if events.error is not None:
