@@ -4,10 +4,14 @@ A module is one topic of SQL (views, macros, tables) with the modules it needs, 
 Perfetto's trace-processor stdlib. Rooms above storage (``analysis``) register theirs with
 ``register``; storage imports none of them (the package has the analysis room imported
 before the first ``Store`` is made, so registration is done before a store opens). A store
-installs a module, after what it needs, when a query names anything the module defines;
-modules that only define views and macros are installed with the first read, unless they
-are marked ``on_demand`` (views whose creation, which binds them, costs milliseconds every
-store would pay on its first query). A materialized module's tables are built on install
+installs a module, after what it needs, when a query names anything the module defines.
+Modules that only define views and macros are also installed, all of them, where the
+statements to come are not known or may find a view by other means than its name: on a
+cursor handed to the caller (``Store.reading``), and for a query that lists the catalog
+(``SHOW TABLES``, ``duckdb_views()``, ``information_schema``) or names a table in a string
+(``query_table('stage_stats')``). Binding a view costs milliseconds, so any other query
+pays only for the modules it names. Modules marked ``on_demand`` wait for a query naming
+them even then. A materialized module's tables are built on install
 and rebuilt when its ``freshness`` query says the data under them changed; a module with a
 ``Setting`` (the outer-kernel rules) is configured per store, one with ``per_cursor`` set
 up again on each cursor scoped to runs that needs it, and a ``computed`` one (what numpy
@@ -30,6 +34,30 @@ _CREATED = re.compile(
     r"(?im)^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(?:VIEW|TABLE|MACRO)\s+(\w+)"
 )
 _NAME_TOKENS = (duckdb.token_type.identifier, duckdb.token_type.keyword)
+_BY_OTHER_MEANS = frozenset(
+    {
+        "show",
+        "describe",
+        "summarize",
+        "information_schema",
+        "pg_catalog",
+        "sqlite_master",
+        "sqlite_schema",
+        "duckdb_views",
+        "duckdb_tables",
+        "duckdb_columns",
+        "duckdb_functions",
+        "duckdb_dependencies",
+        "show_tables",
+        "show_tables_expanded",
+        "table_info",
+        "pragma_table_info",
+        "query_table",
+        "query",
+    }
+)
+"""Names of a query that finds views without naming them: the catalog, and the table
+functions that take a table's name or a query as a string."""
 
 
 @dataclass(frozen=True)
@@ -119,26 +147,17 @@ class ModuleRegistry:
             raise StoreError(f"no SQL module {name!r}; known: {', '.join(self._modules)}") from None
 
     def eager(self) -> list[SqlModule]:
-        """The modules installed with the first read, in install order: those neither
-        lazy themselves nor needing a lazy one."""
+        """The modules installed wherever a view may be found by other means than its name,
+        in install order: those neither lazy themselves nor needing a lazy one."""
         waiting: set[str] = set()
         for module in self._modules.values():  # a module's needs come before it
             if module.lazy or waiting.intersection(module.needs):
                 waiting.add(module.name)
         return [m for m in self._modules.values() if m.name not in waiting]
 
-    def named_in(self, query: str) -> list[SqlModule]:
-        """The modules a query needs (those defining a name it mentions, and what they
-        need), in install order. Names are read with DuckDB's tokenizer, so a name inside
-        a string or a comment does not count."""
-        try:
-            tokens = duckdb.tokenize(query)
-        except duckdb.Error:
-            return []
-        names = set()
-        for (start, kind), following in zip(tokens, [*tokens[1:], (len(query), None)], strict=True):
-            if kind in _NAME_TOKENS:
-                names.add(query[start : following[0]].strip().strip('"').lower())
+    def named(self, names: set[str]) -> list[SqlModule]:
+        """The modules a query of these names needs (those defining one of them, and what
+        they need), in install order."""
         return self.closure(m.name for m in self._modules.values() if m.names & names)
 
     def closure(self, names: Iterable[str]) -> list[SqlModule]:
@@ -159,6 +178,20 @@ class ModuleRegistry:
             if any(need in found for need in module.needs):
                 found.append(module.name)
         return found
+
+
+def _names(query: str) -> set[str]:
+    """The identifiers and keywords of ``query``, lower case, as DuckDB's tokenizer reads
+    them (none if it cannot): a name inside a string or a comment is not one."""
+    try:
+        tokens = duckdb.tokenize(query)
+    except duckdb.Error:
+        return set()
+    names = set()
+    for (start, kind), following in zip(tokens, [*tokens[1:], (len(query), None)], strict=True):
+        if kind in _NAME_TOKENS:
+            names.add(query[start : following[0]].strip().strip('"').lower())
+    return names
 
 
 REGISTRY = ModuleRegistry()
@@ -199,13 +232,16 @@ class InstalledModules:
         *,
         scoped: bool = False,
     ) -> None:
-        """Install, on ``con``, the eager modules, those ``query`` names and ``modules``,
-        each after what it needs; rebuild materialized tables whose data changed. A cursor
-        ``scoped`` to given runs also gets each such module's ``per_cursor`` setup."""
-        wanted = {m.name for m in self._registry.eager() if m.name not in self._installed}
-        if query is not None:
-            wanted.update(m.name for m in self._registry.named_in(query))
-        wanted.update(modules)
+        """Install, on ``con``, the modules ``query`` names and ``modules``, each after what
+        it needs, and the eager ones unless ``query`` names every view it reads (``None``:
+        a cursor for statements to come); rebuild materialized tables whose data changed. A
+        cursor ``scoped`` to given runs also gets each such module's ``per_cursor`` setup."""
+        names = None if query is None else _names(query)
+        wanted = set(modules)
+        if names is None or not _BY_OTHER_MEANS.isdisjoint(names):
+            wanted.update(m.name for m in self._registry.eager() if m.name not in self._installed)
+        if names:
+            wanted.update(m.name for m in self._registry.named(names))
         answers: dict[str, Any] = {}  # modules that share a freshness query ask it once
         for module in self._registry.closure(wanted):
             fresh = None
