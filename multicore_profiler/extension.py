@@ -4,8 +4,10 @@ Imports flow one way (see DESIGN.md's layout): ``storage`` never imports ``analy
 ``ingest`` never imports ``export``. Yet a ``Store`` offers ``compare`` (an analysis) and
 a capture session offers ``export_chrome_trace`` (an export), as users expect of them. The
 higher room registers such a method on the lower room's class, as pandas' accessors do:
-``Store.extend(compare)``, or ``extend("multicore_profiler.ingest.session.MegaKernelProfile")``
-for a class whose module must not be imported yet (the session's imports torch). The
+``Store.extend(method)``, ``Store.extend_from(module, name)`` to import the method's module
+when the method is first looked up (``Store.compare``), or
+``extend("multicore_profiler.ingest.session.MegaKernelProfile")`` for a class whose module
+must not be imported yet (the session's imports torch). The
 package names the modules that extend each class (``load_before_objects``): they are
 imported when the first object of that class is made, so the methods, and what those
 modules register with a lower room (the analysis room's SQL modules, which every store
@@ -67,6 +69,15 @@ class Extensible:
         setattr(cls, name, method)
         return method
 
+    @classmethod
+    def extend_from(cls, module: str, name: str) -> None:
+        """Add the function ``name`` of ``module`` (a module name) as a method of this
+        class, importing the module when the method is first looked up: for a method
+        whose module costs start-up time that most processes would not use."""
+        if name in dir(cls):
+            raise TypeError(f"{cls.__name__} already has {name!r}: an extension only adds")
+        setattr(cls, name, _Imported(module, name))
+
 
 def extend(target: str, name: str | None = None) -> Callable[[Method], Method]:
     """A decorator adding a method (under ``name``, default its own) to the ``Extensible``
@@ -82,3 +93,18 @@ def extend(target: str, name: str | None = None) -> Callable[[Method], Method]:
         return method
 
     return register
+
+
+class _Imported:
+    """A method found in its module when first looked up, then put on the class in place
+    of this descriptor (so later look-ups cost what any method's does)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self._module, self._name = module, name
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        method = getattr(import_module(self._module), self._name)
+        for klass in (owner or type(instance)).__mro__:
+            if klass.__dict__.get(self._name) is self:
+                setattr(klass, self._name, method)
+        return method if instance is None else method.__get__(instance, owner)

@@ -143,7 +143,8 @@ def test_importing_the_package_loads_nothing_until_a_name_is_used():
 
 def test_the_first_store_finds_every_sql_module_and_method_of_the_rooms_above(tmp_path):
     """A process that imports only the store module still gets the analysis room's SQL
-    modules and ``Store.compare`` / ``Store.check`` once it opens a store, and the export
+    modules once it opens a store, and ``Store.compare`` / ``Store.check``, whose modules
+    are imported when the methods are first looked up; the export
     handlers wait for the first capture session (they are not a store's); opening and querying an
     empty store loads neither pandas nor ``pyarrow.dataset``."""
     report = loaded_after(
@@ -151,16 +152,21 @@ def test_the_first_store_finds_every_sql_module_and_method_of_the_rooms_above(tm
         "from multicore_profiler.storage.sql_modules import REGISTRY\n"
         "report['registered_before'] = len(REGISTRY._modules)\n"
         f"store = open_store({str(tmp_path / 'store')!r}, create=True)\n"
-        "report['methods'] = [hasattr(store, name) for name in ('compare', 'check')]\n"
         "report['stages'] = store.sql('SELECT count(*) AS n FROM stage_stats').column(0)"
         ".to_pylist()\n"
+        "deferred = [f'multicore_profiler.analysis.{m}' for m in ('compare', 'clock_check')]\n"
+        "report['deferred_before'] = [name in sys.modules for name in deferred]\n"
+        "report['methods'] = [callable(getattr(store, name)) for name in ('compare', 'check')]\n"
+        "report['deferred_after'] = [name in sys.modules for name in deferred]\n"
         "from multicore_profiler.extension import _EXTENDERS\n"
         "report['extenders'] = {name: list(modules) for name, modules in _EXTENDERS.items()}"
     )
     assert report == {
         "registered_before": 0,
-        "methods": [True, True],
         "stages": [0],
+        "deferred_before": [False, False],
+        "methods": [True, True],
+        "deferred_after": [True, True],
         "extenders": {
             "multicore_profiler.storage.store.Store": ["multicore_profiler.analysis"],
             "multicore_profiler.ingest.session.MegaKernelProfile": [

@@ -5,11 +5,10 @@ Importing the room registers its SQL modules with the store's registry and gives
 """
 
 from multicore_profiler.analysis import registry
-from multicore_profiler.analysis.clock_check import check
-from multicore_profiler.analysis.compare import compare
 from multicore_profiler.storage.store import Store
 
-Store.extend(compare)
-Store.extend(check)
+# Imported when first called: a command that neither compares nor checks (most) skips them.
+Store.extend_from("multicore_profiler.analysis.compare", "compare")
+Store.extend_from("multicore_profiler.analysis.clock_check", "check")
 
 __all__ = ["registry"]
