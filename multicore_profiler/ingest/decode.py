@@ -237,6 +237,8 @@ class _Slots:
     multiple of 64 bytes: its stride is 64 + capacity x 32 bytes, capacity a multiple of 16)."""
     dropped: np.ndarray
     """Where each slot's ``dropped_count`` lies in a buffer, in 32-bit words."""
+    count: np.ndarray
+    """Where each slot's ``record_count`` lies in a buffer, in 32-bit words."""
 
 
 @functools.lru_cache(maxsize=16)
@@ -263,28 +265,25 @@ def _slots_of(layout: BufferLayout) -> _Slots:
         start=start,
         header=start // SLOT_HEADER_BYTES,
         dropped=(start + SLOT_HEADER_DTYPE.fields["dropped_count"][1]) // 4,
+        count=(start + SLOT_HEADER_DTYPE.fields["record_count"][1]) // 4,
     )
     for array in vars(slots).values():
         array.flags.writeable = False
     return slots
 
 
-_COUNT_BEFORE_DROPPED = (
-    SLOT_HEADER_DTYPE.fields["dropped_count"][1] - SLOT_HEADER_DTYPE.fields["record_count"][1]
-) // 4
-"""How many 32-bit words a slot header's ``record_count`` lies before its ``dropped_count``."""
-
-
-def dropped_records(buffer: np.ndarray, layout: BufferLayout) -> tuple[int, int]:
-    """The records the device dropped in one ``uint8`` buffer of ``layout``, read without
-    decoding the buffer (what a capture session warns about at the end of a step): the
-    ``dropped_count`` of its full slots, and that of slots whose ``record_count`` is below
-    their capacity."""
+def dropped_records(buffers: np.ndarray, layout: BufferLayout) -> tuple[int, int]:
+    """The records the device dropped in ``buffers``, ``uint8`` bytes of one or more
+    consecutive buffers of ``layout`` (a step's launches of one kernel), read without
+    decoding them (what a capture session warns about at the end of a step): the
+    ``dropped_count`` of their full slots, and that of slots whose ``record_count`` is below
+    their capacity. One pass for all the launches, as it runs on the job's thread."""
     slots = _slots_of(layout)
-    words = buffer.view(np.uint32)
-    dropped = words[slots.dropped]
-    full = words[slots.dropped - _COUNT_BEFORE_DROPPED] >= slots.capacity
-    return int(dropped[full].sum()), int(dropped[~full].sum())
+    words = buffers.view(np.uint32).reshape(-1, layout.total_bytes // 4)
+    dropped = words[:, slots.dropped]
+    total = int(dropped.sum())
+    full = int(dropped[words[:, slots.count] >= slots.capacity].sum())
+    return full, total - full
 
 
 class _Locator:

@@ -162,6 +162,7 @@ class RuntimeConfig:
         data.flags.writeable = False
         self._header, self._tasks = parse_config(data)
         self._layout = header_layout(self._header)
+        self._profile_enabled = bool(self._header["profile_enabled"])
         self.metadata = metadata
         self.backend = backend
         self.config_id = config_id
@@ -171,8 +172,9 @@ class RuntimeConfig:
 
     @property
     def profile_enabled(self) -> bool:
-        """Whether a launch with this config records into its profile buffer."""
-        return bool(self._header["profile_enabled"])
+        """Whether a launch with this config records into its profile buffer (read once:
+        every launch asks)."""
+        return self._profile_enabled
 
     @property
     def tasks(self) -> np.ndarray:
