@@ -428,12 +428,66 @@ def test_a_whole_table_scan_of_a_big_store_uses_the_native_reader(
         write_golden(store, run_id=run)
     with store.reading() as cursor:
         pruned = "SELECT count(*) FROM records_ns WHERE run_id = 'a1'"
-        assert store_module._partition_filtered(cursor, pruned, None)
-        assert not store_module._partition_filtered(cursor, "SELECT count(*) FROM records", None)
-        assert store_module._partition_filtered(cursor, "not sql at all", None)
+        assert store_module._dataset_plan(cursor, pruned, None).filtered
+        assert not store_module._dataset_plan(cursor, "SELECT count(*) FROM records", None).filtered
+        assert store_module._dataset_plan(cursor, "not sql at all", None).filtered
     # Both readers, chosen per query, give the same rows.
     assert store.sql("SELECT count(*) AS n FROM records_ns").to_pylist() == [{"n": 8}]
     assert store.sql(pruned.replace("count(*)", "count(*) AS n")).to_pylist() == [{"n": 4}]
+
+
+def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where DuckDB's plan filters every scan to constant run ids, the query lists, checks
+    and reads those runs' files only, natively, as ``runs=`` would; any other plan keeps
+    the datasets. Either way the rows are the same."""
+    monkeypatch.setattr(store_module, "NATIVE_MAX_FILES", 0)  # every table "big"
+    for run in ("a1", "b2", "c3"):
+        write_golden(store, run_id=run)
+    plan = store_module._dataset_plan
+    count = "SELECT count(*) AS n FROM records_ns"
+    invocations = "SELECT count(*) AS n FROM invocations"
+    pinned = {
+        f"{count} WHERE run_id = 'b2'": {"b2"},
+        f"{count} WHERE run_id = 'b2' AND step >= 0": {"b2"},
+        f"{invocations} WHERE run_id IN ('b2', 'c3')": {"b2", "c3"},
+        f"{invocations} WHERE run_id = 'b2' OR run_id = 'c3'": {"b2", "c3"},
+    }
+    unpinned = [
+        # DuckDB filters some of records_ns's scans by a join instead: no constant pins them
+        f"{count} WHERE run_id = 'b2' OR run_id = 'c3'",
+        f"{count} WHERE run_id = 'b2' OR step > 0",
+        f"{count} WHERE run_id >= 'b2'",
+        f"{count} WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = 'b2')",
+        count,
+    ]
+    with store.reading() as cursor:
+        assert {q: plan(cursor, q, None).runs for q in pinned} == pinned
+        assert plan(cursor, f"{count} WHERE run_id = $1", ["c3"]).runs == {"c3"}
+        assert [plan(cursor, q, None).runs for q in unpinned] == [None] * len(unpinned)
+        assert plan(cursor, "not sql at all", None) == store_module._DatasetPlan(True, None)
+
+    scoped: list[list[str] | None] = []
+    point = store_module.Store._point
+    monkeypatch.setattr(
+        store_module.Store,
+        "_point",
+        lambda self, cursor, runs, *args, **kwargs: (
+            scoped.append(runs) or point(self, cursor, runs, *args, **kwargs)
+        ),
+    )
+    for query, n in zip(pinned, (4, 4, 2, 2), strict=True):
+        scoped.clear()
+        assert store.sql(query).to_pylist() == [{"n": n}]
+        assert scoped == [None, sorted(pinned[query])]
+    scoped.clear()
+    assert store.sql(f"{count} WHERE run_id = $1", ["c3"]).to_pylist() == [{"n": 4}]
+    assert store.sql(f"{count} WHERE run_id = $1", ["a1"]).to_pylist() == [{"n": 4}]
+    assert scoped == [None, ["c3"], None, ["a1"]]
+    scoped.clear()
+    assert [store.sql(q).to_pylist() for q in unpinned] == [[{"n": n}] for n in (8, 4, 8, 4, 12)]
+    assert set(map(str, scoped)) == {"None"}  # never scoped, whatever reader it took
 
 
 def test_reading_given_files_needs_their_runs(store: Store) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from importlib import resources
@@ -129,7 +131,7 @@ class Store(Extensible, StoreWrites):
         self._vouched: set[str] = set()
         """Files of ``_verified`` that the record vouched for, which this object never read."""
         self._shared_files: dict[str, tuple[str, ...]] = {}
-        self._plan_checks: dict[tuple[str, frozenset[str]], bool] = {}
+        self._plan_checks: dict[tuple[str, frozenset[str]], _DatasetPlan] = {}
         # Over empty tables until a query finds files (see _point).
         for spec in TABLES.values():
             self._db.from_arrow(_empty_table(spec)).create(f"empty_{spec.name}")
@@ -467,6 +469,26 @@ class Store(Extensible, StoreWrites):
             finally:
                 cursor.close()
 
+    def _dataset_plan(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        query: str,
+        params: Sequence[Any] | Mapping[str, Any] | None,
+        datasets: frozenset[str],
+    ) -> _DatasetPlan:
+        """What DuckDB's plan of ``query`` does with the datasets: remembered per text
+        (the plan of one text is the same for every run of it), unless parameters may
+        pin other runs each time."""
+        key = (query, datasets)
+        plan = self._plan_checks.get(key)
+        if plan is None:
+            plan = _dataset_plan(cursor, query, params)
+            if params is None:
+                if len(self._plan_checks) >= PLAN_CHECKS_KEPT:
+                    self._plan_checks.clear()
+                self._plan_checks[key] = plan
+        return plan
+
     @contextmanager
     def _unswapped(self) -> Iterator[None]:
         """Hold a local store's lock shared, once no swap is left half done (finishing any
@@ -490,20 +512,18 @@ class Store(Extensible, StoreWrites):
 
         ``runs`` scopes the query to those runs (see ``reading``): the way to query a
         set of runs chosen at run time, which a ``WHERE run_id IN (subquery)`` cannot
-        prune. Raises ``QueryError`` with DuckDB's reason when the query cannot run.
+        prune. A query whose plan pins every scan to constant run ids (``WHERE run_id =
+        '...'``) is read as scoped to them (``_DatasetPlan``). Raises ``QueryError`` with
+        DuckDB's reason when the query cannot run.
         """
         try:
             with self._reading(query, (), runs) as (cursor, datasets):
                 if datasets and self._location.is_local:
-                    # The plan, hence the choice, is the same for every run of one text.
-                    key = (query, datasets)
-                    filtered = self._plan_checks.get(key)
-                    if filtered is None:
-                        filtered = _partition_filtered(cursor, query, params)
-                        if len(self._plan_checks) >= PLAN_CHECKS_KEPT:
-                            self._plan_checks.clear()
-                        self._plan_checks[key] = filtered
-                    if not filtered:
+                    plan = self._dataset_plan(cursor, query, params, datasets)
+                    if runs is None and plan.runs is not None:
+                        with self._views:  # as if scoped to them: their files, natively
+                            self._point(cursor, sorted(plan.runs))
+                    elif not plan.filtered:
                         with self._views:  # it scans whole tables: the native reader is faster
                             self._point(cursor, runs, native=True)
                 result = cursor.sql(query, params=params)
@@ -567,20 +587,44 @@ def open_store(
     )
 
 
-def _partition_filtered(
+@dataclass(frozen=True)
+class _DatasetPlan:
+    """What DuckDB's plan of a query does with the store's datasets."""
+
+    filtered: bool
+    """Every dataset scan gets a filter on a partition column. If not, the query reads
+    whole tables, which DuckDB's own reader scans about twice as fast."""
+    runs: frozenset[str] | None
+    """The runs it reads, where the plan pins every table it scans to constant run ids
+    (``run_id = 'r'``, ``IN``, ``OR`` of them) and scans no other source but empty
+    tables: the rows of other runs can change nothing, so it reads as a query scoped to
+    those runs does (``runs=``): their files only, listed, checked and read natively."""
+
+
+_KEPT_DATASETS = _DatasetPlan(filtered=True, runs=None)
+_RUN = r"'([A-Za-z0-9._-]+)'"
+_PINNED = re.compile(
+    rf'\("run_id" = {_RUN}\)'
+    rf'|\("run_id" IN \({_RUN}(?:, {_RUN})*\)\)'
+    rf'|\(\("run_id" = {_RUN}\)(?: OR \("run_id" = {_RUN}\))+\)'
+)
+"""One conjunct of a scan's filters that pins its rows to constant run ids, in the form
+DuckDB's JSON plan writes it."""
+
+
+def _dataset_plan(
     cursor: duckdb.DuckDBPyConnection,
     query: str,
     params: Sequence[Any] | Mapping[str, Any] | None,
-) -> bool:
-    """Whether DuckDB's plan of ``query`` hands every dataset scan a filter on a partition
-    column. If not, the query reads whole tables, which DuckDB's own reader scans about
-    twice as fast; a query that cannot be explained (not a SELECT) keeps the datasets."""
+) -> _DatasetPlan:
+    """DuckDB's plan of ``query`` read for ``_DatasetPlan``; a query that cannot be
+    explained (not a SELECT) keeps the datasets."""
     try:
         found = cursor.sql(f"EXPLAIN (FORMAT json) {query}", params=params).fetchall()
         plan = json.loads(found[0][1])
     except (duckdb.Error, IndexError, ValueError):
-        return True
-    scans: list[dict[str, Any]] = []
+        return _KEPT_DATASETS
+    filtered, pinned, runs = True, True, set[str]()
     pending: list[Any] = [plan]
     while pending:
         node = pending.pop()
@@ -588,13 +632,32 @@ def _partition_filtered(
             pending.extend(node)
         elif isinstance(node, dict):
             info = node.get("extra_info")
-            if isinstance(info, dict) and "ARROW_SCAN" in str(info.get("Function", "")):
-                scans.append(info)
+            if isinstance(info, dict):
+                function, table = str(info.get("Function", "")), info.get("Table")
+                if "ARROW_SCAN" in function:
+                    filters = info.get("Filters") or []
+                    conjuncts = [filters] if isinstance(filters, str) else list(filters)
+                    filtered &= any(
+                        f'"{column}"' in str(c) for c in conjuncts for column in _PARTITION_TYPES
+                    )
+                    found_runs = _pinned_runs(conjuncts)
+                    pinned &= found_runs is not None
+                    runs.update(found_runs or ())
+                elif function or (table and not str(table).rpartition(".")[2].startswith("empty_")):
+                    pinned = False  # a native scan, a table built from any run, a function
             pending.extend(node.values())
-    return all(
-        any(f'"{column}"' in str(info.get("Filters", "")) for column in _PARTITION_TYPES)
-        for info in scans
-    )
+    return _DatasetPlan(filtered, frozenset(runs) if pinned and runs else None)
+
+
+def _pinned_runs(conjuncts: list[Any]) -> set[str] | None:
+    """The run ids that a scan's filters (conjuncts) let through, if one of them pins
+    ``run_id`` to constants (several: those all of them let through)."""
+    found = None
+    for conjunct in conjuncts:
+        if _PINNED.fullmatch(str(conjunct)):
+            runs = set(re.findall(_RUN, str(conjunct)))
+            found = runs if found is None else found & runs
+    return found
 
 
 def _reading_failed(exc: Exception) -> bool:
