@@ -428,9 +428,10 @@ def test_a_whole_table_scan_of_a_big_store_uses_the_native_reader(
         write_golden(store, run_id=run)
     with store.reading() as cursor:
         pruned = "SELECT count(*) FROM records_ns WHERE run_id = 'a1'"
-        assert store_module._dataset_plan(cursor, pruned, None).filtered
-        assert not store_module._dataset_plan(cursor, "SELECT count(*) FROM records", None).filtered
-        assert store_module._dataset_plan(cursor, "not sql at all", None).filtered
+        filtered = store._dataset_filtered
+        assert filtered(cursor, pruned, None, frozenset())
+        assert not filtered(cursor, "SELECT count(*) FROM records", None, frozenset())
+        assert filtered(cursor, "not sql at all", None, frozenset())
     # Both readers, chosen per query, give the same rows.
     assert store.sql("SELECT count(*) AS n FROM records_ns").to_pylist() == [{"n": 8}]
     assert store.sql(pruned.replace("count(*)", "count(*) AS n")).to_pylist() == [{"n": 4}]
@@ -439,34 +440,42 @@ def test_a_whole_table_scan_of_a_big_store_uses_the_native_reader(
 def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where DuckDB's plan filters every scan to constant run ids, the query lists, checks
-    and reads those runs' files only, natively, as ``runs=`` would; any other plan keeps
-    the datasets. Either way the rows are the same."""
-    monkeypatch.setattr(store_module, "NATIVE_MAX_FILES", 0)  # every table "big"
+    """In a store with a table too big for DuckDB's reader, a query whose plan filters
+    every scan of a table of runs to constant run ids, or scans one without files, reads
+    as one scoped to those runs (only their files listed, checked and read); any other
+    keeps its whole-store reading. Either way the rows are the same."""
     for run in ("a1", "b2", "c3"):
         write_golden(store, run_id=run)
-    plan = store_module._dataset_plan
     count = "SELECT count(*) AS n FROM records_ns"
-    invocations = "SELECT count(*) AS n FROM invocations"
     pinned = {
-        f"{count} WHERE run_id = 'b2'": {"b2"},
-        f"{count} WHERE run_id = 'b2' AND step >= 0": {"b2"},
-        f"{invocations} WHERE run_id IN ('b2', 'c3')": {"b2", "c3"},
-        f"{invocations} WHERE run_id = 'b2' OR run_id = 'c3'": {"b2", "c3"},
+        f"{count} WHERE run_id = 'b2'": (["b2"], 4),
+        f"{count} WHERE run_id = 'b2' AND step >= 0": (["b2"], 4),
+        "SELECT count(*) AS n FROM stage_stats WHERE run_id = 'c3'": (["c3"], 2),
+        "SELECT count(*) AS n FROM invocations WHERE run_id = 'b2' OR run_id = 'c3'": (
+            ["b2", "c3"],
+            2,
+        ),
+        "SELECT count(*) AS n FROM invocations WHERE run_id IN ('a1', 'c3')": (["a1", "c3"], 2),
     }
-    unpinned = [
+    unpinned = {
         # DuckDB filters some of records_ns's scans by a join instead: no constant pins them
-        f"{count} WHERE run_id = 'b2' OR run_id = 'c3'",
-        f"{count} WHERE run_id = 'b2' OR step > 0",
-        f"{count} WHERE run_id >= 'b2'",
-        f"{count} WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = 'b2')",
-        count,
-    ]
-    with store.reading() as cursor:
-        assert {q: plan(cursor, q, None).runs for q in pinned} == pinned
-        assert plan(cursor, f"{count} WHERE run_id = $1", ["c3"]).runs == {"c3"}
-        assert [plan(cursor, q, None).runs for q in unpinned] == [None] * len(unpinned)
-        assert plan(cursor, "not sql at all", None) == store_module._DatasetPlan(True, None)
+        f"{count} WHERE run_id = 'b2' OR run_id = 'c3'": 8,
+        f"{count} WHERE run_id IN ('b2', 'c3')": 8,
+        f"{count} WHERE run_id = 'b2' OR step > 0": 4,
+        f"{count} WHERE run_id >= 'b2'": 8,
+        f"{count} WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = 'b2')": 4,
+        count: 12,
+        "not sql at all": None,
+    }
+    # What the whole store read natively says (no table is big: nothing is planned twice).
+    whole = {q: store.sql(q).to_pylist() for q in [*pinned, *unpinned] if q != "not sql at all"}
+    assert whole == {q: [{"n": n}] for q, (_, n) in pinned.items()} | {
+        q: [{"n": n}] for q, n in unpinned.items() if n is not None
+    }
+    monkeypatch.setattr(store_module, "NATIVE_MAX_FILES", 0)  # every table "big"
+    assert {q: store._pinned(q, None) for q in pinned} == {q: r for q, (r, _) in pinned.items()}
+    assert store._pinned(f"{count} WHERE run_id = $1", ["c3"]) == ["c3"]
+    assert [store._pinned(q, None) for q in unpinned] == [None] * len(unpinned)
 
     scoped: list[list[str] | None] = []
     point = store_module.Store._point
@@ -477,17 +486,25 @@ def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
             scoped.append(runs) or point(self, cursor, runs, *args, **kwargs)
         ),
     )
-    for query, n in zip(pinned, (4, 4, 2, 2), strict=True):
+    for query, (runs, n) in pinned.items():
         scoped.clear()
         assert store.sql(query).to_pylist() == [{"n": n}]
-        assert scoped == [None, sorted(pinned[query])]
+        assert scoped == [runs]
     scoped.clear()
     assert store.sql(f"{count} WHERE run_id = $1", ["c3"]).to_pylist() == [{"n": 4}]
     assert store.sql(f"{count} WHERE run_id = $1", ["a1"]).to_pylist() == [{"n": 4}]
-    assert scoped == [None, ["c3"], None, ["a1"]]
+    assert scoped == [["c3"], ["a1"]]
     scoped.clear()
-    assert [store.sql(q).to_pylist() for q in unpinned] == [[{"n": n}] for n in (8, 4, 8, 4, 12)]
+    counted = {q: store.sql(q).to_pylist() for q in unpinned if unpinned[q] is not None}
+    assert counted == {q: [{"n": n}] for q, n in unpinned.items() if n is not None}
     assert set(map(str, scoped)) == {"None"}  # never scoped, whatever reader it took
+
+    # A discarded write is a row of the discards table, which the views read without a
+    # filter on the run: once it has files, no plan pins stage_stats any more.
+    (write_id,) = store.sql("SELECT write_id FROM invocations WHERE run_id = 'a1'")[0].to_pylist()
+    store.discard_writes("a1", 0, [write_id])
+    assert store._pinned("SELECT count(*) AS n FROM stage_stats WHERE run_id = 'b2'", None) is None
+    assert store.sql(f"{count} WHERE run_id = 'a1'").to_pylist() == [{"n": 0}]
 
 
 def test_reading_given_files_needs_their_runs(store: Store) -> None:

@@ -180,7 +180,7 @@ class ModuleRegistry:
         return found
 
 
-def _names(query: str) -> set[str]:
+def query_names(query: str) -> set[str]:
     """The identifiers and keywords of ``query``, lower case, as DuckDB's tokenizer reads
     them (none if it cannot): a name inside a string or a comment is not one."""
     try:
@@ -236,7 +236,7 @@ class InstalledModules:
         it needs, and the eager ones unless ``query`` names every view it reads (``None``:
         a cursor for statements to come); rebuild materialized tables whose data changed. A
         cursor ``scoped`` to given runs also gets each such module's ``per_cursor`` setup."""
-        names = None if query is None else _names(query)
+        names = None if query is None else query_names(query)
         wanted = set(modules)
         if names is None or not _BY_OTHER_MEANS.isdisjoint(names):
             wanted.update(m.name for m in self._registry.eager() if m.name not in self._installed)
@@ -262,6 +262,12 @@ class InstalledModules:
             self._installed[module.name] = fresh
             if module.computed is not None:
                 module.computed(con)
+
+    def reads_data(self, query: str) -> bool:
+        """Whether a module ``query`` needs builds tables from the store's rows or computes
+        names from them on each cursor (what a look at its plan must not do)."""
+        modules = self._registry.named(query_names(query))
+        return any(m.materialized or m.computed is not None for m in modules)
 
     def _configurable(self, name: str) -> SqlModule:
         module = self._registry.get(name)

@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from importlib import resources
@@ -56,7 +55,7 @@ from multicore_profiler.storage.schema import (
     TableSpec,
 )
 from multicore_profiler.storage.selectors import RunSelector
-from multicore_profiler.storage.sql_modules import InstalledModules
+from multicore_profiler.storage.sql_modules import InstalledModules, query_names
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string, sql_strings
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
 from multicore_profiler.storage.vacuum import GRACE
@@ -131,7 +130,8 @@ class Store(Extensible, StoreWrites):
         self._vouched: set[str] = set()
         """Files of ``_verified`` that the record vouched for, which this object never read."""
         self._shared_files: dict[str, tuple[str, ...]] = {}
-        self._plan_checks: dict[tuple[str, frozenset[str]], _DatasetPlan] = {}
+        self._plans: dict[tuple[str, Any], Any] = {}
+        """Choices made from queries' plans, by text (see ``_pinned``, ``_dataset_filtered``)."""
         # Over empty tables until a query finds files (see _point).
         for spec in TABLES.values():
             self._db.from_arrow(_empty_table(spec)).create(f"empty_{spec.name}")
@@ -469,25 +469,102 @@ class Store(Extensible, StoreWrites):
             finally:
                 cursor.close()
 
-    def _dataset_plan(
+    def _has_big_table(self) -> bool:
+        """Whether a table has more files than DuckDB's reader reads for an unscoped
+        query (``NATIVE_MAX_FILES``): it would be read as a pyarrow dataset, which costs
+        its import and making (the listing is kept for the query's own)."""
+        return any(len(files) > NATIVE_MAX_FILES for files in self._catalog.files().values())
+
+    def _pinned(
+        self, query: str, params: Sequence[Any] | Mapping[str, Any] | None
+    ) -> list[str] | None:
+        """The runs ``query`` can read, where DuckDB's plan filters every scan of a table
+        of runs to constant run ids (``run_id = 'r'``, an ``IN`` list or ``OR`` of them)
+        or the table has no file: the rows of other runs then cannot change its answer, so
+        it reads as a query scoped to those runs does (their files only, listed, checked
+        and read natively). Planned before its views point at any file, over the empty
+        tables (with the optimizer rules that would fold their scans away turned off);
+        the plan's reading is remembered per text without parameters. None for any other
+        query, and for one that needs tables built from the data or cannot be planned."""
+        key = ("pinned", query)
+        found = self._plans.get(key)
+        if found is None:
+            found = self._pinned_scans(query, params)
+            if params is None:
+                self._remember(key, found)
+        runs, loose = found
+        if not runs or (loose and self._catalog.files(tables=loose)):
+            return None
+        return sorted(runs)
+
+    def _pinned_scans(
+        self, query: str, params: Sequence[Any] | Mapping[str, Any] | None
+    ) -> tuple[set[str], list[TableSpec]]:
+        """``_pinned``'s plan read: the runs its scans of tables of runs are filtered to,
+        and the tables of runs it scans unfiltered (no runs: nothing is pinned)."""
+        if "run_id" not in query_names(query) or self._modules.reads_data(query):
+            return set(), []
+        cursor = self._db.cursor()
+        try:
+            cursor.execute(f"SET disabled_optimizers = '{_KEPT_SCANS}'")
+            for spec in TABLES.values():
+                empty = _with_empty(spec, f"empty_{spec.name}")
+                cursor.execute(f"CREATE TEMP VIEW raw_{spec.name} AS {empty}")
+            with self._views:
+                self._modules.prepare(cursor, query)
+            scans = _plan_scans(cursor, query, params)
+        finally:
+            cursor.close()
+        runs: set[str] = set()
+        loose: list[TableSpec] = []
+        for info in scans or [{"Function": None}]:
+            if "Function" in info:
+                return set(), []  # no plan, or a table function
+            table = str(info["Table"]).rpartition(".")[2]
+            if not table.startswith("empty_"):
+                continue  # a setting's table (the clock correction's): none is built from data
+            spec = TABLES[table.removeprefix("empty_")]
+            if spec.partition_by[0] != "run_id":
+                continue  # a scoped query reads the other tables whole
+            pinned = _pinned_runs(info.get("Filters"))
+            if pinned is None:
+                loose.append(spec)
+            else:
+                runs |= pinned
+        return runs, loose
+
+    def _dataset_filtered(
         self,
         cursor: duckdb.DuckDBPyConnection,
         query: str,
         params: Sequence[Any] | Mapping[str, Any] | None,
         datasets: frozenset[str],
-    ) -> _DatasetPlan:
-        """What DuckDB's plan of ``query`` does with the datasets: remembered per text
-        (the plan of one text is the same for every run of it), unless parameters may
-        pin other runs each time."""
+    ) -> bool:
+        """Whether DuckDB's plan of ``query`` hands every dataset scan a filter on a
+        partition column. If not, the query reads whole tables, which DuckDB's own reader
+        scans about twice as fast; a query that cannot be explained (not a SELECT) keeps
+        the datasets. Remembered per text: its plan, hence the choice, is the same for
+        every run of it."""
         key = (query, datasets)
-        plan = self._plan_checks.get(key)
-        if plan is None:
-            plan = _dataset_plan(cursor, query, params)
-            if params is None:
-                if len(self._plan_checks) >= PLAN_CHECKS_KEPT:
-                    self._plan_checks.clear()
-                self._plan_checks[key] = plan
-        return plan
+        if key not in self._plans:
+            scans = _plan_scans(cursor, query, params)
+            self._remember(
+                key,
+                scans is None
+                or all(
+                    any(
+                        f'"{column}"' in str(info.get("Filters", "")) for column in _PARTITION_TYPES
+                    )
+                    for info in scans
+                    if "ARROW_SCAN" in str(info.get("Function", ""))
+                ),
+            )
+        return self._plans[key]
+
+    def _remember(self, key: tuple[str, Any], choice: Any) -> None:
+        if len(self._plans) >= PLAN_CHECKS_KEPT:
+            self._plans.clear()
+        self._plans[key] = choice
 
     @contextmanager
     def _unswapped(self) -> Iterator[None]:
@@ -513,19 +590,20 @@ class Store(Extensible, StoreWrites):
         ``runs`` scopes the query to those runs (see ``reading``): the way to query a
         set of runs chosen at run time, which a ``WHERE run_id IN (subquery)`` cannot
         prune. A query whose plan pins every scan to constant run ids (``WHERE run_id =
-        '...'``) is read as scoped to them (``_DatasetPlan``). Raises ``QueryError`` with
+        '...'``) is read as scoped to them (``_pinned``). Raises ``QueryError`` with
         DuckDB's reason when the query cannot run.
         """
         try:
+            if runs is None and self._location.is_local and self._has_big_table():
+                runs = self._pinned(query, params)
             with self._reading(query, (), runs) as (cursor, datasets):
-                if datasets and self._location.is_local:
-                    plan = self._dataset_plan(cursor, query, params, datasets)
-                    if runs is None and plan.runs is not None:
-                        with self._views:  # as if scoped to them: their files, natively
-                            self._point(cursor, sorted(plan.runs))
-                    elif not plan.filtered:
-                        with self._views:  # it scans whole tables: the native reader is faster
-                            self._point(cursor, runs, native=True)
+                if (
+                    datasets
+                    and self._location.is_local
+                    and not self._dataset_filtered(cursor, query, params, datasets)
+                ):
+                    with self._views:  # it scans whole tables: the native reader is faster
+                        self._point(cursor, runs, native=True)
                 result = cursor.sql(query, params=params)
                 return pa.table({}) if result is None else result.to_arrow_table()
         except duckdb.Error as exc:
@@ -587,44 +665,34 @@ def open_store(
     )
 
 
-@dataclass(frozen=True)
-class _DatasetPlan:
-    """What DuckDB's plan of a query does with the store's datasets."""
-
-    filtered: bool
-    """Every dataset scan gets a filter on a partition column. If not, the query reads
-    whole tables, which DuckDB's own reader scans about twice as fast."""
-    runs: frozenset[str] | None
-    """The runs it reads, where the plan pins every table it scans to constant run ids
-    (``run_id = 'r'``, ``IN``, ``OR`` of them) and scans no other source but empty
-    tables: the rows of other runs can change nothing, so it reads as a query scoped to
-    those runs does (``runs=``): their files only, listed, checked and read natively."""
-
-
-_KEPT_DATASETS = _DatasetPlan(filtered=True, runs=None)
+_KEPT_SCANS = "statistics_propagation,empty_result_pullup"
+"""The optimizer rules that would fold a plan's scans of empty tables away."""
 _RUN = r"'([A-Za-z0-9._-]+)'"
 _PINNED = re.compile(
-    rf'\("run_id" = {_RUN}\)'
-    rf'|\("run_id" IN \({_RUN}(?:, {_RUN})*\)\)'
-    rf'|\(\("run_id" = {_RUN}\)(?: OR \("run_id" = {_RUN}\))+\)'
+    r"(?:optional: )?(?:"
+    rf'\("?run_id"? = {_RUN}\)'
+    rf'|\("?run_id"? IN \({_RUN}(?:, {_RUN})*\)\)'
+    rf'|\(\("?run_id"? = {_RUN}\)(?: OR \("?run_id"? = {_RUN}\))+\)'
+    ")"
 )
-"""One conjunct of a scan's filters that pins its rows to constant run ids, in the form
-DuckDB's JSON plan writes it."""
+"""One of a scan's filters that pins its rows to constant run ids, as DuckDB's JSON plan
+writes it. An ``optional:`` one is a copy, for pruning, of a filter that DuckDB applies
+right above the scan: what it lets through is all the query uses of the scan too."""
 
 
-def _dataset_plan(
+def _plan_scans(
     cursor: duckdb.DuckDBPyConnection,
     query: str,
     params: Sequence[Any] | Mapping[str, Any] | None,
-) -> _DatasetPlan:
-    """DuckDB's plan of ``query`` read for ``_DatasetPlan``; a query that cannot be
-    explained (not a SELECT) keeps the datasets."""
+) -> list[dict[str, Any]] | None:
+    """What DuckDB's plan of ``query`` says of each scan (``Table`` or ``Function``, and
+    its ``Filters``); None for a query it cannot explain (not a SELECT)."""
     try:
         found = cursor.sql(f"EXPLAIN (FORMAT json) {query}", params=params).fetchall()
         plan = json.loads(found[0][1])
     except (duckdb.Error, IndexError, ValueError):
-        return _KEPT_DATASETS
-    filtered, pinned, runs = True, True, set[str]()
+        return None
+    scans = []
     pending: list[Any] = [plan]
     while pending:
         node = pending.pop()
@@ -632,28 +700,17 @@ def _dataset_plan(
             pending.extend(node)
         elif isinstance(node, dict):
             info = node.get("extra_info")
-            if isinstance(info, dict):
-                function, table = str(info.get("Function", "")), info.get("Table")
-                if "ARROW_SCAN" in function:
-                    filters = info.get("Filters") or []
-                    conjuncts = [filters] if isinstance(filters, str) else list(filters)
-                    filtered &= any(
-                        f'"{column}"' in str(c) for c in conjuncts for column in _PARTITION_TYPES
-                    )
-                    found_runs = _pinned_runs(conjuncts)
-                    pinned &= found_runs is not None
-                    runs.update(found_runs or ())
-                elif function or (table and not str(table).rpartition(".")[2].startswith("empty_")):
-                    pinned = False  # a native scan, a table built from any run, a function
+            if isinstance(info, dict) and ("Table" in info or "Function" in info):
+                scans.append(info)
             pending.extend(node.values())
-    return _DatasetPlan(filtered, frozenset(runs) if pinned and runs else None)
+    return scans
 
 
-def _pinned_runs(conjuncts: list[Any]) -> set[str] | None:
-    """The run ids that a scan's filters (conjuncts) let through, if one of them pins
-    ``run_id`` to constants (several: those all of them let through)."""
+def _pinned_runs(filters: Any) -> set[str] | None:
+    """The run ids a scan's filters (one, or a list of conjuncts) let through, if one of
+    them pins ``run_id`` to constants (several: those all of them let through)."""
     found = None
-    for conjunct in conjuncts:
+    for conjunct in [filters] if isinstance(filters, str) else filters or []:
         if _PINNED.fullmatch(str(conjunct)):
             runs = set(re.findall(_RUN, str(conjunct)))
             found = runs if found is None else found & runs
