@@ -473,6 +473,7 @@ def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
         q: [{"n": n}] for q, n in unpinned.items() if n is not None
     }
     monkeypatch.setattr(store_module, "NATIVE_MAX_FILES", 0)  # every table "big"
+    store = open_store(store.root)  # as a new command sees it
     assert {q: store._pinned(q, None) for q in pinned} == {q: r for q, (r, _) in pinned.items()}
     assert store._pinned(f"{count} WHERE run_id = $1", ["c3"]) == ["c3"]
     assert [store._pinned(q, None) for q in unpinned] == [None] * len(unpinned)
@@ -505,6 +506,7 @@ def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
     store.discard_writes("a1", 0, [write_id])
     assert store._pinned("SELECT count(*) AS n FROM stage_stats WHERE run_id = 'b2'", None) is None
     assert store.sql(f"{count} WHERE run_id = 'a1'").to_pylist() == [{"n": 0}]
+    store.close()
 
 
 def test_reading_given_files_needs_their_runs(store: Store) -> None:

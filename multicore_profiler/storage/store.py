@@ -130,6 +130,8 @@ class Store(Extensible, StoreWrites):
         self._vouched: set[str] = set()
         """Files of ``_verified`` that the record vouched for, which this object never read."""
         self._shared_files: dict[str, tuple[str, ...]] = {}
+        self._big: bool | None = None
+        """Whether the last whole-store listing found a table too big for DuckDB's reader."""
         self._plans: dict[tuple[str, Any], Any] = {}
         """Choices made from queries' plans, by text (see ``_pinned``, ``_dataset_filtered``)."""
         # Over empty tables until a query finds files (see _point).
@@ -226,6 +228,8 @@ class Store(Extensible, StoreWrites):
         if given is None:
             since = time.time_ns()
             listed = self._catalog.files(runs)
+            if runs is None:
+                self._big = _big(listed)
             if runs is None and self._record is not None:
                 self._record.listed([p for paths in listed.values() for p in paths], since)
         else:
@@ -471,9 +475,12 @@ class Store(Extensible, StoreWrites):
 
     def _has_big_table(self) -> bool:
         """Whether a table has more files than DuckDB's reader reads for an unscoped
-        query (``NATIVE_MAX_FILES``): it would be read as a pyarrow dataset, which costs
-        its import and making (the listing is kept for the query's own)."""
-        return any(len(files) > NATIVE_MAX_FILES for files in self._catalog.files().values())
+        query (``NATIVE_MAX_FILES``), so that it would be read as a pyarrow dataset, which
+        costs its import and making: as the last whole-store listing found, or one made
+        now for a store's first query (which its query's listing then reuses)."""
+        if self._big is None:
+            self._big = _big(self._catalog.files())
+        return self._big
 
     def _pinned(
         self, query: str, params: Sequence[Any] | Mapping[str, Any] | None
@@ -678,6 +685,11 @@ _PINNED = re.compile(
 """One of a scan's filters that pins its rows to constant run ids, as DuckDB's JSON plan
 writes it. An ``optional:`` one is a copy, for pruning, of a filter that DuckDB applies
 right above the scan: what it lets through is all the query uses of the scan too."""
+
+
+def _big(listed: Mapping[str, Sequence[str]]) -> bool:
+    """Whether a table of a listing has more than ``NATIVE_MAX_FILES`` files."""
+    return any(len(files) > NATIVE_MAX_FILES for files in listed.values())
 
 
 def _plan_scans(
