@@ -477,6 +477,9 @@ def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
     assert {q: store._pinned(q, None) for q in pinned} == {q: r for q, (r, _) in pinned.items()}
     assert store._pinned(f"{count} WHERE run_id = $1", ["c3"]) == ["c3"]
     assert [store._pinned(q, None) for q in unpinned] == [None] * len(unpinned)
+    # The optimizer rules the plans turned off are the whole database's: on again.
+    setting = "SELECT current_setting('disabled_optimizers') AS off"
+    assert store.sql(setting).to_pylist() == [{"off": ""}]
 
     scoped: list[list[str] | None] = []
     point = store_module.Store._point

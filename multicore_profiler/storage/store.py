@@ -513,13 +513,18 @@ class Store(Extensible, StoreWrites):
             return set(), []
         cursor = self._db.cursor()
         try:
-            cursor.execute(f"SET disabled_optimizers = '{_KEPT_SCANS}'")
             for spec in TABLES.values():
                 empty = _with_empty(spec, f"empty_{spec.name}")
                 cursor.execute(f"CREATE TEMP VIEW raw_{spec.name} AS {empty}")
             with self._views:
                 self._modules.prepare(cursor, query)
-            scans = _plan_scans(cursor, query, params)
+                # A setting of the whole database: on for the plan only (a query another
+                # thread runs meanwhile is planned without them, slower, not otherwise).
+                cursor.execute(f"SET disabled_optimizers = '{_KEPT_SCANS}'")
+                try:
+                    scans = _plan_scans(cursor, query, params)
+                finally:
+                    cursor.execute("RESET disabled_optimizers")
         finally:
             cursor.close()
         runs: set[str] = set()
