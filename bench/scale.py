@@ -27,6 +27,13 @@ DuckDB's own ``read_parquet`` over the same files, the floor). Goals:
 
     .venv/bin/python bench/scale.py [--runs 200] [--records 500000] [--repeat 5] [--dir D]
     .venv/bin/python bench/scale.py --cli [--runs 200] [--records 100000] [--new-runs 1000]
+
+With ``--remote``, the store is on S3 (a moto server on loopback, the test suite's), and
+one run's ``WHERE run_id`` query, the first of a new ``Store``, is timed pinned to its
+run (as shipped: only its files listed) against the same query with the whole store
+listed (the baseline: ``Store._pinned`` answering nothing), alternating in one process.
+
+    .venv/bin/python bench/scale.py --remote [--runs 80] [--records 5000] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -210,6 +217,54 @@ def cli_mode(args: argparse.Namespace, root: Path, target: str) -> None:
     ratio("whole store", times, "record", "unverified", 1.1)
 
 
+def remote_mode(args: argparse.Namespace, steps: list[tuple[pa.Table, ...]]) -> None:
+    """The ``--remote`` measurement (see the module's docstring)."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ.update(
+        AWS_ENDPOINT_URL=f"http://{host}:{port}",
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    try:
+        boto3.client("s3").create_bucket(Bucket="scale")
+        uri = "s3://scale/store"
+        with open_store(uri, create=True) as store:
+            for index in tqdm(range(args.runs), desc="writing runs", unit="run", disable=None):
+                write(store, f"run-{index:04d}", index, steps)
+        only = f"SELECT * FROM stage_stats WHERE run_id = 'run-{args.runs // 2:04d}' ORDER BY ALL"
+        pinned = Store._pinned
+        modes = {"whole store listed": lambda *_: None, "pinned to its run": pinned}
+        times: dict[str, list[float]] = {name: [] for name in modes}
+        answers = {}
+        for repeat in range(args.repeat + 1):
+            for name, choice in modes.items():
+                Store._pinned = choice  # type: ignore[method-assign]
+                with open_store(uri) as fresh:
+                    began = time.perf_counter()
+                    answers[name] = fresh.sql(only)
+                    if repeat:
+                        times[name].append(time.perf_counter() - began)
+        Store._pinned = pinned  # type: ignore[method-assign]
+        assert answers["whole store listed"].equals(answers["pinned to its run"])
+    finally:
+        server.stop()
+    print(f"one run, WHERE run_id, a new Store's first query, {args.runs} runs on S3 (moto):")
+    for name, seconds in times.items():
+        print(f"  {name:20s} {spread(seconds, ' s')}")
+    ratios = [w / p for w, p in zip(*times.values(), strict=True)]
+    print(f"  whole store listed / pinned = {spread(ratios, 'x')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -218,8 +273,12 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="where the stores go (default: a temp dir)")
     parser.add_argument("--cli", action="store_true", help="time fresh mcprof processes")
     parser.add_argument("--new-runs", type=int, default=1000, help="--cli: runs that arrive")
+    parser.add_argument("--remote", action="store_true", help="a store on S3 (a moto server)")
     args = parser.parse_args()
     steps = one_run(args.records)
+    if args.remote:
+        remote_mode(args, steps)
+        return
     per_run = sum(t[2].num_rows for t in steps)
     with tempfile.TemporaryDirectory(prefix="mcprof-scale-", dir=args.dir) as scratch:
         root = Path(scratch)

@@ -606,7 +606,8 @@ class Store(Extensible, StoreWrites):
         DuckDB's reason when the query cannot run.
         """
         try:
-            if runs is None and self._location.is_local and self._has_big_table():
+            # A remote store reads every table as a dataset, after listing all of it.
+            if runs is None and (not self._location.is_local or self._has_big_table()):
                 runs = self._pinned(query, params)
             with self._reading(query, (), runs) as (cursor, datasets):
                 if (
