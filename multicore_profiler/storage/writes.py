@@ -128,7 +128,9 @@ class StoreWrites:
         page cache is written back can lose the cores and records files of the last steps
         committed, whose invocations then show without them.
         """
-        staged, rows = self._stamped_step(run_id, step, invocations, cores, records, write_id)
+        staged, rows = self._stamped_step(
+            run_id, StepRows(step, invocations, cores, records, write_id)
+        )
         partition = {"run_id": run_id, "step": step}
         for spec, table in zip((RECORDS, CORES), rows, strict=True):
             if table.num_rows:
@@ -149,9 +151,7 @@ class StoreWrites:
             raise StoreError("no step to stage")
         staged, grouped = [], ([], [])
         for step in steps:
-            done, rows = self._stamped_step(
-                run_id, step.step, step.invocations, step.cores, step.records, step.write_id
-            )
+            done, rows = self._stamped_step(run_id, step)
             staged.append(done)
             for tables, table in zip(grouped, rows, strict=True):
                 if table.num_rows:
@@ -166,16 +166,11 @@ class StoreWrites:
         return staged
 
     def _stamped_step(
-        self,
-        run_id: str,
-        step: int,
-        invocations: pa.Table,
-        cores: pa.Table,
-        records: pa.Table,
-        write_id: int | None,
+        self, run_id: str, given: StepRows
     ) -> tuple[StagedStep, tuple[pa.Table, pa.Table]]:
         """A step's rows checked and stamped with its write id: its staged invocations,
         and its records and cores as their files hold them."""
+        step, invocations, write_id = given.step, given.invocations, given.write_id
         check_run_id(run_id)
         if invocations.num_rows == 0:
             raise StoreError("a step needs at least one invocation")
@@ -185,7 +180,7 @@ class StoreWrites:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise StoreError(f"step must be a non-negative integer, got {step!r}")
         allowed: dict[str, _Allowed] = {}  # each made once, for both tables
-        for name, table in (("cores", cores), ("records", records)):
+        for name, table in (("cores", given.cores), ("records", given.records)):
             for key in _STEP_KEYS:
                 if not _has(table, key):
                     continue
@@ -202,8 +197,8 @@ class StoreWrites:
         ):
             raise StoreError(f"a write id is a non-negative int64, got {write_id!r}")
         rows = (
-            _stamped(records, RECORDS, write_id),
-            _stamped(_completed(cores, CORES), CORES, write_id),
+            _stamped(given.records, RECORDS, write_id),
+            _stamped(_completed(given.cores, CORES), CORES, write_id),
         )
         # A writer's rows are their own origin (only a compaction rewrites them).
         if _has(invocations, "origin_write_id"):
