@@ -22,10 +22,13 @@ class MoeLayer:
     """(x, topk_ids, topk_weights)."""
 
 
-def moe_layer(tokens: int = TOKENS) -> MoeLayer:
-    """EXPERTS experts of HIDDEN x INTERMEDIATE and ``tokens`` tokens routed TOP_K ways."""
+def moe_layer(
+    tokens: int = TOKENS, *, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE
+) -> MoeLayer:
+    """EXPERTS experts of ``hidden`` x ``intermediate`` and ``tokens`` tokens routed TOP_K
+    ways."""
     router, w1, w2 = make_moe_weights(
-        EXPERTS, HIDDEN, INTERMEDIATE, generator=torch.Generator().manual_seed(0)
+        EXPERTS, hidden, intermediate, generator=torch.Generator().manual_seed(0)
     )
-    x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(1))
     return MoeLayer(w1, w2, (x, *route(x, router, TOP_K)))

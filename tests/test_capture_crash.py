@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from moe_layer import moe_layer
 
 from multicore_profiler import Store, mega_kernel_profile, open_store, schedule
 from multicore_profiler.errors import CaptureError
 from multicore_profiler.ingest.committer import ORPHANED
 from multicore_profiler.ingest.session import MegaKernelProfile
 from multicore_profiler.ingest.writer import GROUP_STEPS, QUEUE_DEPTH, stop_idle_writers
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+from multicore_profiler.kernels.reference import ReferenceMoeKernel
 from multicore_profiler.storage.check import check_store
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOP_K = 48, 16, 32, 4, 2
@@ -111,12 +112,9 @@ with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=
 
 @pytest.fixture
 def kernel_and_batch() -> Iterator[tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]]]:
-    router, w1, w2 = make_moe_weights(
-        EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
-    )
-    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
-    with ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
-        yield kernel, (x, *route(x, router, TOP_K))
+    layer = moe_layer(TOKENS, hidden=HIDDEN, intermediate=INTER)
+    with ReferenceMoeKernel(layer.w1, layer.w2, token_tile=16) as kernel:
+        yield kernel, layer.batch
 
 
 def writer_site(monkeypatch: pytest.MonkeyPatch, where: Path, action: str, at: int) -> Path:
@@ -420,6 +418,27 @@ def test_a_writer_killed_after_a_windows_last_step_leaves_none_of_that_window(
     assert leases(store.root) == []
 
 
+def assert_full_disk_failed_the_run(store: Store, raised: str, full: str) -> None:
+    """What a session of two windows (3 steps, then 1) whose writer's disk filled in the
+    first leaves: the error ``full`` raised, no row in view, no invocation written, the
+    run failed after 4 steps, window 0's three steps and window 1's step withdrawn with
+    that reason, no lease, nothing for ``mcprof check`` to report."""
+    assert raised == full
+    assert visible(store) == NOTHING
+    assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
+    assert store.sql("SELECT status, capture_steps FROM runs").to_pylist() == [
+        {"status": "failed", "capture_steps": 4}
+    ]
+    assert store.sql(
+        "SELECT window_id, reason, count(*) AS n FROM raw_discards GROUP BY ALL ORDER BY ALL"
+    ).to_pylist() == [
+        {"window_id": 0, "reason": f"CaptureError: {full}", "n": 3},
+        {"window_id": 1, "reason": f"CaptureError: {full}", "n": 1},
+    ]
+    assert leases(store.root) == []
+    assert check_store(store).problems == []
+
+
 def test_a_full_disk_leaves_none_of_the_window_and_fails_the_run(
     store: Store,
     kernel_and_batch: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
@@ -442,21 +461,8 @@ def test_a_full_disk_leaves_none_of_the_window_and_fails_the_run(
         for _ in range(4):
             kernel(*batch)
             prof.step()
-    assert str(raised.value) == full
-    assert visible(store) == NOTHING
-    assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
-    assert store.sql("SELECT status, capture_steps FROM runs").to_pylist() == [
-        {"status": "failed", "capture_steps": 4}
-    ]
     # Window 0's two staged steps and the one that failed, window 1's step that was skipped.
-    assert store.sql(
-        "SELECT window_id, reason, count(*) AS n FROM raw_discards GROUP BY ALL ORDER BY ALL"
-    ).to_pylist() == [
-        {"window_id": 0, "reason": f"CaptureError: {full}", "n": 3},
-        {"window_id": 1, "reason": f"CaptureError: {full}", "n": 1},
-    ]
-    assert leases(store.root) == []
-    assert check_store(store).problems == []
+    assert_full_disk_failed_the_run(store, str(raised.value), full)
 
 
 def test_a_full_disk_at_a_group_leaves_none_of_its_window_and_fails_the_run(
@@ -480,22 +486,9 @@ def test_a_full_disk_at_a_group_leaves_none_of_its_window_and_fails_the_run(
         for _ in range(4):
             kernel(*batch)
             prof.step()
-    assert str(raised.value) == full
-    assert visible(store) == NOTHING
-    assert store.sql("SELECT count(*) AS n FROM raw_records").to_pylist() == [{"n": 0}]
-    assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
-    assert store.sql("SELECT status, capture_steps FROM runs").to_pylist() == [
-        {"status": "failed", "capture_steps": 4}
-    ]
     # Window 0's three steps, handed over and never committed; window 1's step.
-    assert store.sql(
-        "SELECT window_id, reason, count(*) AS n FROM raw_discards GROUP BY ALL ORDER BY ALL"
-    ).to_pylist() == [
-        {"window_id": 0, "reason": f"CaptureError: {full}", "n": 3},
-        {"window_id": 1, "reason": f"CaptureError: {full}", "n": 1},
-    ]
-    assert leases(store.root) == []
-    assert check_store(store).problems == []
+    assert_full_disk_failed_the_run(store, str(raised.value), full)
+    assert store.sql("SELECT count(*) AS n FROM raw_records").to_pylist() == [{"n": 0}]
     assert not list(store.root.rglob("*.tmp"))
 
 

@@ -14,16 +14,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from moe_layer import moe_layer
 
 from multicore_profiler import Store, mega_kernel_profile, open_store, schedule
 from multicore_profiler.errors import CaptureError, SessionError
 from multicore_profiler.ingest import committer
-from multicore_profiler.kernels.reference import ReferenceMoeKernel, make_moe_weights, route
+from multicore_profiler.kernels.reference import ReferenceMoeKernel
 from multicore_profiler.storage import store as store_module
 from multicore_profiler.storage.check import check_store
 from multicore_profiler.storage.partitions import ORPHAN_AGE
 
-TOKENS, HIDDEN, INTER, EXPERTS, TOP_K = 48, 16, 32, 4, 2
 KEYS = """SELECT step, invocation_id, core_type, block_id, record_index, desc_id, task_id
           FROM records ORDER BY ALL"""
 """What a record is, whatever the clock read when it was recorded."""
@@ -32,12 +32,9 @@ PER_STEP = "SELECT step, count(*) AS n FROM records GROUP BY step ORDER BY step"
 
 @pytest.fixture
 def kernel() -> Iterator[tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]]]:
-    router, w1, w2 = make_moe_weights(
-        EXPERTS, HIDDEN, INTER, generator=torch.Generator().manual_seed(0)
-    )
-    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
-    with ReferenceMoeKernel(w1, w2, token_tile=16) as k:
-        yield k, (x, *route(x, router, TOP_K))
+    layer = moe_layer(48, hidden=16, intermediate=32)
+    with ReferenceMoeKernel(layer.w1, layer.w2, token_tile=16) as k:
+        yield k, layer.batch
 
 
 def record(
