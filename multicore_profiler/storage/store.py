@@ -529,9 +529,11 @@ class Store(Extensible, StoreWrites):
             cursor.close()
         runs: set[str] = set()
         loose: list[TableSpec] = []
-        for info in scans or [{"Function": None}]:
+        if scans is None:
+            return runs, loose
+        for info in scans:
             if "Function" in info:
-                return set(), []  # no plan, or a table function
+                return set(), []  # a table function
             table = str(info["Table"]).rpartition(".")[2]
             if not table.startswith("empty_"):
                 continue  # a setting's table (the clock correction's): none is built from data
