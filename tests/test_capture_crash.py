@@ -418,12 +418,36 @@ def test_a_writer_killed_after_a_windows_last_step_leaves_none_of_that_window(
     assert leases(store.root) == []
 
 
-def assert_full_disk_failed_the_run(store: Store, raised: str, full: str) -> None:
-    """What a session of two windows (3 steps, then 1) whose writer's disk filled in the
-    first leaves: the error ``full`` raised, no row in view, no invocation written, the
-    run failed after 4 steps, window 0's three steps and window 1's step withdrawn with
-    that reason, no lease, nothing for ``mcprof check`` to report."""
-    assert raised == full
+def assert_a_full_disk_fails_the_run(
+    store: Store,
+    kernel_and_batch: tuple[ReferenceMoeKernel, tuple[torch.Tensor, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    *,
+    at: int,
+    group_steps: int = GROUP_STEPS,
+) -> None:
+    """Run a session of two windows (3 steps, then 1) whose writer's disk fills at its
+    ``at``-th records file, and check what it leaves: the error raised at its end, no row
+    in view, no invocation written, the run failed after 4 steps, window 0's three steps
+    and window 1's step withdrawn with that reason, no lease, nothing for ``mcprof
+    check`` to report."""
+    kernel, batch = kernel_and_batch
+    writer_site(monkeypatch, tmp_path, "enospc", at=at)
+    full = (
+        "profile buffers could not be stored: cannot write records to the store at "
+        f"{store.root}: No space left on device"
+    )
+    with (  # noqa: PT012 (raised at the exit)
+        pytest.raises(CaptureError) as raised,
+        mega_kernel_profile(
+            store=store, schedule=schedule(wait=0, warmup=0, active=3), group_steps=group_steps
+        ) as prof,
+    ):
+        for _ in range(4):
+            kernel(*batch)
+            prof.step()
+    assert str(raised.value) == full
     assert visible(store) == NOTHING
     assert store.sql("SELECT count(*) AS n FROM raw_invocations").to_pylist() == [{"n": 0}]
     assert store.sql("SELECT status, capture_steps FROM runs").to_pylist() == [
@@ -445,24 +469,12 @@ def test_a_full_disk_leaves_none_of_the_window_and_fails_the_run(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    """The writer's disk fills at step 2's records, the last step of window 0 (ended)."""
-    kernel, batch = kernel_and_batch
-    writer_site(monkeypatch, tmp_path, "enospc", at=3)
-    full = (
-        "profile buffers could not be stored: cannot write records to the store at "
-        f"{store.root}: No space left on device"
+    """The writer's disk fills at step 2's records, the last step of window 0 (ended):
+    window 0's two staged steps and the one that failed are withdrawn, and window 1's
+    step, which was skipped."""
+    assert_a_full_disk_fails_the_run(  # a file per step
+        store, kernel_and_batch, monkeypatch, tmp_path, at=3, group_steps=1
     )
-    with (  # noqa: PT012 (raised at the exit)
-        pytest.raises(CaptureError) as raised,
-        mega_kernel_profile(  # a file per step
-            store=store, schedule=schedule(wait=0, warmup=0, active=3), group_steps=1
-        ) as prof,
-    ):
-        for _ in range(4):
-            kernel(*batch)
-            prof.step()
-    # Window 0's two staged steps and the one that failed, window 1's step that was skipped.
-    assert_full_disk_failed_the_run(store, str(raised.value), full)
 
 
 def test_a_full_disk_at_a_group_leaves_none_of_its_window_and_fails_the_run(
@@ -472,22 +484,9 @@ def test_a_full_disk_at_a_group_leaves_none_of_its_window_and_fails_the_run(
     tmp_path: Path,
 ) -> None:
     """The writer's disk fills at its first records file: window 0's group of three
-    steps, written when the window ends."""
-    kernel, batch = kernel_and_batch
-    writer_site(monkeypatch, tmp_path, "enospc", at=1)
-    full = (
-        "profile buffers could not be stored: cannot write records to the store at "
-        f"{store.root}: No space left on device"
-    )
-    with (  # noqa: PT012 (raised at the exit)
-        pytest.raises(CaptureError) as raised,
-        mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3)) as prof,
-    ):
-        for _ in range(4):
-            kernel(*batch)
-            prof.step()
-    # Window 0's three steps, handed over and never committed; window 1's step.
-    assert_full_disk_failed_the_run(store, str(raised.value), full)
+    steps, written when the window ends, handed over and never committed; window 1's
+    step is withdrawn too. No records file and no half-written file is left."""
+    assert_a_full_disk_fails_the_run(store, kernel_and_batch, monkeypatch, tmp_path, at=1)
     assert store.sql("SELECT count(*) AS n FROM raw_records").to_pylist() == [{"n": 0}]
     assert not list(store.root.rglob("*.tmp"))
 
