@@ -32,9 +32,10 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -105,8 +106,7 @@ class NewKernel:
     device: int
 
 
-@dataclass(frozen=True)
-class Group:
+class Group(NamedTuple):
     """Consecutive launches of one kernel and direction in a batch's segment, with the
     host's clock around each (``PreparedCall.host_launch_ns`` and ``host_sync_ns``)."""
 
@@ -118,9 +118,10 @@ class Group:
     host_sync_ns: tuple[int | None, ...]
 
 
-@dataclass(frozen=True)
-class Batch:
-    """Launches of one step, invocation ids from ``first_invocation_id`` on."""
+class Batch(NamedTuple):
+    """Launches of one step, invocation ids from ``first_invocation_id`` on. It crosses
+    the socket as plain tuples (``wire``): the job's thread pickles one every step, cold
+    after the kernel ran, where a dataclass's pickling costs several times as much."""
 
     sequence: int
     segment_id: int
@@ -136,6 +137,16 @@ class Batch:
     recorded_steps: int
     job_seconds: float
     """The session's own cost so far, kept in case the job dies before it can store it."""
+
+    def wire(self) -> tuple[Any, ...]:
+        """The batch as the plain tuple sent for it."""
+        return tuple(self._replace(groups=tuple(map(tuple, self.groups))))
+
+    @classmethod
+    def from_wire(cls, values: tuple[Any, ...]) -> Batch:
+        """The batch that ``wire`` gave ``values`` for."""
+        batch = cls._make(values)
+        return batch._replace(groups=tuple(map(Group._make, batch.groups)))
 
 
 @dataclass(frozen=True)
@@ -157,11 +168,11 @@ class Abort:
     """Drop what is queued, answer ``Closed``, and stop."""
 
 
-@dataclass(frozen=True)
-class Done:
+class Done(NamedTuple):
     """A batch's answer (the session knows its window, write id and segment, which is
     free again), or a window's: written (a batch's cores and records; a window's commit),
-    or its error, or neither (skipped after an error or an abort)."""
+    or its error, or neither (skipped after an error or an abort). Sent as a plain tuple
+    (see ``Batch``), the one answer that is."""
 
     sequence: int
     written: bool
@@ -250,7 +261,7 @@ class Committer:
         if self._gone:
             return
         try:
-            self._connection.send(answer)
+            self._connection.send(tuple(answer) if isinstance(answer, Done) else answer)
         except OSError:
             self._gone = self._aborted = True
 
@@ -270,7 +281,9 @@ class Committer:
                 self._gone = self._aborted = True
                 self._queue.append(None)
                 break
-            if isinstance(message, NewSegment):
+            if type(message) is tuple:
+                message = Batch.from_wire(message)
+            elif isinstance(message, NewSegment):
                 self._map(message)
                 continue
             if isinstance(message, WindowClosed):
@@ -346,7 +359,7 @@ class Committer:
     def _late_answer(self, sequence: int) -> Done:
         """The error of a group written late, as the answer to message ``sequence``."""
         late, self._late = self._late, None
-        return replace(late, sequence=sequence)
+        return late._replace(sequence=sequence)
 
     def _error(self, sequence: int, exc: BaseException, began: float) -> Done:
         """The answer for a batch or window that could not be written."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from multicore_profiler.errors import CaptureError, SessionError
 from multicore_profiler.ingest.child_process import start_child
@@ -424,7 +424,8 @@ class StepWriter:
             # Plain pickle, not Connection.send's ForkingPickler (made per message, with a
             # copy of its reducer table): a step's hand-over runs cold after the kernel, where
             # that cost the job's thread about 0.04 ms. Descriptors go by send_handle.
-            self._connection.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+            wire = message.wire() if isinstance(message, Batch) else message
+            self._connection.send_bytes(pickle.dumps(wire, pickle.HIGHEST_PROTOCOL))
             if fd is not None:
                 send_handle(self._connection, fd, self.pid or 0)
         except OSError as exc:
@@ -436,7 +437,7 @@ class StepWriter:
         try:
             if not self._connection.poll(self._timeout):
                 raise self._silent()
-            return self._connection.recv()
+            return _answer(self._connection.recv())
         except (EOFError, OSError) as exc:
             raise self._died() from exc
 
@@ -456,15 +457,11 @@ class StepWriter:
         return self._dead
 
     def _check_alive(self) -> None:
-        """Raise if the writer ended (a look at the process, without reading its answers)."""
-        if self._dead is None:
-            ended = (
-                self._thread is not None and not self._thread.is_alive()
-                if self._process is None
-                else self._process.process.poll() is not None
-            )
-            if ended:
-                raise self._died()
+        """Raise if the writer ended, without reading its answers. A thread is looked at;
+        a process is not (a ``waitpid`` each step): its end of the socket closed with it,
+        so the step's first send to it fails and says how it ended."""
+        if self._dead is None and self._process is None and not self._thread.is_alive():
+            raise self._died()
         if self._dead is not None:
             raise self._dead
 
@@ -520,7 +517,7 @@ class StepWriter:
         """Take in what a writer that ended said before it went."""
         try:
             while self._connection.poll(0):
-                answer = self._connection.recv()
+                answer = _answer(self._connection.recv())
                 if isinstance(answer, Done):
                     self._answered(answer)
         except (EOFError, OSError):
@@ -539,6 +536,11 @@ class StepWriter:
         else:
             self._connection.close()
             self._thread.join(None if self._dead is None else 0)  # a stuck one is left
+
+
+def _answer(received: Any) -> Done | Closed:
+    """A committer's answer as received: a ``Done`` comes as its plain tuple."""
+    return Done._make(received) if type(received) is tuple else received
 
 
 def _serve_in_thread(connection: Connection) -> None:
