@@ -9,7 +9,8 @@ process.
 
 from __future__ import annotations
 
-import secrets
+import os
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -59,9 +60,16 @@ class StepRows:
     write_id: int | None = None
 
 
+_WRITE_IDS = random.Random()
+"""Seeded from the OS, and again in a forked child; a job's own seeding of ``random``
+cannot touch it. It draws without a system call, which ``secrets`` makes per id (a
+capture session draws one per step, on the job's thread)."""
+os.register_at_fork(after_in_child=_WRITE_IDS.seed)
+
+
 def new_write_id() -> int:
     """A write id no other write will draw (63 random bits)."""
-    return secrets.randbits(63)
+    return _WRITE_IDS.getrandbits(63)
 
 
 class StoreWrites:
