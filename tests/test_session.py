@@ -518,9 +518,11 @@ def test_drops_in_slots_that_are_not_full_are_not_called_full(store: Store) -> N
         pack(1, 1, 16, 16, [Slot(AIC, 0, 100, one, dropped=3)]),
         pack(1, 1, 16, 16, partial_and_full),
     ]
+    clean = pack(1, 1, 16, 16, [Slot(AIC, 0, 100, one)])
     warned = []
     with mega_kernel_profile(store=store) as prof:
-        for launches in ([buffers[0]], [buffers[1]], buffers):  # step 2: both, counted at once
+        # step 2: both, counted at once; step 3: a launch that dropped none, then one that did
+        for launches in ([buffers[0]], [buffers[1]], buffers, [clean, buffers[1]]):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 for data in launches:
@@ -537,6 +539,9 @@ def test_drops_in_slots_that_are_not_full_are_not_called_full(store: Store) -> N
         "their capacity; the invocations list them in partial_slots); the rest are kept",
         "step 2: the device dropped 6 records in 2 launch(es): 2 because slots were full "
         "(plan a larger capacity), 4 in slots that are not full (their record_count is below "
+        "their capacity; the invocations list them in partial_slots); the rest are kept",
+        "step 3: the device dropped 3 records in 2 launch(es): 2 because slots were full "
+        "(plan a larger capacity), 1 in slots that are not full (their record_count is below "
         "their capacity; the invocations list them in partial_slots); the rest are kept",
     ]
 
