@@ -22,14 +22,14 @@ class BufferPool:
     """Free buffers by (device, bytes); ``allocations`` and ``reuses`` count what it did."""
 
     def __init__(self) -> None:
-        self._free: dict[tuple[str, int], list[torch.Tensor]] = defaultdict(list)
+        self._free: dict[tuple[torch.device, int], list[torch.Tensor]] = defaultdict(list)
         self._lock = threading.Lock()
         self.allocations = 0
         self.reuses = 0
 
     def acquire(self, backend: Backend, nbytes: int) -> torch.Tensor:
         """A zeroed ``uint8`` buffer of ``nbytes`` on the backend's device."""
-        key = (str(backend.device), nbytes)
+        key = (backend.device, nbytes)
         with self._lock:
             free = self._free[key]
             buffer = free.pop() if free else None
@@ -48,7 +48,7 @@ class BufferPool:
         torch._foreach_zero_(list(buffers))
         with self._lock:
             for buffer in buffers:
-                self._free[(str(buffer.device), buffer.numel())].append(buffer)
+                self._free[(buffer.device, buffer.numel())].append(buffer)
 
     @property
     def free_buffers(self) -> int:

@@ -85,11 +85,12 @@ class CpuBackend:
     def __init__(self) -> None:
         self.allocations = 0
         self._placeholder = torch.empty(0, dtype=torch.uint8)
+        self._device = torch.device("cpu")
 
     @property
     def device(self) -> torch.device:
-        """The CPU."""
-        return torch.device("cpu")
+        """The CPU (one object: a session looks it up for every launch)."""
+        return self._device
 
     @property
     def device_index(self) -> int:
