@@ -52,12 +52,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         else:
             args.output.write_bytes(text)
     elif args.format == "csv":
-        emit(comparison.rows, "csv", args.output)
+        emit(comparison.rows, "csv", args.output, store)
     else:
         if args.output is not None:
             raise ProfileError("--format table prints to the terminal; pick csv, json or markdown")
         print(f"mcprof compare: {comparison.summary()}")
-        emit(comparison_table(comparison), "table", None)
+        emit(comparison_table(comparison), "table", None, store)
     return 1 if args.fail_on_regression and comparison.regressed else 0
 
 

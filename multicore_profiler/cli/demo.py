@@ -80,7 +80,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         f"{len(prof.windows)} window(s) of {schedule(**DEMO_SCHEDULE)}, "
         f"{totals[0]['records']} records, {totals[0]['dropped']} dropped"
     )
-    emit(summary, "table", None)
+    emit(summary, "table", None, store)
     print(f"torch.profiler trace of window {window}: {trace_path}")
     fused = torch_trace / f"{prof.run_id}.window{window}.fused.json"
     selection = {"store": store, "run": prof.run_id, "window": window}

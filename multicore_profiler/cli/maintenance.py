@@ -56,12 +56,11 @@ def cmd_compact(args: argparse.Namespace) -> None:
 def cmd_gc(args: argparse.Namespace) -> None:
     """Print the runs the retention rules remove (and remove them with ``--apply``)."""
     older = None if args.older_than is None else timedelta(days=args.older_than)
-    plan = open_given_store(args).gc(
-        keep_last=args.keep_last, older_than=older, labels=args.label, apply=args.apply
-    )
+    store = open_given_store(args)
+    plan = store.gc(keep_last=args.keep_last, older_than=older, labels=args.label, apply=args.apply)
     columns = ["run_id", "label", "commit", "status", "start_time", "updated_at", "files", "bytes"]
     if plan.runs:
-        emit(pa.Table.from_pylist(plan.runs).select(columns), args.format, args.output)
+        emit(pa.Table.from_pylist(plan.runs).select(columns), args.format, args.output, store)
     print(plan.summary(), file=sys.stderr)
 
 

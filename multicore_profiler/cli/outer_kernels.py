@@ -28,7 +28,7 @@ def cmd_kernels(args: argparse.Namespace) -> None:
     sources = list(dict.fromkeys(sources))  # a trace named twice is shown once
     for source_id in sources:
         check_steps(store, source_id)
-    emit(family_times_by_step(store, sources), args.format, args.output)
+    emit(family_times_by_step(store, sources), args.format, args.output, store)
 
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:

@@ -16,6 +16,8 @@ from multicore_profiler.errors import ArgumentError, ProfileError
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from multicore_profiler.storage.store import Store
+
 OUTPUTS = {"output": "-o", "plot": "--plot"}
 """The arguments naming a file a command writes, by their option."""
 
@@ -79,8 +81,9 @@ def write_rendered(rendered: str | bytes, output: Path | None) -> None:
         output.write_bytes(data)
 
 
-def emit(table: pa.Table, fmt: str, output: Path | None) -> None:
-    """Print or write query rows: a box table, CSV, a JSON array, or Parquet (to a file)."""
+def emit(table: pa.Table, fmt: str, output: Path | None, store: Store | None = None) -> None:
+    """Print or write query rows: a box table, CSV, a JSON array, or Parquet (to a file);
+    with the ``store`` the rows came from, through its database (``Store.cursor``)."""
     if fmt == "table" and output is not None:
         raise ProfileError(
             "--format table prints to the terminal; pick csv, json or parquet for -o"
@@ -91,7 +94,7 @@ def emit(table: pa.Table, fmt: str, output: Path | None) -> None:
 
     from multicore_profiler.storage.connection import connection
 
-    with connection() as con:
+    with connection() if store is None else store.cursor() as con:
         con.execute("SET TimeZone = 'UTC'")
         con.register("result", table)
         if fmt == "table":

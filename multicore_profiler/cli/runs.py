@@ -24,7 +24,9 @@ def cmd_runs(args: argparse.Namespace) -> None:
     store = open_given_store(args)
     selected = None if args.select is None else store.select_runs(args.select)
     table = store.sql(_RUNS, {"runs": selected})
-    emit(_cost_per_step(table) if args.format == "table" else table, args.format, args.output)
+    emit(
+        _cost_per_step(table) if args.format == "table" else table, args.format, args.output, store
+    )
 
 
 def _cost_per_step(table: pa.Table) -> pa.Table:
@@ -49,7 +51,7 @@ def cmd_query(args: argparse.Namespace) -> None:
     store = open_given_store(args)
     store.use_kernel_rules(outer_kernel_rules(args))
     runs = list(args.run) + (store.select_runs(args.select) if args.select else [])
-    emit(store.sql(args.sql, runs=runs or None), args.format, args.output)
+    emit(store.sql(args.sql, runs=runs or None), args.format, args.output, store)
 
 
 def register(commands: argparse._SubParsersAction, parents: Parents) -> None:

@@ -419,6 +419,12 @@ class Store(Extensible, StoreWrites):
             cached = self._datasets[spec.name] = (files, dataset)
         return cached[1]
 
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A DuckDB cursor of the store's in-process database, for work on rows already
+        read, such as formatting a result: cheaper than a database of its own (about
+        15 ms). It reads no file; close it when done."""
+        return self._db.cursor()
+
     @contextmanager
     def reading(
         self,
