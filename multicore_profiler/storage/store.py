@@ -16,7 +16,6 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from functools import partial
@@ -33,7 +32,6 @@ import pyarrow.fs as pafs
 from multicore_profiler.errors import IntegrityError, QueryError, SelectorError, StoreError
 from multicore_profiler.extension import Extensible
 from multicore_profiler.storage.catalog import FileCatalog
-from multicore_profiler.storage.compact import CompactionReport, compact
 from multicore_profiler.storage.connection import connection, query_error
 from multicore_profiler.storage.default_store import default_store_path
 from multicore_profiler.storage.location import MARKER, StoreLocation, store_write
@@ -46,7 +44,6 @@ from multicore_profiler.storage.partitions import (
     spec_of_file,
     verified_parquet,
 )
-from multicore_profiler.storage.retention import GcPlan, collect, plan_gc
 from multicore_profiler.storage.schema import (
     DISCARDS,
     INVOCATIONS,
@@ -64,6 +61,9 @@ from multicore_profiler.storage.writes import StoreWrites
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
+
+    from multicore_profiler.storage.compact import CompactionReport
+    from multicore_profiler.storage.retention import GcPlan
 
 FORMAT_VERSION = 1
 
@@ -192,6 +192,8 @@ class Store(Extensible, StoreWrites):
     ) -> GcPlan:
         """Remove whole runs by a retention rule; with ``apply=False`` (the default) only
         say which. See ``retention.plan_gc``."""
+        from multicore_profiler.storage.retention import collect, plan_gc  # and tqdm
+
         plan = plan_gc(self, keep_last=keep_last, older_than=older_than, labels=labels)
         return collect(self, plan) if apply else plan
 
@@ -204,6 +206,8 @@ class Store(Extensible, StoreWrites):
     ) -> CompactionReport:
         """Delete the files no view shows again, then merge each partition's small files
         into one (default: every run); see ``compact``."""
+        from multicore_profiler.storage.compact import compact  # and tqdm: for this alone
+
         return compact(self, run_ids, grace=grace, now=now)
 
     def _point(
@@ -279,6 +283,8 @@ class Store(Extensible, StoreWrites):
             self._vouched.update(vouched)
             new = [path for path in new if path not in vouched]
         if len(new) > 1:
+            from concurrent.futures import ThreadPoolExecutor  # new files only
+
             with ThreadPoolExecutor(min(VERIFY_THREADS, len(new))) as pool:
                 list(pool.map(partial(self._verify, spec), new))
         elif new:
