@@ -112,6 +112,10 @@ RECORD_COLUMNS = (
 )
 """What a query's rows must carry to be shown (``records`` and ``records_ns`` have all)."""
 
+_MODULES = ("units", "records.names", "records.aligned_records", "records.task_edges")
+"""The SQL modules a timeline's queries use (with ``records.critical_path`` for its mark):
+its cursor installs these alone, not every module a cursor for any statement would get."""
+
 _RECORD_TYPES = {
     "core_type": "UTINYINT",
     "block_id": "UINTEGER",
@@ -1606,11 +1610,11 @@ def open_timeline(
     their records' causality first (``corrected_clocks``: ``ClockError`` where they cannot
     be), for the block. DuckDB's errors become ``ExportQueryError``."""
     selected = selection.resolve(store) if isinstance(selection, RecordSelection) else selection
-    modules = ("records.aligned_records", "records.critical_path")[: 1 + critical_path]
+    modules = _MODULES + (("records.critical_path",) if critical_path else ())
     with (
         tempfile.TemporaryDirectory(prefix=".mcprof-export-", dir=scratch_dir) as scratch,
         corrected_clocks(store, selected.runs, clock_correction) as correction,
-        store.reading(modules=modules, runs=selected.runs) as con,
+        store.reading(modules=modules, query=selected.sql, runs=selected.runs) as con,
         query_errors(selected.described),
     ):
         yield Timeline(

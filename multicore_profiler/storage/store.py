@@ -436,6 +436,7 @@ class Store(Extensible, StoreWrites):
         self,
         *,
         modules: Sequence[str] = (),
+        query: str | None = None,
         runs: Sequence[str] | None = None,
         files: Mapping[str, Sequence[str]] | None = None,
     ) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -443,7 +444,10 @@ class Store(Extensible, StoreWrites):
         (temporary tables included): the files it reads stay in place until it closes. A
         read that fails on a corrupt file raises a ``CorruptFileError`` naming it.
         The SQL modules named in ``modules`` are installed, with what they need, their tables
-        holding what is committed now (as for a query naming them in ``sql``). With
+        holding what is committed now (as for a query naming them in ``sql``), and those
+        that ``query`` (a statement the work runs) names. Every module is installed when
+        neither is given (a cursor for any statement), or when ``query`` names a view
+        only by other means (see ``sql_modules.query_names``). With
         ``runs``, the views hold those runs only, and listing and reading cost what they
         would in a store of those runs alone. With ``files`` too (paths by table, listed
         before in commit order, committing tables first), the tables named there read
@@ -451,7 +455,7 @@ class Store(Extensible, StoreWrites):
         compaction, then sees one snapshot of those runs."""
         if files is not None and runs is None:
             raise StoreError("reading given files needs the runs they belong to (runs=...)")
-        with self._reading(None, modules, runs, files) as (cursor, _):
+        with self._reading(query, modules, runs, files) as (cursor, _):
             yield cursor
 
     @contextmanager
