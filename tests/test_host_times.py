@@ -10,6 +10,7 @@ import itertools
 import time
 import types
 
+import numpy as np
 import pytest
 from golden import AIC, GMM1, Slot, pack
 from moe_layer import MoeLayer, moe_layer
@@ -178,6 +179,15 @@ def test_buffers_ingested_without_host_times_have_none(store: Store) -> None:
         ),
         ({"host_launch_ns": [1, True, 3]}, r"host_launch_ns must hold integer ns or None"),
         ({"host_sync_ns": [1, 2, 2**63]}, r"host_sync_ns must hold integer ns or None"),
+        ({"host_sync_ns": [None, 2, 2**63]}, r"host_sync_ns must hold integer ns or None"),
+        (
+            {"host_sync_ns": [1, 2, np.uint64(2**63)]},
+            r"host_sync_ns must hold integer ns or None",
+        ),
+        (
+            {"host_launch_ns": [1, None, 3], "host_sync_ns": [2, 7, 3]},
+            r"launch 2: host_launch_ns 3 is not before its host_sync_ns 3",
+        ),
         (
             {"host_launch_ns": [1, 7, 3], "host_sync_ns": [2, 7, 4]},
             r"launch 1: host_launch_ns 7 is not before its host_sync_ns 7",
