@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import time
 from collections import deque
@@ -261,7 +262,9 @@ class Committer:
         if self._gone:
             return
         try:
-            self._connection.send(tuple(answer) if isinstance(answer, Done) else answer)
+            answered = tuple(answer) if isinstance(answer, Done) else answer
+            # As the session sends: no ForkingPickler built per message (see StepWriter._send).
+            self._connection.send_bytes(pickle.dumps(answered, pickle.HIGHEST_PROTOCOL))
         except OSError:
             self._gone = self._aborted = True
 
