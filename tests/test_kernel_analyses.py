@@ -373,6 +373,19 @@ def test_what_if_replays_a_faster_stage(analysed: Store) -> None:
         analyze(analysed, RecordSelection(run=RUN, invocation=9))
 
 
+def test_a_selection_query_may_read_views_the_analysis_does_not(analysed: Store) -> None:
+    """The analysis's cursor installs its own modules and those its selection's query
+    names (``run_summary`` and ``stage_stats`` are none of the analysis's)."""
+    query = (
+        "SELECT r.* FROM records_ns r JOIN run_summary USING (run_id) "
+        "WHERE r.invocation_id = 0 AND run_id IN (SELECT run_id FROM stage_stats)"
+    )
+    rows = analyze(analysed, RecordSelection(query=query)).invocations
+    assert rows.select(["invocation_id", "makespan_ns"]).to_pylist() == [
+        {"invocation_id": 0, "makespan_ns": 300}
+    ]
+
+
 def test_the_analysis_views_install_when_a_query_names_them(store: Store) -> None:
     installed = (
         "SELECT count(*) AS n FROM duckdb_views() "

@@ -64,18 +64,16 @@ def test_a_cursor_for_statements_to_come_gets_every_module_of_views(
     modules: InstalledModules,
 ) -> None:
     con = duckdb.connect()
-    modules.prepare(con, None)
-    assert views(con) == ["base", "double", "other"]
+    modules.prepare(con, None, ["costly"])
+    assert views(con) == ["base", "costly", "double", "other"]
 
 
-def test_a_cursor_for_named_work_gets_those_modules_and_what_its_query_names(
+def test_a_cursor_for_a_known_statement_gets_its_modules_and_those_named(
     modules: InstalledModules,
 ) -> None:
-    """Work that names its modules (an export's timeline) gets those, what they need and
-    the modules of the statement it will run, not every module of views."""
+    """Work that says its statement (an export's timeline, an analysis) gets the modules
+    it names and those the statement names, not every module of views."""
     con = duckdb.connect()
-    modules.prepare(con, None, ["double"])
-    assert views(con) == ["base", "double"]
     modules.prepare(con, "SELECT x FROM costly", ["double"])
     assert views(con) == ["base", "costly", "double"]
     modules.prepare(con, "SHOW TABLES", ["double"])

@@ -315,7 +315,7 @@ def _selected(
     resolved = (selection or RecordSelection()).resolve(store)
     with (
         corrected_clocks(store, resolved.runs, clock_correction) as correction,
-        store.reading(modules=_MODULES, runs=resolved.runs) as con,
+        store.reading(modules=_MODULES, query=resolved.sql, runs=resolved.runs) as con,
     ):
         try:
             con.execute(

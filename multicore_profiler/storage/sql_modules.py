@@ -233,13 +233,12 @@ class InstalledModules:
         scoped: bool = False,
     ) -> None:
         """Install, on ``con``, the modules ``query`` names and ``modules``, each after what
-        it needs, and the eager ones where neither says what the work reads (no ``query``
-        nor ``modules``: a cursor for any statement) or ``query`` may name a view by other
-        means; rebuild materialized tables whose data changed. A
+        it needs, and the eager ones unless ``query`` names every view it reads (``None``:
+        a cursor for statements to come); rebuild materialized tables whose data changed. A
         cursor ``scoped`` to given runs also gets each such module's ``per_cursor`` setup."""
         names = None if query is None else query_names(query)
         wanted = set(modules)
-        if (names is None and not wanted) or not _BY_OTHER_MEANS.isdisjoint(names or ()):
+        if names is None or not _BY_OTHER_MEANS.isdisjoint(names):
             wanted.update(m.name for m in self._registry.eager() if m.name not in self._installed)
         if names:
             wanted.update(m.name for m in self._registry.named(names))

@@ -444,10 +444,10 @@ class Store(Extensible, StoreWrites):
         (temporary tables included): the files it reads stay in place until it closes. A
         read that fails on a corrupt file raises a ``CorruptFileError`` naming it.
         The SQL modules named in ``modules`` are installed, with what they need, their tables
-        holding what is committed now (as for a query naming them in ``sql``), and those
-        that ``query`` (a statement the work runs) names. Every module is installed when
-        neither is given (a cursor for any statement), or when ``query`` names a view
-        only by other means (see ``sql_modules.query_names``). With
+        holding what is committed now (as for a query naming them in ``sql``). With
+        ``query``, the statement the work will run, the cursor gets only those and the
+        modules ``query`` names (as ``sql`` would install for it); without, every module
+        of views too, for statements not known yet. With
         ``runs``, the views hold those runs only, and listing and reading cost what they
         would in a store of those runs alone. With ``files`` too (paths by table, listed
         before in commit order, committing tables first), the tables named there read
