@@ -428,6 +428,9 @@ def _group_packets(group: TimelineGroup, layout: _Layout, counts: _Counts) -> It
     core = numpy_column(slices, "core").astype(np.int64)
     _refuse_backwards(slices, ts, end, layout)
     slices = _once_each(_once_each(slices, "flows_out"), "flows_in")
+    # What the begins and the ends read, each taken alone for the rows of a chunk.
+    starting = slices.drop_columns(["pid", "tid", "core", "ts_ns", "end_ns", "flows_in"])
+    entering = slices.select(["flows_in"])
     nesting = _Nesting(uuid, ts, end, core)
     counts.context_tracks += nesting.context_tracks
     counts.invocation_slices += len(nesting.parent_first)
@@ -437,7 +440,7 @@ def _group_packets(group: TimelineGroup, layout: _Layout, counts: _Counts) -> It
     kinds: list[tuple[Callable[[np.ndarray], Messages], np.ndarray]] = [
         (
             lambda rows: _record_begins(
-                slices.take(rows),
+                starting.take(rows),
                 uuid[rows],
                 ts[rows] + shift,
                 core[rows],
@@ -447,7 +450,7 @@ def _group_packets(group: TimelineGroup, layout: _Layout, counts: _Counts) -> It
             nesting.begin_key,
         ),
         (
-            lambda rows: _record_ends(slices.take(rows), uuid[rows], end[rows] + shift),
+            lambda rows: _record_ends(entering.take(rows), uuid[rows], end[rows] + shift),
             nesting.end_key,
         ),
         (
