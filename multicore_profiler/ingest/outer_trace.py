@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing, suppress
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from multicore_profiler.limits import INT64, RANK
 from multicore_profiler.storage.partitions import partition_dir, write_partition
 from multicore_profiler.storage.schema import TRACE_EVENTS, TRACE_SOURCES
 from multicore_profiler.storage.store import Store
+from multicore_profiler.storage.writes import new_write_id
 
 
 @dataclass(frozen=True)
@@ -313,7 +313,7 @@ def ingest_trace(
     if known is not None:
         return _known_in_job(known, job, path)
     job_id = job or source_id
-    write_id = secrets.randbits(63)
+    write_id = new_write_id()
     stats = TimeStats()
     written = None
     try:
@@ -404,7 +404,7 @@ def ingest_outputs(
             pairs=pairs,
             job_id=source.job_id,
             context=context,
-            write_id=secrets.randbits(63),
+            write_id=new_write_id(),
             file_bytes=len(text),
             text_bytes=len(text),
             compressed=False,
