@@ -197,6 +197,18 @@ class Ready:
 Message = NewSegment | NewKernel | Batch | WindowClosed | Close | Abort
 
 
+def send_plain(connection: Connection, message: Message | Done | Closed) -> None:
+    """Send a step's message or its answer with plain pickle, a ``Batch`` as its ``wire``
+    tuple and a ``Done`` as its values: ``Connection.send`` builds a ``ForkingPickler`` per
+    message, with a copy of its reducer table, and a step's hand-over runs cold after the
+    kernel, where that cost the job's thread about 0.04 ms."""
+    if isinstance(message, Batch):
+        message = message.wire()
+    elif isinstance(message, Done):
+        message = tuple(message)
+    connection.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
+
 class Committer:
     """Serves one session on its socket until ``Close``, ``Abort`` or the socket's end."""
 
@@ -262,9 +274,7 @@ class Committer:
         if self._gone:
             return
         try:
-            answered = tuple(answer) if isinstance(answer, Done) else answer
-            # As the session sends: no ForkingPickler built per message (see StepWriter._send).
-            self._connection.send_bytes(pickle.dumps(answered, pickle.HIGHEST_PROTOCOL))
+            send_plain(self._connection, answer)
         except OSError:
             self._gone = self._aborted = True
 

@@ -56,6 +56,7 @@ from multicore_profiler.ingest.committer import (
     Open,
     Ready,
     WindowClosed,
+    send_plain,
     serve,
 )
 from multicore_profiler.ingest.decode import dropped_records
@@ -421,11 +422,7 @@ class StepWriter:
         if self._dead is not None:
             raise self._dead
         try:
-            # Plain pickle, not Connection.send's ForkingPickler (made per message, with a
-            # copy of its reducer table): a step's hand-over runs cold after the kernel, where
-            # that cost the job's thread about 0.04 ms. Descriptors go by send_handle.
-            wire = message.wire() if isinstance(message, Batch) else message
-            self._connection.send_bytes(pickle.dumps(wire, pickle.HIGHEST_PROTOCOL))
+            send_plain(self._connection, message)  # descriptors go by send_handle
             if fd is not None:
                 send_handle(self._connection, fd, self.pid or 0)
         except OSError as exc:
