@@ -263,10 +263,11 @@ class InstalledModules:
             if module.computed is not None:
                 module.computed(con)
 
-    def reads_data(self, query: str) -> bool:
-        """Whether a module ``query`` needs builds tables from the store's rows or computes
-        names from them on each cursor (what a look at its plan must not do)."""
-        modules = self._registry.named(query_names(query))
+    def reads_data(self, names: set[str]) -> bool:
+        """Whether a module a query of these names (``query_names``) needs builds tables
+        from the store's rows or computes names from them on each cursor (what a look at
+        its plan must not do)."""
+        modules = self._registry.named(names)
         return any(m.materialized or m.computed is not None for m in modules)
 
     def _configurable(self, name: str) -> SqlModule:

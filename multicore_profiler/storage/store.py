@@ -525,7 +525,8 @@ class Store(Extensible, StoreWrites):
     ) -> tuple[set[str], list[TableSpec]]:
         """``_pinned``'s plan read: the runs its scans of tables of runs are filtered to,
         and the tables of runs it scans unfiltered (no runs: nothing is pinned)."""
-        if "run_id" not in query_names(query) or self._modules.reads_data(query):
+        names = query_names(query)
+        if "run_id" not in names or self._modules.reads_data(names):
             return set(), []
         cursor = self._db.cursor()
         try:
