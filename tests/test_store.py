@@ -6,6 +6,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -18,7 +19,7 @@ from multicore_profiler.ingest.step_rows import KernelInfo, Launches
 from multicore_profiler.storage import store as store_module
 from multicore_profiler.storage.partitions import write_partition
 from multicore_profiler.storage.runs import RunInfo
-from multicore_profiler.storage.schema import RECORDS
+from multicore_profiler.storage.schema import RECORDS, TABLES, TableSpec
 from multicore_profiler.storage.store import Store, open_store
 
 LAYOUT = BufferLayout(aic_slots=2, aiv_slots=3, aic_capacity=16, aiv_capacity=16)
@@ -217,6 +218,23 @@ def test_empty_store_answers_every_view_with_typed_empty_tables(store: Store) ->
     assert schema.field("ts_ns").type == pa.float64()
     assert schema.field("start_cycle").type == pa.uint64()
     assert schema.field("stage").type == pa.string()
+
+
+@pytest.mark.parametrize("spec", TABLES.values(), ids=lambda spec: spec.name)
+def test_an_empty_table_has_the_types_duckdb_reads_from_its_arrow_schema(
+    store: Store, spec: TableSpec
+) -> None:
+    """The typed empty tables under every view are made by DDL, not from Arrow: each has
+    the partition keys, then the table's columns, at the types DuckDB gives the same
+    Arrow columns (a dictionary as its values)."""
+    partition_types = {"run_id": pa.string(), "step": pa.int64(), "source_id": pa.string()}
+    fields = [pa.field(key, partition_types[key]) for key in spec.partition_by]
+    for field in spec.schema:
+        dictionary = pa.types.is_dictionary(field.type)
+        fields.append(pa.field(field.name, field.type.value_type if dictionary else field.type))
+    empty = pa.Table.from_batches([], pa.schema(fields))
+    expected = duckdb.connect().from_arrow(empty).to_arrow_table().schema
+    assert store.sql(f"SELECT * FROM empty_{spec.name}").schema == expected
 
 
 def test_a_store_sees_what_others_write_after_it_opened(tmp_path: Path) -> None:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from multicore_profiler.analysis.clock_settings import CORRECTION_SCHEMA
 from multicore_profiler.errors import ClockError
@@ -245,7 +244,7 @@ def solve(inv: np.ndarray, src: np.ndarray, dst: np.ndarray, slack: np.ndarray) 
 
 def _cycle_text(nodes: pa.Table, edges: pa.Table, inv: int, cycle: list[int]) -> str:
     """One contradictory invocation and the edges of its cycle, as words."""
-    row = nodes.filter(pc.equal(nodes["inv"], inv)).slice(0, 1).to_pylist()[0]
+    row = nodes.slice(np.flatnonzero(nodes["inv"].to_numpy() == inv)[0], 1).to_pylist()[0]
     parts = []
     for edge in cycle:
         e = edges.slice(edge, 1).to_pylist()[0]

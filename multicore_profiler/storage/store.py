@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime, timedelta
-from functools import partial
+from functools import cache, partial
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from multicore_profiler.errors import IntegrityError, QueryError, SelectorError, StoreError
@@ -68,7 +67,18 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 1
 
 _PARTITION_TYPES = {"run_id": pa.string(), "step": pa.int64(), "source_id": pa.string()}
-_HIVE_TYPES = {"run_id": "VARCHAR", "step": "BIGINT", "source_id": "VARCHAR"}
+_SQL_TYPES = {
+    pa.bool_(): "BOOLEAN",
+    pa.uint8(): "UTINYINT",
+    pa.int32(): "INTEGER",
+    pa.uint32(): "UINTEGER",
+    pa.int64(): "BIGINT",
+    pa.uint64(): "UBIGINT",
+    pa.float64(): "DOUBLE",
+    pa.string(): "VARCHAR",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+}
+"""DuckDB's types of the Arrow types the store's columns have (lists and maps of them too)."""
 OUTER_KERNEL_RULES = "outer_kernel_rules"
 """The SQL module whose setting is the outer-kernel rules (see ``analysis``)."""
 PLAN_CHECKS_KEPT = 1024
@@ -80,14 +90,31 @@ NATIVE_MAX_FILES = 256
 pyarrow dataset (see ``Store._point``)."""
 
 
-def _empty_table(spec: TableSpec) -> pa.Table:
-    """A typed, empty table with the columns a query sees (partition keys first); made from
-    no batches, as ``Schema.empty_table`` would import pandas."""
-    fields = [pa.field(k, _PARTITION_TYPES[k]) for k in spec.partition_by]
-    for field in spec.schema:
-        kind = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
-        fields.append(pa.field(field.name, kind))
-    return pa.Table.from_batches([], pa.schema(fields))
+def _sql_type(kind: pa.DataType) -> str:
+    """The type DuckDB reads an Arrow column of ``kind`` as (a dictionary as its values)."""
+    if pa.types.is_dictionary(kind):
+        return _sql_type(kind.value_type)
+    if pa.types.is_list(kind):
+        return f"{_sql_type(kind.value_type)}[]"
+    if pa.types.is_map(kind):
+        return f"MAP({_sql_type(kind.key_type)}, {_sql_type(kind.item_type)})"
+    return _SQL_TYPES[kind]
+
+
+@cache
+def _empty_tables() -> str:
+    """The script that makes each table's typed, empty table (``empty_<table>``, partition
+    keys first), the columns a query sees, and its ``raw_<table>`` view over it alone.
+    Plain DDL: an empty Arrow table would have DuckDB import ``pyarrow.compute`` (a
+    thirtieth of a second) in every command."""
+    script = []
+    for spec in TABLES.values():
+        columns = [(k, _PARTITION_TYPES[k]) for k in spec.partition_by]
+        columns += [(field.name, field.type) for field in spec.schema]
+        typed = ", ".join(f"{sql_identifier(name)} {_sql_type(kind)}" for name, kind in columns)
+        script.append(f"CREATE TABLE empty_{spec.name} ({typed});")
+        script.append(f"CREATE VIEW raw_{spec.name} AS {_with_empty(spec, f'empty_{spec.name}')};")
+    return "\n".join(script)
 
 
 class Store(Extensible, StoreWrites):
@@ -135,12 +162,8 @@ class Store(Extensible, StoreWrites):
         self._plans: dict[tuple[str, Any], Any] = {}
         """Choices made from queries' plans, by text (see ``_pinned``, ``_dataset_filtered``)."""
         # Over empty tables until a query finds files (see _point).
-        for spec in TABLES.values():
-            self._db.from_arrow(_empty_table(spec)).create(f"empty_{spec.name}")
-            self._db.execute(
-                f"CREATE VIEW raw_{spec.name} AS {_with_empty(spec, f'empty_{spec.name}')}"
-            )
-        self._db.execute(resources.files(__package__).joinpath("views.sql").read_text())
+        views = resources.files(__package__).joinpath("views.sql").read_text()
+        self._db.execute(f"{_empty_tables()}\n{views}")
         self._modules = InstalledModules()
 
     @property
@@ -239,6 +262,7 @@ class Store(Extensible, StoreWrites):
         else:
             listed = {table: tuple(sorted(paths)) for table, paths in given.items()}
         datasets = set()
+        moved = []  # the store connection's views to point at other files, in one script
         for spec in TABLES.values():
             files = listed.get(spec.name, ())
             scoped = runs is not None and spec.partition_by[0] == "run_id"
@@ -255,22 +279,24 @@ class Store(Extensible, StoreWrites):
                 source = self._dataset_scan(cursor, spec, files)
                 datasets.add(spec.name)
             else:
-                self._point_shared(spec, files)
+                if self._shared_files.get(spec.name) != files:
+                    moved.append((spec, files))
                 continue
             if source is not None:
                 cursor.execute(
                     f"CREATE OR REPLACE TEMP VIEW raw_{spec.name} AS {_with_empty(spec, source)}"
                 )
+        if moved:
+            self._db.execute(";\n".join(self._shared_view(spec, files) for spec, files in moved))
+            self._shared_files.update((spec.name, files) for spec, files in moved)
         self.save_verified()
         return frozenset(datasets)
 
-    def _point_shared(self, spec: TableSpec, files: tuple[str, ...]) -> None:
-        """Point the store connection's ``raw_<table>`` at ``files`` if it reads others."""
-        if self._shared_files.get(spec.name) == files:
-            return
+    def _shared_view(self, spec: TableSpec, files: tuple[str, ...]) -> str:
+        """The statement that points the store connection's ``raw_<table>`` at ``files``
+        (checked first, see ``_native_scan``)."""
         source = self._native_scan(spec, files) if files else f"empty_{spec.name}"
-        self._db.execute(f"CREATE OR REPLACE VIEW raw_{spec.name} AS {_with_empty(spec, source)}")
-        self._shared_files[spec.name] = files
+        return f"CREATE OR REPLACE VIEW raw_{spec.name} AS {_with_empty(spec, source)}"
 
     def _native_scan(self, spec: TableSpec, files: tuple[str, ...]) -> str:
         """``read_parquet`` of local files. Each file is checked once (see ``_verify``),
@@ -294,7 +320,9 @@ class Store(Extensible, StoreWrites):
         scans = []
         for kind, paths in files_by_spec(spec, files):
             current = all(self._verified[path] for path in paths)
-            types = ", ".join(f"{sql_string(k)}: {_HIVE_TYPES[k]}" for k in kind.partition_by)
+            types = ", ".join(
+                f"{sql_string(k)}: {_sql_type(_PARTITION_TYPES[k])}" for k in kind.partition_by
+            )
             scans.append(
                 f"read_parquet([{sql_strings(paths)}], hive_partitioning = true, "
                 f"hive_types = {{{types}}}, union_by_name = {str(not current).lower()})"
@@ -363,8 +391,8 @@ class Store(Extensible, StoreWrites):
         if not parts:
             return np.empty(0, np.int64)
         table = pa.concat_tables(parts)
-        mine = table.filter(pc.equal(table["rank"], rank))["invocation_id"]
-        return np.unique(mine.to_numpy()).astype(np.int64)
+        mine = table["rank"].to_numpy() == rank
+        return np.unique(table["invocation_id"].to_numpy()[mine]).astype(np.int64)
 
     def _culprit(self, runs: Sequence[str] | None) -> IntegrityError | None:
         """After a query failed reading files: the first file of ``runs`` (default: all)

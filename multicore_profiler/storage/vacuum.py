@@ -25,7 +25,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from multicore_profiler.storage.catalog import LISTING_ORDER
@@ -111,6 +110,8 @@ class RunFiles:
 
     def without(self, paths: set[str]) -> RunFiles:
         """These files but ``paths``."""
+        import pyarrow.compute as pc  # not at import: the store imports this module
+
         gone = pa.array(sorted(paths), pa.string())
         return RunFiles(
             {name: [i for i in infos if i.path not in paths] for name, infos in self.infos.items()},
@@ -123,6 +124,8 @@ class RunFiles:
 def run_files(location: StoreLocation, run_id: str) -> RunFiles:
     """List a run's files, committing tables first, and read which writes each file of
     invocations, cores and records holds (two small columns of every file)."""
+    import pyarrow.compute as pc  # not at import: the store imports this module
+
     listed = {
         spec.name: location.files(f"{spec.name}/run_id={run_id}")
         for spec in TABLES.values()

@@ -29,7 +29,6 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from multicore_profiler.storage.arrow_values import column, strings
@@ -76,6 +75,8 @@ class VerifiedRecord:
         self._prefix = f"{str(root).rstrip('/')}/"
         self._read_as: Stamp | None = None
         self._table = _NONE
+        self._by_path: dict[str, tuple[Stamp, bool]] | None = None
+        """``_table``'s rows by path: each file's stamp and whether it is current."""
         self._passed: dict[str, tuple[Stamp, bool, int]] = {}
         self._failed: set[str] = set()
         self._listing: tuple[Collection[str], int] | None = None
@@ -83,19 +84,18 @@ class VerifiedRecord:
     def vouched(self, paths: Sequence[str]) -> dict[str, bool]:
         """Those of ``paths`` (as the filesystem names them) whose stamp the record holds
         now, each with whether its schema is current."""
-        table = self._read()
-        if not table.num_rows or not paths:
-            return {}
-        wanted = strings([p.removeprefix(self._prefix) for p in paths])
+        entries = self._entries()
         found = {}
-        for row in table.filter(pc.is_in(table["path"], value_set=wanted)).to_pylist():
-            path = self._prefix + row["path"]
+        for path in paths:
+            entry = entries.get(path.removeprefix(self._prefix))
+            if entry is None:
+                continue
             try:
                 now = stamp(path)
             except FileNotFoundError:
                 continue
-            if now == (row["size"], row["mtime_ns"], row["ctime_ns"], row["inode"]):
-                found[path] = row["current"]
+            if now == entry[0]:
+                found[path] = entry[1]
         return found
 
     @staticmethod
@@ -134,6 +134,8 @@ class VerifiedRecord:
         except OSError:
             return
         try:
+            import pyarrow.compute as pc  # only a process that checked files saves
+
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._read_as = None  # what other processes saved meanwhile
             table = self._read()
@@ -169,12 +171,24 @@ class VerifiedRecord:
         except OSError:
             found = None
         if found is None:
-            self._table, self._read_as = _NONE, None
+            self._table, self._read_as, self._by_path = _NONE, None, None
         elif found != self._read_as:
             try:
                 table = pq.ParquetFile(path, page_checksum_verification=True).read()
                 self._table = table if table.schema.equals(_SCHEMA) else _NONE
             except (pa.ArrowException, OSError):
                 self._table = _NONE
-            self._read_as = found
+            self._read_as, self._by_path = found, None
         return self._table
+
+    def _entries(self) -> dict[str, tuple[Stamp, bool]]:
+        """The record's rows by path, as the store holds it now: a dictionary, where a
+        filter would import ``pyarrow.compute`` (a thirtieth of a second) into every
+        command that reads the store."""
+        table = self._read()
+        if self._by_path is None:
+            columns = ["path", "size", "mtime_ns", "ctime_ns", "inode", "current"]
+            path, *found, current = (table[name].to_pylist() for name in columns)
+            stamps = zip(*found, strict=True)
+            self._by_path = dict(zip(path, zip(stamps, current, strict=True), strict=True))
+        return self._by_path

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from multicore_profiler.errors import StoreError
 from multicore_profiler.limits import INT64_MAX
@@ -178,6 +177,8 @@ class StoreWrites:
     ) -> tuple[StagedStep, tuple[pa.Table, pa.Table]]:
         """A step's rows checked and stamped with its write id: its staged invocations,
         and its records and cores as their files hold them."""
+        import pyarrow.compute as pc  # not at import: reading commands never write
+
         step, invocations, write_id = given.step, given.invocations, given.write_id
         check_run_id(run_id)
         if invocations.num_rows == 0:
@@ -276,6 +277,8 @@ class _Allowed:
     lookup."""
 
     def __init__(self, allowed: pa.ChunkedArray) -> None:
+        import pyarrow.compute as pc  # not at import: reading commands never write
+
         self._values = pc.unique(allowed)
         low, high = pc.min_max(self._values).values()
         whole = low.is_valid and high.as_py() - low.as_py() + 1 == len(self._values)
@@ -283,6 +286,8 @@ class _Allowed:
 
     def holds(self, values: pa.ChunkedArray) -> bool:
         """Whether every one of ``values`` is allowed."""
+        import pyarrow.compute as pc
+
         if self._range is None:
             return pc.all(pc.is_in(values, value_set=self._values)).as_py() is not False
         if len(values) == 0:
