@@ -18,7 +18,6 @@ slice's ``args``: fusion writes the same text into an outer trace.
 
 from __future__ import annotations
 
-import gzip
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -34,7 +33,7 @@ from tqdm import tqdm
 
 from multicore_profiler.abi import NO_OWNER
 from multicore_profiler.errors import ExportError
-from multicore_profiler.export.files import ExportedTrace, gzipped, written_aside
+from multicore_profiler.export.files import ExportedTrace, aside_sink, gzipped, written_aside
 from multicore_profiler.export.json_rows import Row, Span, joined, span_of, strings
 from multicore_profiler.export.timeline import (
     CORE_NAMES,
@@ -175,7 +174,7 @@ def _pass(timeline: Timeline, aside: Path, gz: bool) -> _Written:
     with (
         flows,
         chain,
-        gzip.open(aside, "wb", compresslevel=6) if gz else open(aside, "wb") as sink,
+        aside_sink(aside, gz) as sink,
         tqdm(total=timeline.records, desc="export", unit="event", disable=None) as progress,
     ):
         sink.write(head)

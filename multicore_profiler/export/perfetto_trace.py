@@ -53,7 +53,6 @@ iid 1, name or str 2) and ``common/builtin_clock.proto`` (BOOTTIME 6).
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -69,7 +68,7 @@ from tqdm import tqdm
 from multicore_profiler.abi import NO_OWNER
 from multicore_profiler.errors import ExportError
 from multicore_profiler.export.chrome_trace import CATEGORY
-from multicore_profiler.export.files import ExportedTrace, gzipped, written_aside
+from multicore_profiler.export.files import ExportedTrace, aside_sink, gzipped, written_aside
 from multicore_profiler.export.proto_rows import Fragments, Messages, encode_field
 from multicore_profiler.export.timeline import (
     GROUP_ROWS,
@@ -222,7 +221,7 @@ def _write(timeline: Timeline, aside: Path, gz: bool, sidecar_name: str) -> _Wri
     layout = _Layout(timeline)
     counts = _Counts()
     with (
-        gzip.open(aside, "wb", compresslevel=6) if gz else open(aside, "wb") as sink,
+        aside_sink(aside, gz) as sink,
         tqdm(total=timeline.records, desc="export", unit="record", disable=None) as progress,
     ):
         sink.write(_header(layout))

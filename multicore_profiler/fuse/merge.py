@@ -14,7 +14,6 @@ With ``rebase_timestamps`` each outer ``ts`` is rewritten, exactly, in integer n
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import tempfile
@@ -42,7 +41,7 @@ from multicore_profiler.export.chrome_trace import (
     metadata_event,
     undrawn_flows_warning,
 )
-from multicore_profiler.export.files import check_output, written_aside
+from multicore_profiler.export.files import aside_sink, check_output, written_aside
 from multicore_profiler.export.json_rows import Row, strings, texts
 from multicore_profiler.export.timeline import (
     LayoutChanged,
@@ -934,9 +933,7 @@ def _write(
     edits = _edits(layout, metadata, report_bytes, added, shift)
     with (
         written_aside(output, FuseError, "the fused trace") as aside,
-        (
-            gzip.open(aside, "wb", compresslevel=6) if output.suffix == ".gz" else open(aside, "wb")
-        ) as sink,
+        aside_sink(aside, output.suffix == ".gz") as sink,
         tqdm(
             total=layout["textBytes"], desc="fuse", unit="B", unit_scale=True, disable=None
         ) as progress,
