@@ -53,6 +53,7 @@ from multicore_profiler.export.timeline import (
     open_timeline,
     task_types,
 )
+from multicore_profiler.prefetch import ahead
 from multicore_profiler.storage.store import Store
 
 CATEGORY = "MegaKernelInternal"
@@ -181,7 +182,7 @@ def _pass(timeline: Timeline, aside: Path, gz: bool) -> _Written:
         sink.flush()
         at = len(head)
         names = strings(timeline.names)
-        for group in timeline.groups():
+        for group in ahead(timeline.groups(), "mcprof-timeline"):
             slices = group.slices
             rows = Row(slices.num_rows).lookup(',\n{"name":', names, numpy_column(slices, "name"))
             rows = rows.millis(',"ts":', numpy_column(slices, "ts_ns"), timeline.spans.ts)
