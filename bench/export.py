@@ -197,7 +197,7 @@ def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[f
 
 def verdict(what: str, measured: str, goal: str, met: bool) -> str:
     """One line of the summary."""
-    return f"  {what:<52} {measured:>16}  goal {goal:<10} {'met' if met else 'NOT MET'}"
+    return f"  {what:<72} {measured:>8}  goal {goal:<10} {'met' if met else 'NOT MET'}"
 
 
 def main() -> None:
@@ -218,8 +218,9 @@ def main() -> None:
         )
         print(
             f"every time is the median [min-max] of {repeat} calls, after an untimed first "
-            "one; each call writes over the previous output of its path (ext4 flushes the "
-            "old file on rename, as on a re-export)"
+            "one; each call writes over the previous output of its path, as a re-export "
+            "does (ext4 writes the new file out on that rename), unless said to go to a new "
+            "path"
         )
         out = {suffix: root / f"trace{suffix}" for suffix in (".json", ".pftrace")}
         gz = {suffix: root / f"trace{suffix}.gz" for suffix in (".json", ".pftrace")}
@@ -368,7 +369,7 @@ def main() -> None:
         for where, rates in (("over its last output", json_rate), ("to a new path", json_new_rate)):
             print(
                 verdict(
-                    f"export_chrome_trace, whole run, M events/s, {where}",
+                    f"export_chrome_trace M events/s, whole run, {where}",
                     f"{median(rates) / 1e6:.2f}",
                     ">= 1",
                     median(rates) >= 1e6,
@@ -388,7 +389,7 @@ def main() -> None:
         ):
             print(
                 verdict(
-                    f"export_perfetto_trace, whole run, M track events/s, {where}",
+                    f"export_perfetto_trace M track events/s, whole run, {where}",
                     f"{median(rates) / 1e6:.2f}",
                     ">= 2",
                     median(rates) >= 2e6,
