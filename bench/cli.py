@@ -19,10 +19,10 @@ an untimed first round; medians and [min-max], ratios per repeat:
   an event dict per record, sorted, dumped). Goal: >= 5x faster, peak RSS <= the
   baseline's.
 
-``mcprof runs`` and ``trace-buffer`` are also measured as a base install runs them
-(``make demo``'s: pandas is not a dependency of the package, and where it is installed,
-here by the dev extras' HTA and msprof-analyze, pyarrow imports it on its first
-conversion of values): in a process whose imports find no pandas.
+``mcprof`` refuses pandas (``no_pandas``: pyarrow would import it on its first conversion
+of a value, here where the dev extras' HTA and msprof-analyze install it), so its processes
+run as in a base install (``make demo``'s, without pandas); an earlier version given with
+``--before`` may import it.
 
 Every process may cache the bytecode it compiles (under a scratch directory, whatever
 ``PYTHONDONTWRITEBYTECODE`` says), as an installed package has its bytecode: the timed
@@ -172,30 +172,6 @@ def mcprof(*args: str) -> list[str]:
     return [sys.executable, "-m", "multicore_profiler.cli", *args]
 
 
-def base_mcprof(*args: str) -> list[str]:
-    """``mcprof ARGS`` as a base install runs it, where pandas is not installed (the
-    package does not depend on it; the dev extras' HTA and msprof-analyze bring it, and
-    pyarrow imports it when it is there): see ``without_pandas``."""
-    return [sys.executable, __file__, "--without-pandas", *args]
-
-
-class _NoPandas:
-    """An import finder for which pandas is not installed."""
-
-    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name.partition(".")[0] == "pandas":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-
-
-def without_pandas(args: list[str]) -> None:
-    """Run ``mcprof ARGS`` in this process with pandas unimportable."""
-    import runpy
-
-    sys.meta_path.insert(0, _NoPandas())
-    sys.argv = ["mcprof", *args]
-    runpy.run_module("multicore_profiler.cli", run_name="__main__")
-
-
 def spread(values: list[float], unit: str = "s", digits: int = 2) -> str:
     """``median [min-max]``."""
     return (
@@ -210,9 +186,6 @@ def main() -> None:
     options.add_argument("--before", type=Path, help="a checkout of an earlier version")
     options.add_argument("--upstream", nargs="+", help=argparse.SUPPRESS)
     options.add_argument("--write-buffers", type=Path, help=argparse.SUPPRESS)
-    if sys.argv[1:2] == ["--without-pandas"]:  # a measured process: see base_mcprof
-        without_pandas(sys.argv[2:])
-        return
     given = options.parse_args()
     if given.upstream:  # the baseline's own process: AIC_CAP AIV_CAP OUTPUT FILE...
         aic, aiv, output, *files = given.upstream
@@ -241,22 +214,17 @@ def main() -> None:
                     measured = run(mcprof(*args), tree)
                     if repeat:
                         startup.setdefault(command, {}).setdefault(name, []).append(measured)
-            measured = run(base_mcprof("runs", "--store", small), ROOT)
-            if repeat:
-                startup["runs"].setdefault("ours, base install (no pandas)", []).append(measured)
             out = str(folder / "upstream.json")
             timed = {
                 "upstream": run(
                     [sys.executable, __file__, "--upstream", *map(str, capacities), out, *files],
                     ROOT,
                 ),
-                "trace-buffer": run(
-                    mcprof("trace-buffer", *files, *layout, "-o", str(folder / "one.json")), ROOT
-                ),
-                "trace-buffer, base install (no pandas)": run(
-                    base_mcprof("trace-buffer", *files, *layout, "-o", str(folder / "one.json")),
-                    ROOT,
-                ),
+            } | {
+                f"trace-buffer, {name}": run(
+                    mcprof("trace-buffer", *files, *layout, "-o", str(folder / "one.json")), tree
+                )
+                for name, tree in trees.items()
             }
             for name, tree in trees.items():
                 store = folder / f"flow-store-{name}"

@@ -4,6 +4,7 @@ the first store still finds every SQL module and method of the rooms above stora
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +203,70 @@ def test_the_first_capture_session_finds_its_export_methods():
         "('export_chrome_trace', 'export_trace')]"
     )
     assert {k: report[k] for k in ("before", "after")} == {"before": False, "after": [True, True]}
+
+
+def pandas_refused_report(code: str) -> dict:
+    """``loaded_after(code)``, with ``pandas`` in the report: whether the process could
+    import it after ``code`` ran."""
+    return loaded_after(
+        f"{code}\n"
+        "try:\n"
+        "    import pandas  # noqa: F401\n"
+        "    report['pandas'] = 'imported'\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    report['pandas'] = str(exc)"
+    )
+
+
+def test_the_command_runs_without_pandas_and_main_leaves_its_process_alone(tmp_path):
+    """``mcprof`` (``cli.command``) refuses pandas, which pyarrow would import on its first
+    conversion of a value (a fifth of a second, about 40 MB) and mcprof never uses;
+    ``main``, which programs and tests call beside their own code, changes nothing."""
+    from golden import AIC, TASK7, Slot, pack
+
+    buffer = tmp_path / "dump.bin"
+    buffer.write_bytes(pack(1, 1, 16, 16, [Slot(AIC, 0, 100, TASK7)]))
+    layout = ["--aic-slots", "1", "--aiv-slots", "1", "--aic-capacity", "16", "--aiv-capacity"]
+    args = ["trace-buffer", str(buffer), *layout, "16", "--freq-mhz", "50"]
+    command = pandas_refused_report(
+        "from multicore_profiler.cli import command\n"
+        f"sys.argv = ['mcprof', *{args!r}, '-o', {str(tmp_path / 'command.json')!r}]\n"
+        "report['status'] = command()"
+    )
+    assert (command["status"], command["pandas"]) == (
+        0,
+        "No module named 'pandas': mcprof's own processes run without pandas",
+    )
+    assert "pandas" not in command["modules"]
+    library = pandas_refused_report(
+        "from multicore_profiler.cli import main\n"
+        f"report['status'] = main([*{args!r}, '-o', {str(tmp_path / 'main.json')!r}])"
+    )
+    assert (library["status"], library["pandas"]) == (0, "imported")
+
+
+def mapped_pandas(pid: int) -> list[str]:
+    """The files of pandas that process ``pid`` has mapped (its extension modules)."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return sorted({line.split()[-1] for line in maps if "/pandas/" in line})
+
+
+def test_the_writer_and_trace_workers_run_without_pandas():
+    """The children a capture session or the trace reader starts refuse pandas too; each
+    is looked at once it has said it is ready, after its warm-up's first conversions."""
+    from multicore_profiler.ingest.child_process import start_child
+    from multicore_profiler.ingest.writer import WriterProcess
+
+    writer = WriterProcess.start()
+    try:
+        assert mapped_pandas(writer.process.pid) == []
+    finally:
+        writer.stop()
+    worker, ours = start_child("multicore_profiler.ingest.trace_workers:serve")
+    try:
+        ours.settimeout(60)
+        assert ours.recv(1, socket.MSG_PEEK)  # its ready message: the warm-up is done
+        assert mapped_pandas(worker.pid) == []
+    finally:
+        ours.close()
+        worker.wait(timeout=60)

@@ -28,6 +28,7 @@ from importlib import import_module
 from multicore_profiler.cli.arguments import Parser, parents
 from multicore_profiler.cli.output import check_outputs, one_line, warn
 from multicore_profiler.errors import DroppedRecordsWarning, ProfileError
+from multicore_profiler.no_pandas import keep_pandas_out
 
 PIPE_CLOSED = 128 + 13
 """The exit status when standard output's reader went away: 128 + SIGPIPE, what a shell
@@ -151,8 +152,16 @@ def _stdout_to_devnull() -> None:
     os.close(devnull)
 
 
+def command() -> int:
+    """The ``mcprof`` program: ``main`` in a process of its own, which runs without pandas
+    (``no_pandas``); return its exit status."""
+    keep_pandas_out()
+    return main()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one ``mcprof`` command; return its exit status."""
+    """Run one ``mcprof`` command; return its exit status. The process is left as it is:
+    a program or test may call it beside its own code."""
     given = sys.argv[1:] if argv is None else list(argv)
     args = _parser(given).parse_args(given)
     with warnings.catch_warnings():

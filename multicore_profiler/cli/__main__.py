@@ -2,6 +2,6 @@
 
 import sys
 
-from multicore_profiler.cli import main
+from multicore_profiler.cli import command
 
-sys.exit(main())
+sys.exit(command())

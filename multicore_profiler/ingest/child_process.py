@@ -24,11 +24,13 @@ spec = importlib.util.spec_from_file_location(
     "multicore_profiler", sys.argv[1] + "/__init__.py", submodule_search_locations=[sys.argv[1]]
 )
 sys.modules["multicore_profiler"] = importlib.util.module_from_spec(spec)
+importlib.import_module("multicore_profiler.no_pandas").keep_pandas_out()
 module, function = sys.argv[3].split(":")
 getattr(importlib.import_module(module), function)(int(sys.argv[2]))
 """
-"""A child's program: the package without its ``__init__``, then ``entry`` called with
-the descriptor of the child's end of the socket pair."""
+"""A child's program: the package without its ``__init__`` and without pandas (see
+``no_pandas``), then ``entry`` called with the descriptor of the child's end of the socket
+pair."""
 
 
 def start_child(

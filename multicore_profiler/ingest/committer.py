@@ -511,9 +511,9 @@ def main(fd: int) -> None:
 
     It runs as a batch task (``SCHED_BATCH``, where there is one): the step that wakes
     it does not hand it the CPU of the job's thread at once, which halved the job
-    thread's time per step on a busy machine. pyarrow imports pandas the first time it
-    converts a numpy or Python value (about 0.15 s): that is done here, before the first
-    step is waiting for it."""
+    thread's time per step on a busy machine. pyarrow's first conversion of a numpy value
+    costs about 8 ms (it looks for pandas, which this process refuses: see ``no_pandas``):
+    that is done here, before the first step is waiting for it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(os, "SCHED_BATCH"):
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
