@@ -245,6 +245,23 @@ def test_the_command_runs_without_pandas_and_main_leaves_its_process_alone(tmp_p
     assert (library["status"], library["pandas"]) == (0, "imported")
 
 
+def test_the_demo_runs_in_the_program_that_refuses_pandas(tmp_path):
+    """``mcprof demo`` runs torch (and torch.profiler) in the command's process, where
+    torch's compiler probes pandas with ``importlib.util.find_spec``: the probe must not
+    fail."""
+    store = str(tmp_path / "store")
+    report = pandas_refused_report(
+        "from multicore_profiler.cli import command\n"
+        f"sys.argv = ['mcprof', 'demo', '--steps', '3', '--launches', '1', '--store', {store!r}]\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    report['status'] = command()"
+    )
+    assert (report["status"], report["pandas"]) == (
+        0,
+        "No module named 'pandas': mcprof's own processes run without pandas",
+    )
+
+
 def mapped_pandas(pid: int) -> list[str]:
     """The files of pandas that process ``pid`` has mapped (its extension modules)."""
     maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
