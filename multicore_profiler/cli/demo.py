@@ -6,14 +6,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tqdm import tqdm
-
 from multicore_profiler.cli.arguments import Parents, in_range, open_given_store
 from multicore_profiler.cli.output import emit
 from multicore_profiler.errors import FuseError
 from multicore_profiler.fuse.merge import merge_chrome_traces
 from multicore_profiler.ingest.schedule import schedule
 from multicore_profiler.limits import COUNT, Range
+from multicore_profiler.progress import progress
 
 DEMO_STEPS = Range("a step count", 3, COUNT.high)
 """``demo --steps``: the schedule records from step 2 on, so fewer record nothing."""
@@ -56,7 +55,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
             tags={"kernel": "ReferenceMegaMoe", "tokens": "256"},
         ) as prof,
     ):
-        for _ in tqdm(range(args.steps), desc="demo", unit="step", disable=None):
+        for _ in progress(range(args.steps), desc="demo", unit="step"):
             for _ in range(args.launches):
                 x = torch.randn(256, 256, generator=generator)
                 kernel(x, *route(x, router, 2))

@@ -29,7 +29,6 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from tqdm import tqdm
 
 from multicore_profiler.abi import NO_OWNER
 from multicore_profiler.errors import ExportError
@@ -54,6 +53,7 @@ from multicore_profiler.export.timeline import (
     task_types,
 )
 from multicore_profiler.prefetch import ahead
+from multicore_profiler.progress import Bar, progress
 from multicore_profiler.storage.store import Store
 
 CATEGORY = "MegaKernelInternal"
@@ -176,7 +176,7 @@ def _pass(timeline: Timeline, aside: Path, gz: bool) -> _Written:
         flows,
         chain,
         aside_sink(aside, gz) as sink,
-        tqdm(total=timeline.records, desc="export", unit="event", disable=None) as progress,
+        progress(total=timeline.records, desc="export", unit="event") as bar,
     ):
         sink.write(head)
         sink.flush()
@@ -192,15 +192,15 @@ def _pass(timeline: Timeline, aside: Path, gz: bool) -> _Written:
                 timeline.spans.dur,
             )
             rows = event_args(rows, slices, timeline.spans, fragments).text("}}")
-            at = _put(sink, gz, rows, at, progress)
+            at = _put(sink, gz, rows, at, bar)
             _spool(group.flows, flows, chain)
         assert timeline.metadata is not None
-        progress.total += flows.rows + chain.rows
-        progress.refresh()
+        bar.total += flows.rows + chain.rows
+        bar.refresh()
         for rows in flows.rendered():
-            at = _put(sink, gz, rows, at, progress)
+            at = _put(sink, gz, rows, at, bar)
         for rows in chain.rendered(first_id=flows.count + 1):
-            at = _put(sink, gz, rows, at, progress)
+            at = _put(sink, gz, rows, at, bar)
         if not gz:
             sink.seek(at)
         metadata = _with_undrawn(timeline.metadata, flows.undrawn + chain.undrawn)
@@ -228,16 +228,16 @@ def _spool(group_flows: pa.Table | None, flows: _FlowSpool, chain: _FlowSpool) -
     chain.add(group_flows.filter(critical))
 
 
-def _put(sink: BinaryIO, gz: bool, rows: Row, at: int, progress: tqdm) -> int:
+def _put(sink: BinaryIO, gz: bool, rows: Row, at: int, bar: Bar) -> int:
     """Write ``rows`` at byte ``at`` of the file (gzip: after what is written); return where
     they end. A plain file gets each chunk at its place from the thread that rendered it."""
     if gz:
         for chunk in rows.chunks():
             sink.write(chunk)
-            progress.update(len(chunk))
+            bar.update(len(chunk))
     else:
         for count in rows.write_at(sink.fileno(), at):
-            progress.update(count)
+            bar.update(count)
     return at + len(rows) * rows.width
 
 

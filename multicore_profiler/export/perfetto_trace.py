@@ -63,7 +63,6 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
-from tqdm import tqdm
 
 from multicore_profiler.abi import NO_OWNER
 from multicore_profiler.errors import ExportError
@@ -81,6 +80,7 @@ from multicore_profiler.export.timeline import (
     task_types,
 )
 from multicore_profiler.prefetch import ahead
+from multicore_profiler.progress import progress
 from multicore_profiler.storage.store import Store
 
 INVOCATION_CATEGORY = "MegaKernelInvocation"
@@ -222,14 +222,14 @@ def _write(timeline: Timeline, aside: Path, gz: bool, sidecar_name: str) -> _Wri
     counts = _Counts()
     with (
         aside_sink(aside, gz) as sink,
-        tqdm(total=timeline.records, desc="export", unit="record", disable=None) as progress,
+        progress(total=timeline.records, desc="export", unit="record") as bar,
     ):
         sink.write(_header(layout))
         sink.write(_descriptors(timeline, layout, sidecar_name))
         for group in ahead(timeline.groups(), "mcprof-timeline"):
             for packets in _group_packets(group, layout, counts):
                 sink.write(packets.data)
-            progress.update(group.slices.num_rows)
+            bar.update(group.slices.num_rows)
     assert timeline.metadata is not None
     return _Written(_metadata(timeline.metadata, layout, counts), counts.track_events)
 

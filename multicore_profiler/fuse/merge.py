@@ -28,7 +28,6 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from tqdm import tqdm
 
 from multicore_profiler.abi import ASCEND_CORE_NAMES
 from multicore_profiler.errors import ArgumentError, FuseError, QueryError
@@ -74,6 +73,7 @@ from multicore_profiler.limits import (
     Range,
     check_given,
 )
+from multicore_profiler.progress import Bar, progress
 from multicore_profiler.storage.sql_text import sql_strings
 from multicore_profiler.storage.store import Store, open_store
 
@@ -880,17 +880,17 @@ class _Splicer:
         self.pending = []
 
 
-def _raw_pieces(path: Path, progress: tqdm) -> Iterator[tuple[int, bytes]]:
+def _raw_pieces(path: Path, bar: Bar) -> Iterator[tuple[int, bytes]]:
     offset = 0
     source, _ = open_text(path)
     with source:
         while chunk := source.read(CHUNK_BYTES):
             yield offset, chunk
             offset += len(chunk)
-            progress.update(len(chunk))
+            bar.update(len(chunk))
 
 
-def _rebased_text(path: Path, shift: int, splicer: _Splicer, progress: tqdm) -> None:
+def _rebased_text(path: Path, shift: int, splicer: _Splicer, bar: Bar) -> None:
     """The outer text with every event's ``ts`` rewritten; prologue and epilogue edited.
     Blocks are cut at commas between events, which go back in between them."""
     with read_trace(path, args_keys=()) as trace:
@@ -902,7 +902,7 @@ def _rebased_text(path: Path, shift: int, splicer: _Splicer, progress: tqdm) -> 
             elif block.first_index:
                 splicer.sink.write(b",")
             splicer.sink.write(_rebased(block, shift))
-            progress.update(block.text.size)
+            bar.update(block.text.size)
         if not wrote_prologue:
             splicer.write(0, trace.prologue)
         splicer.write(trace.text_bytes - len(trace.epilogue), trace.epilogue)
@@ -934,16 +934,14 @@ def _write(
     with (
         written_aside(output, FuseError, "the fused trace") as aside,
         aside_sink(aside, output.suffix == ".gz") as sink,
-        tqdm(
-            total=layout["textBytes"], desc="fuse", unit="B", unit_scale=True, disable=None
-        ) as progress,
+        progress(total=layout["textBytes"], desc="fuse", unit="B", unit_scale=True) as bar,
     ):
         splicer = _Splicer(edits, sink)
         if shift is None:
-            for offset, data in _raw_pieces(framework_trace, progress):
+            for offset, data in _raw_pieces(framework_trace, bar):
                 splicer.write(offset, data)
         else:
-            _rebased_text(framework_trace, shift, splicer, progress)
+            _rebased_text(framework_trace, shift, splicer, bar)
         splicer.finish()
 
 

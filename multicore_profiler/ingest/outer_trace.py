@@ -27,7 +27,6 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-from tqdm import tqdm
 
 from multicore_profiler.errors import ArgumentError, TraceFormatError
 from multicore_profiler.ingest.event_columns import TimeStats
@@ -35,6 +34,7 @@ from multicore_profiler.ingest.event_columns import events_table as events_table
 from multicore_profiler.ingest.trace_reader import TraceText, file_sha256, regular_file
 from multicore_profiler.ingest.trace_workers import read_tables
 from multicore_profiler.limits import INT64, RANK
+from multicore_profiler.progress import progress
 from multicore_profiler.storage.partitions import partition_dir, write_partition
 from multicore_profiler.storage.schema import TRACE_EVENTS, TRACE_SOURCES
 from multicore_profiler.storage.store import Store
@@ -448,8 +448,8 @@ def resolve_trace(
 
 def _tables(tables: Iterator[pa.Table], path: Path, write_id: int) -> Iterator[pa.Table]:
     """The ``trace_events`` tables with their ``write_id``, with a progress bar on a terminal."""
-    with tqdm(desc=f"ingest {path.name}", unit="event", disable=None) as progress:
+    with progress(desc=f"ingest {path.name}", unit="event") as bar:
         for table in tables:
             count = table.num_rows
             yield table.add_column(0, "write_id", pa.repeat(pa.scalar(write_id), count))
-            progress.update(count)
+            bar.update(count)

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from tqdm import tqdm
 
 from multicore_profiler.errors import StoreError
+from multicore_profiler.progress import progress
 from multicore_profiler.storage.location import StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     new_file_name,
@@ -188,7 +188,7 @@ def _compact_local(
                         work.append((kind, directory, files))
 
         rows = 0
-        for spec, directory, files in tqdm(work, desc="compacting", unit="partition", disable=None):
+        for spec, directory, files in progress(work, desc="compacting", unit="partition"):
             final = directory / new_file_name()
             staged = tmp_path(final)
             rows += write_parquet(staged, _merged(store.location, files, spec), spec)
@@ -223,7 +223,7 @@ def _compact_remote(
 ) -> CompactionReport:
     """Vacuum each run, then rewrite and supersede its writes (see ``supersede``)."""
     deleted = partitions = before = after = rows = 0
-    for run_id in tqdm(run_ids, desc="compacting", unit="run", disable=None):
+    for run_id in progress(run_ids, desc="compacting", unit="run"):
         files = run_files(store.location, run_id)
         left = vacuum(store, run_id, files, now=now, grace=grace)
         deleted += files.count - left.count

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
-
 from multicore_profiler.errors import StoreError
+from multicore_profiler.progress import progress
 from multicore_profiler.storage.compact import COMPACT_LOCK
 from multicore_profiler.storage.location import store_write
 from multicore_profiler.storage.schema import CORES, DISCARDS, INVOCATIONS, RECORDS, RUNS, TASKS
@@ -119,7 +118,7 @@ def collect(store: StoreHandle, plan: GcPlan) -> GcPlan:
                 fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise StoreError(f"a compaction of the store at {store.uri} is running") from None
-        for row in tqdm(plan.runs, desc="removing runs", unit="run", disable=None):
+        for row in progress(plan.runs, desc="removing runs", unit="run"):
             with store.lock.exclusive() if location.is_local else ExitStack():
                 for spec in REMOVAL_ORDER:
                     relative = f"{spec.name}/run_id={row['run_id']}"
