@@ -283,3 +283,35 @@ def test_the_writer_and_trace_workers_run_without_pandas():
     finally:
         ours.close()
         worker.wait(timeout=60)
+
+
+def test_buffers_to_a_trace_off_a_terminal_load_neither_tqdm_nor_arrow_datasets(tmp_path):
+    """``trace-buffer`` (ingest into a temporary store, then export) in a process whose
+    standard error is not a terminal draws no progress bar, so it never imports tqdm, and
+    the timeline groups its few invocations in Python, not with Arrow's query engine
+    (``pyarrow.acero``, which imports ``pyarrow.dataset``)."""
+    from golden import AIC, TASK7, Slot, pack
+
+    buffer = tmp_path / "dump.bin"
+    buffer.write_bytes(pack(1, 1, 16, 16, [Slot(AIC, 0, 100, TASK7)]))
+    layout = ["--aic-slots", "1", "--aiv-slots", "1", "--aic-capacity", "16", "--aiv-capacity"]
+    args = ["trace-buffer", str(buffer), *layout, "16", "--freq-mhz", "50"]
+    report = loaded_after(
+        "from multicore_profiler.cli import command\n"
+        f"sys.argv = ['mcprof', *{args!r}, '-o', {str(tmp_path / 'trace.json')!r}]\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    report['status'] = command()\n"
+        "report['acero'] = 'pyarrow.acero' in sys.modules"
+    )
+    assert report == {
+        "status": 0,
+        "acero": False,
+        "modules": sorted(
+            [
+                *STORE_COMMAND_MODULES,
+                "multicore_profiler.export",
+                "multicore_profiler.ingest",
+                "pyarrow.compute",
+            ]
+        ),
+    }
