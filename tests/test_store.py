@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import duckdb
@@ -521,13 +521,67 @@ def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
     assert counted == {q: [{"n": n}] for q, n in unpinned.items() if n is not None}
     assert set(map(str, scoped)) == {"None"}  # never scoped, whatever reader it took
 
-    # A discarded write is a row of the discards table, which the views read without a
-    # filter on the run: once it has files, no plan pins stage_stats any more.
+    # A discarded write is a row of the discards table; it hides invocations of its own run
+    # only, so a plan still pins its runs, and the scoped reading applies the discards.
     (write_id,) = store.sql("SELECT write_id FROM invocations WHERE run_id = 'a1'")[0].to_pylist()
     store.discard_writes("a1", 0, [write_id])
-    assert store._pinned("SELECT count(*) AS n FROM stage_stats WHERE run_id = 'b2'", None) is None
+    stages = "SELECT count(*) AS n FROM stage_stats WHERE run_id = '{}'"
+    assert [store._pinned(stages.format(run), None) for run in ("a1", "b2")] == [["a1"], ["b2"]]
+    scoped.clear()
     assert store.sql(f"{count} WHERE run_id = 'a1'").to_pylist() == [{"n": 0}]
+    assert store.sql(stages.format("a1")).to_pylist() == [{"n": 0}]
+    assert store.sql(stages.format("b2")).to_pylist() == [{"n": 2}]
+    assert scoped == [["a1"], ["a1"], ["b2"]]
+    monkeypatch.setattr(store_module, "NATIVE_MAX_FILES", 256)  # as read whole
+    assert open_store(store.root).sql(f"{count} GROUP BY run_id ORDER BY run_id").to_pylist() == [
+        {"n": 4},
+        {"n": 4},
+    ]
     store.close()
+
+
+def invocations_form(con: duckdb.DuckDBPyConnection) -> list[tuple[bool, str]]:
+    """Each ``invocations`` view ``con`` has (its own temporary one first), as (temporary,
+    ``discards`` if it applies the discards' rules, else ``plain``)."""
+    views = con.sql(
+        "SELECT temporary, sql FROM duckdb_views() WHERE view_name = 'invocations' "
+        "ORDER BY temporary DESC"
+    ).fetchall()
+    return [
+        (temporary, "discards" if "raw_discards" in sql else "plain") for temporary, sql in views
+    ]
+
+
+def test_invocations_apply_the_discards_rules_only_where_discards_have_files(
+    store: Store,
+) -> None:
+    """A store without discards (most) defines ``invocations`` as the filter the discards'
+    rules come to, which DuckDB plans faster; the rules apply, on the store's connection or
+    on a cursor scoped to runs, wherever the discards they see have files."""
+    for run in ("a1", "b2"):
+        write_golden(store, run_id=run)
+    count = "SELECT run_id, count(*) AS n FROM records GROUP BY run_id ORDER BY run_id"
+    both = [{"run_id": "a1", "n": 4}, {"run_id": "b2", "n": 4}]
+    assert store.sql(count).to_pylist() == both
+    assert invocations_form(store._db) == [(False, "plain")]
+
+    (write_id,) = store.sql("SELECT write_id FROM invocations WHERE run_id = 'a1'")[0].to_pylist()
+    store.discard_writes("a1", 0, [write_id])
+    # Scoped to a1, whose discards the store connection has not listed yet: the cursor's own.
+    with store.reading(runs=["a1"]) as cursor:
+        assert invocations_form(cursor) == [(True, "discards"), (False, "plain")]
+        assert cursor.sql("SELECT count(*) FROM records").fetchall() == [(0,)]
+    assert store.sql(count).to_pylist() == [{"run_id": "b2", "n": 4}]
+    assert invocations_form(store._db) == [(False, "discards")]
+    # Scoped to b2, which has none, under a connection that applies them: the plain filter.
+    with store.reading(runs=["b2"]) as cursor:
+        assert invocations_form(cursor) == [(True, "plain"), (False, "discards")]
+        assert cursor.sql("SELECT count(*) FROM records").fetchall() == [(4,)]
+    # The discards gone with their run, the connection goes back to the plain filter.
+    removed = store.gc(keep_last=1, older_than=timedelta(0), apply=True)
+    assert [run["run_id"] for run in removed.runs] == ["a1"]
+    assert store.sql(count).to_pylist() == [{"run_id": "b2", "n": 4}]
+    assert invocations_form(store._db) == [(False, "plain")]
 
 
 def test_reading_given_files_needs_their_runs(store: Store) -> None:

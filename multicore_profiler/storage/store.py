@@ -101,6 +101,25 @@ def _sql_type(kind: pa.DataType) -> str:
     return _SQL_TYPES[kind]
 
 
+_UNDISCARDED = (
+    "CREATE OR REPLACE VIEW invocations AS "
+    "SELECT * FROM raw_invocations WHERE origin_write_id IS NULL"
+)
+"""``invocations`` over a ``raw_discards`` without a file (see ``invocations.sql``)."""
+
+
+@cache
+def _invocations_view(discarded: bool, temp: bool) -> str:
+    """The statement that defines ``invocations`` for the ``raw_discards`` a connection
+    (or, ``temp``, a cursor) sees: with the discards' rules where it has files
+    (``invocations.sql``), else as the filter those rules come to."""
+    if discarded:
+        text = resources.files(__package__).joinpath("invocations.sql").read_text()
+    else:
+        text = _UNDISCARDED
+    return text.replace("VIEW", "TEMP VIEW", 1) if temp else text
+
+
 @cache
 def _empty_tables() -> str:
     """The script that makes each table's typed, empty table (``empty_<table>``, partition
@@ -157,13 +176,16 @@ class Store(Extensible, StoreWrites):
         self._vouched: set[str] = set()
         """Files of ``_verified`` that the record vouched for, which this object never read."""
         self._shared_files: dict[str, tuple[str, ...]] = {}
+        self._discarded = False
+        """Whether the store connection's ``invocations`` applies the discards' rules (its
+        ``raw_discards`` has files); see ``_invocations_view``."""
         self._big: bool | None = None
         """Whether the last whole-store listing found a table too big for DuckDB's reader."""
         self._plans: dict[tuple[str, Any], Any] = {}
         """Choices made from queries' plans, by text (see ``_pinned``, ``_dataset_filtered``)."""
         # Over empty tables until a query finds files (see _point).
         views = resources.files(__package__).joinpath("views.sql").read_text()
-        self._db.execute(f"{_empty_tables()}\n{views}")
+        self._db.execute(f"{_empty_tables()}\n{_invocations_view(False, False)};\n{views}")
         self._modules = InstalledModules()
 
     @property
@@ -286,9 +308,18 @@ class Store(Extensible, StoreWrites):
                 cursor.execute(
                     f"CREATE OR REPLACE TEMP VIEW raw_{spec.name} AS {_with_empty(spec, source)}"
                 )
+                # The cursor's own discards: its own invocations, unless the shared one's
+                # rules fit (it has none, and neither has the store connection's).
+                if spec is DISCARDS and (files or self._discarded):
+                    cursor.execute(_invocations_view(bool(files), True))
         if moved:
-            self._db.execute(";\n".join(self._shared_view(spec, files) for spec, files in moved))
-            self._shared_files.update((spec.name, files) for spec, files in moved)
+            shared = self._shared_files | {spec.name: files for spec, files in moved}
+            discarded = bool(shared.get(DISCARDS.name))
+            script = [self._shared_view(spec, files) for spec, files in moved]
+            if discarded != self._discarded:
+                script.append(_invocations_view(discarded, False))
+            self._db.execute(";\n".join(script))
+            self._shared_files, self._discarded = shared, discarded
         self.save_verified()
         return frozenset(datasets)
 
@@ -561,6 +592,9 @@ class Store(Extensible, StoreWrites):
             for spec in TABLES.values():
                 empty = _with_empty(spec, f"empty_{spec.name}")
                 cursor.execute(f"CREATE TEMP VIEW raw_{spec.name} AS {empty}")
+            # Discards hide invocations of their own run only: whatever they hold, a query
+            # pinned to runs reads their invocations as the whole store does.
+            cursor.execute(_invocations_view(False, True))
             with self._views:
                 self._modules.prepare(cursor, query)
                 # A setting of the whole database: on for the plan only (a query another
