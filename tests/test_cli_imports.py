@@ -59,6 +59,17 @@ def loaded_after(code: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+def buffer_command(folder: Path, command: str) -> list[str]:
+    """The arguments of ``command`` (``ingest-buffer``, ``trace-buffer``) for a buffer of
+    one record, written to ``folder``, with its layout."""
+    from golden import AIC, TASK7, Slot, pack
+
+    buffer = folder / "dump.bin"
+    buffer.write_bytes(pack(1, 1, 16, 16, [Slot(AIC, 0, 100, TASK7)]))
+    layout = ["--aic-slots", "1", "--aiv-slots", "1", "--aic-capacity", "16", "--aiv-capacity"]
+    return [command, str(buffer), *layout, "16", "--freq-mhz", "50"]
+
+
 def test_importing_the_cli_loads_no_library_or_room():
     assert loaded_after("import multicore_profiler.cli") == {"modules": []}
 
@@ -105,18 +116,10 @@ def test_runs_loads_neither_pandas_nor_pyarrow_dataset(tmp_path, capsys):
     page against its checksum), records them as checked and converts no Python value with
     pyarrow, which would import pandas. Saving that record takes ``pyarrow.compute``; the
     next listing, which trusts the record, loads it no more."""
-    from golden import AIC, TASK7, Slot, pack
-
     from multicore_profiler.cli import main
 
-    buffer = tmp_path / "dump.bin"
-    buffer.write_bytes(pack(1, 1, 16, 16, [Slot(AIC, 0, 100, TASK7)]))
     store = str(tmp_path / "store")
-    layout = ["--aic-slots", "1", "--aiv-slots", "1", "--aic-capacity", "16", "--aiv-capacity"]
-    assert (
-        main(["ingest-buffer", str(buffer), *layout, "16", "--freq-mhz", "50", "--store", store])
-        == 0
-    )
+    assert main([*buffer_command(tmp_path, "ingest-buffer"), "--store", store]) == 0
     listing = (
         "from multicore_profiler.cli import main\n"
         "from multicore_profiler.storage import verified\n"
@@ -218,12 +221,7 @@ def test_the_command_runs_without_pandas_and_main_leaves_its_process_alone(tmp_p
     """``mcprof`` (``cli.command``) refuses pandas, which pyarrow would import on its first
     conversion of a value (a fifth of a second, about 40 MB) and mcprof never uses;
     ``main``, which programs and tests call beside their own code, changes nothing."""
-    from golden import AIC, TASK7, Slot, pack
-
-    buffer = tmp_path / "dump.bin"
-    buffer.write_bytes(pack(1, 1, 16, 16, [Slot(AIC, 0, 100, TASK7)]))
-    layout = ["--aic-slots", "1", "--aiv-slots", "1", "--aic-capacity", "16", "--aiv-capacity"]
-    args = ["trace-buffer", str(buffer), *layout, "16", "--freq-mhz", "50"]
+    args = buffer_command(tmp_path, "trace-buffer")
     command = pandas_refused_report(
         "from multicore_profiler.cli import command\n"
         f"sys.argv = ['mcprof', *{args!r}, '-o', {str(tmp_path / 'command.json')!r}]\n"
@@ -290,12 +288,7 @@ def test_buffers_to_a_trace_off_a_terminal_load_neither_tqdm_nor_arrow_datasets(
     standard error is not a terminal draws no progress bar, so it never imports tqdm, and
     the timeline groups its few invocations in Python, not with Arrow's query engine
     (``pyarrow.acero``, which imports ``pyarrow.dataset``)."""
-    from golden import AIC, TASK7, Slot, pack
-
-    buffer = tmp_path / "dump.bin"
-    buffer.write_bytes(pack(1, 1, 16, 16, [Slot(AIC, 0, 100, TASK7)]))
-    layout = ["--aic-slots", "1", "--aiv-slots", "1", "--aic-capacity", "16", "--aiv-capacity"]
-    args = ["trace-buffer", str(buffer), *layout, "16", "--freq-mhz", "50"]
+    args = buffer_command(tmp_path, "trace-buffer")
     report = loaded_after(
         "from multicore_profiler.cli import command\n"
         f"sys.argv = ['mcprof', *{args!r}, '-o', {str(tmp_path / 'trace.json')!r}]\n"
