@@ -117,7 +117,8 @@ def _invocations_view(discarded: bool, temp: bool) -> str:
         text = resources.files(__package__).joinpath("invocations.sql").read_text()
     else:
         text = _UNDISCARDED
-    return text.replace("VIEW", "TEMP VIEW", 1) if temp else text
+    create = "CREATE OR REPLACE VIEW"
+    return text.replace(create, "CREATE OR REPLACE TEMP VIEW", 1) if temp else text
 
 
 @cache
