@@ -4,7 +4,9 @@ writer processes, a writer killed before its commit, partition pruning, retentio
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -170,6 +172,34 @@ def test_a_query_about_one_run_reads_only_that_runs_files(s3_uri: str) -> None:
         by_commit = "SELECT * FROM stage_stats WHERE run_id IN (SELECT run_id FROM runs "
         by_commit += "WHERE commit = 'c1') ORDER BY ALL"
         assert remote.sql(by_commit, runs=runs[:1]).equals(before)
+
+
+def test_a_query_opens_each_file_at_the_size_its_listing_gave(
+    s3_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A remote store's listing gives each file's size: reading a file then costs its
+    reads only, not first a request (HEAD) for its size, a round trip per file and query."""
+    with open_store(s3_uri) as remote:
+        write_run(remote, SimulatedMoeKernel(), seed=1, commit="c1")
+    bucket = bucket_of(s3_uri)
+    stored = {
+        f"/{bucket}/{entry['Key']}"
+        for entry in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]
+        if entry["Key"].startswith(("store/records/", "store/cores/", "store/invocations/"))
+        and entry["Key"].endswith(".parquet")
+    }
+    caplog.set_level(logging.INFO, logger="werkzeug")  # the S3 server's line per request
+    with open_store(s3_uri, create=False) as fresh:
+        answer = fresh.sql("SELECT count(*) AS n FROM records_ns").to_pylist()
+    assert answer == [{"n": 8 * SimulatedMoeKernel().records_per_launch}]
+    requests = [
+        found.groups()
+        for record in caplog.records
+        if (found := re.search(r"(GET|HEAD) (/\S+) HTTP", record.getMessage()))
+    ]
+    read = {path for method, path in requests if path.endswith(".parquet")}
+    assert read == stored
+    assert {method for method, path in requests if path in read} == {"GET"}
 
 
 def test_the_cli_takes_a_store_uri(

@@ -6,7 +6,8 @@ kept with its modification time and reused while that time holds, so a query sta
 the directories instead of reading them; a directory changed within ``RACY_NS`` of
 being listed is listed again (a file system with coarse times could hide a change in
 the same tick). Object stores have no directory times: a remote store is listed a
-table at a time (a request per thousand files).
+table at a time (a request per thousand files), and the sizes it gives are kept, so
+that reading a file needs no request to learn its size.
 
 Tables are listed in ``LISTING_ORDER``: a table whose rows commit another's is listed
 before it. A file is written before the file that commits it, so a query that lists
@@ -64,6 +65,18 @@ class FileCatalog:
     def __init__(self, location: StoreLocation) -> None:
         self._location = location
         self._listed: dict[str, _Listed] = {}
+        self._sizes: dict[str, dict[str, int]] = {}
+        """A remote store's files by table, each with its size as the last listing of
+        its prefix gave it (a path names one object, written once)."""
+
+    def sizes(self, spec: TableSpec, paths: Sequence[str]) -> tuple[int, ...] | None:
+        """The sizes of ``paths`` of ``spec``'s table, as listed; None in a local store
+        or where a path was not listed."""
+        listed = self._sizes.get(spec.name, {})
+        try:
+            return tuple(listed[path] for path in paths)
+        except KeyError:
+            return None
 
     def files(
         self, runs: Sequence[str] | None = None, tables: Sequence[TableSpec] = LISTING_ORDER
@@ -99,6 +112,8 @@ class FileCatalog:
                 prefixes = [f"{spec.name}/{part}" for part in sorted(wanted)]
             table = self._location.join(spec.name) + "/"
             files = []
+            # The whole table's listing replaces what is known of its files; a run's adds.
+            sizes = {} if prefixes == [spec.name] else self._sizes.get(spec.name, {})
             for prefix in prefixes:
                 for info in self._location.files(prefix):
                     *partitions, name = info.path.removeprefix(table).split("/")
@@ -109,6 +124,8 @@ class FileCatalog:
                         and (wanted is None or not run_partitioned or partitions[0] in wanted)
                     ):
                         files.append(info.path)
+                        sizes[info.path] = info.size
+            self._sizes[spec.name] = sizes
             if files:
                 found[spec.name] = tuple(sorted(files))
         return found

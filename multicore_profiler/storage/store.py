@@ -164,7 +164,9 @@ class Store(Extensible, StoreWrites):
         self._db = self._resources.enter_context(connection())
         self._db.execute("SET enable_progress_bar = false; SET TimeZone = 'UTC'")
         self._catalog = FileCatalog(location)
-        self._datasets: dict[str, tuple[tuple[str, ...], ds.Dataset]] = {}
+        self._datasets: dict[
+            str, tuple[tuple[tuple[str, ...], tuple[int, ...] | None], ds.Dataset]
+        ] = {}
         self._tables: dict[tuple[str, ...], pa.Table] = {}
         self._ids: dict[str, pa.Table] = {}
         """The ``rank`` and ``invocation_id`` columns of invocations files read so far."""
@@ -460,29 +462,50 @@ class Store(Extensible, StoreWrites):
 
     def _dataset(self, spec: TableSpec, files: tuple[str, ...]) -> ds.Dataset:
         """A pyarrow dataset of a table's files, made again only when they changed
-        (``pyarrow.dataset``, which imports pandas, is imported by the first)."""
+        (``pyarrow.dataset``, which imports pandas, is imported by the first). A remote
+        store's files carry the sizes its listing gave: opening one then costs no
+        request for its size, a round trip per file and query otherwise."""
         import pyarrow.dataset as ds
 
+        sizes = self._catalog.sizes(spec, files)
         cached = self._datasets.get(spec.name)
-        if cached is None or cached[0] != files:
+        if cached is None or cached[0] != (files, sizes):
             partitions = pa.schema([(k, _PARTITION_TYPES[k]) for k in spec.partition_by])
             schema = pa.unify_schemas([partitions, spec.schema])
-            parts = [
-                ds.dataset(
-                    list(paths),
-                    schema=schema,
-                    format=verified_parquet(),
-                    filesystem=self._location.filesystem,
-                    partitioning=ds.partitioning(
-                        pa.schema([(k, _PARTITION_TYPES[k]) for k in kind.partition_by]),
-                        flavor="hive",
-                    ),
-                    partition_base_dir=self._location.join(spec.name),
+            base = self._location.join(spec.name)
+            filesystem = self._location.filesystem
+            parquet = verified_parquet()
+            size_of = dict(zip(files, sizes or (), strict=False))
+            parts = []
+            for kind, paths in files_by_spec(spec, files):
+                partitioning = ds.partitioning(
+                    pa.schema([(k, _PARTITION_TYPES[k]) for k in kind.partition_by]),
+                    flavor="hive",
                 )
-                for kind, paths in files_by_spec(spec, files)
-            ]
+                if sizes is None:
+                    parts.append(
+                        ds.dataset(
+                            list(paths),
+                            schema=schema,
+                            format=parquet,
+                            filesystem=filesystem,
+                            partitioning=partitioning,
+                            partition_base_dir=base,
+                        )
+                    )
+                    continue
+                fragments = [
+                    parquet.make_fragment(
+                        path,
+                        filesystem,
+                        partitioning.parse(path.removeprefix(base)),
+                        file_size=size_of[path],
+                    )
+                    for path in paths
+                ]
+                parts.append(ds.FileSystemDataset(fragments, schema, parquet, filesystem))
             dataset = parts[0] if len(parts) == 1 else ds.dataset(parts)
-            cached = self._datasets[spec.name] = (files, dataset)
+            cached = self._datasets[spec.name] = ((files, sizes), dataset)
         return cached[1]
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
