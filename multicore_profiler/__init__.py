@@ -30,10 +30,9 @@ handlers before the first capture session: ``extension.load_before_objects``), s
 store query finds them registered.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from multicore_profiler.extension import load_before_objects
+from multicore_profiler.extension import load_before_objects, names_on_first_use
 
 if TYPE_CHECKING:
     # The rooms the public names come from, as static imports: for type checkers, and for
@@ -132,13 +131,4 @@ _PUBLIC = {
 """Where each public name lives; it is imported from there on first use."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        value = getattr(import_module(_PUBLIC[name]), name)
-        globals()[name] = value  # later look-ups find it without this function
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = names_on_first_use(__name__, _PUBLIC)

@@ -13,12 +13,15 @@ imported when the first object of that class is made, so the methods, and what t
 modules register with a lower room (the analysis room's SQL modules, which every store
 query may need), are in place before any object is used, while a process that makes
 none (``mcprof --help``) imports none of them.
+
+A package's public names are imported on first use the same way (``names_on_first_use``),
+so that importing one of its modules costs only what that module imports.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import Any, TypeVar
 
@@ -108,3 +111,23 @@ class _Imported:
             if klass.__dict__.get(self._name) is self:
                 setattr(klass, self._name, method)
         return method if instance is None else method.__get__(instance, owner)
+
+
+def names_on_first_use(
+    package: str, where: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The module ``__getattr__`` and ``__dir__`` of the package named ``package``, whose
+    public names, each in the module ``where`` gives, are imported when first looked
+    up and kept in the package's namespace (later look-ups cost nothing)."""
+    namespace = sys.modules[package].__dict__
+
+    def module_getattr(name: str) -> Any:
+        if name in where:
+            value = namespace[name] = getattr(import_module(where[name]), name)
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def module_dir() -> list[str]:
+        return sorted({*namespace, *namespace.get("__all__", ())})
+
+    return module_getattr, module_dir

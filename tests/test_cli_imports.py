@@ -152,6 +152,21 @@ def test_importing_the_package_loads_nothing_until_a_name_is_used():
     }
 
 
+def test_the_synthetic_kernel_and_the_specs_load_no_torch_until_a_backend_is_named():
+    """The kernels package imports its names on first use: a process that simulates
+    launches (the scale tests' writer processes) or writes specs pays no torch."""
+    report = loaded_after(
+        "from multicore_profiler.kernels.synthetic import SimulatedMoeKernel\n"
+        "from multicore_profiler.kernels import ProfileSpec\n"
+        f"report['before'] = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        "from multicore_profiler.kernels import CpuBackend\n"
+        "report['backend'] = CpuBackend.__module__"
+    )
+    assert report["before"] == ["numpy", "pyarrow"]
+    assert report["backend"] == "multicore_profiler.kernels.backend"
+    assert "torch" in report["modules"]
+
+
 def test_the_first_store_finds_every_sql_module_and_method_of_the_rooms_above(tmp_path):
     """A process that imports only the store module still gets the analysis room's SQL
     modules once it opens a store, and ``Store.compare`` / ``Store.check``, whose modules

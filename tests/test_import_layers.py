@@ -33,6 +33,7 @@ UPWARD = {
     "prefetch": ("multicore_profiler/prefetch.py", "multicore_profiler.errors"),
     "no_pandas": ("multicore_profiler/no_pandas.py", "multicore_profiler.errors"),
     "progress": ("multicore_profiler/progress.py", "multicore_profiler.errors"),
+    "extension": ("multicore_profiler/extension.py", "multicore_profiler.errors"),
     "limits": ("multicore_profiler/limits.py", "multicore_profiler.abi"),
     "abi": ("multicore_profiler/abi.py", "multicore_profiler.kernels"),
     "kernels": ("multicore_profiler/kernels/upward.py", "multicore_profiler.storage"),
