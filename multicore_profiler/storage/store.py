@@ -483,27 +483,26 @@ class Store(Extensible, StoreWrites):
                     flavor="hive",
                 )
                 if sizes is None:
-                    parts.append(
-                        ds.dataset(
-                            list(paths),
-                            schema=schema,
-                            format=parquet,
-                            filesystem=filesystem,
-                            partitioning=partitioning,
-                            partition_base_dir=base,
+                    part = ds.dataset(
+                        list(paths),
+                        schema=schema,
+                        format=parquet,
+                        filesystem=filesystem,
+                        partitioning=partitioning,
+                        partition_base_dir=base,
+                    )
+                else:
+                    fragments = [
+                        parquet.make_fragment(
+                            path,
+                            filesystem,
+                            partitioning.parse(path.removeprefix(base)),
+                            file_size=size_of[path],
                         )
-                    )
-                    continue
-                fragments = [
-                    parquet.make_fragment(
-                        path,
-                        filesystem,
-                        partitioning.parse(path.removeprefix(base)),
-                        file_size=size_of[path],
-                    )
-                    for path in paths
-                ]
-                parts.append(ds.FileSystemDataset(fragments, schema, parquet, filesystem))
+                        for path in paths
+                    ]
+                    part = ds.FileSystemDataset(fragments, schema, parquet, filesystem)
+                parts.append(part)
             dataset = parts[0] if len(parts) == 1 else ds.dataset(parts)
             cached = self._datasets[spec.name] = ((files, sizes), dataset)
         return cached[1]
