@@ -69,12 +69,12 @@ class FileCatalog:
         """A remote store's files by table, each with its size as the last listing of
         its prefix gave it (a path names one object, written once)."""
 
-    def sizes(self, spec: TableSpec, paths: Sequence[str]) -> tuple[int, ...] | None:
-        """The sizes of ``paths`` of ``spec``'s table, as listed; None in a local store
-        or where a path was not listed."""
+    def sizes(self, spec: TableSpec, paths: Sequence[str]) -> dict[str, int] | None:
+        """The size of each of ``paths`` of ``spec``'s table, as listed; None in a local
+        store or where a path was not listed."""
         listed = self._sizes.get(spec.name, {})
         try:
-            return tuple(listed[path] for path in paths)
+            return {path: listed[path] for path in paths}
         except KeyError:
             return None
 

@@ -165,7 +165,7 @@ class Store(Extensible, StoreWrites):
         self._db.execute("SET enable_progress_bar = false; SET TimeZone = 'UTC'")
         self._catalog = FileCatalog(location)
         self._datasets: dict[
-            str, tuple[tuple[tuple[str, ...], tuple[int, ...] | None], ds.Dataset]
+            str, tuple[tuple[tuple[str, ...], dict[str, int] | None], ds.Dataset]
         ] = {}
         self._tables: dict[tuple[str, ...], pa.Table] = {}
         self._ids: dict[str, pa.Table] = {}
@@ -475,7 +475,6 @@ class Store(Extensible, StoreWrites):
             base = self._location.join(spec.name)
             filesystem = self._location.filesystem
             parquet = verified_parquet()
-            size_of = dict(zip(files, sizes or (), strict=False))
             parts = []
             for kind, paths in files_by_spec(spec, files):
                 partitioning = ds.partitioning(
@@ -497,7 +496,7 @@ class Store(Extensible, StoreWrites):
                             path,
                             filesystem,
                             partitioning.parse(path.removeprefix(base)),
-                            file_size=size_of[path],
+                            file_size=sizes[path],
                         )
                         for path in paths
                     ]
