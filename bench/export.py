@@ -11,9 +11,10 @@ on the whole run, ``export_chrome_trace`` (against ``export_perfetto_trace``). E
 timing is the median and [min-max] of ``--repeat`` calls, the compared calls interleaved,
 each after an untimed first call: every timed call writes over the previous output of its
 path, as a re-export does (ext4 then writes the new file out to disk on the rename that
-replaces the old one, so that a crash leaves one of them whole), and the whole run is also
-exported to a new path (the previous output removed, untimed), whose rename writes nothing
-out. Goals: ``export_chrome_trace`` >= 10x the baseline's events/s and >= 1 M
+replaces the old one, so that a crash leaves one of them whole: the exporter starts its
+pages out behind it as it writes, so the rename waits for the last ones), and the whole run
+is also exported to a new path (the previous output removed, untimed), whose rename writes
+nothing out. Goals: ``export_chrome_trace`` >= 10x the baseline's events/s and >= 1 M
 events/s, peak RSS of a fresh process that opens the store and exports the whole run
 under 500 MB; ``export_perfetto_trace`` >= 2 M track events/s, a trace of at most 1/8 of
 the JSON's bytes per record, a fresh process's peak RSS under 500 MB (issue 37's rates and
@@ -219,8 +220,8 @@ def main() -> None:
         print(
             f"every time is the median [min-max] of {repeat} calls, after an untimed first "
             "one; each call writes over the previous output of its path, as a re-export "
-            "does (ext4 writes the new file out on that rename), unless said to go to a new "
-            "path"
+            "does (ext4 writes the new file out on that rename, what the exporter has not "
+            "written out behind itself), unless said to go to a new path"
         )
         out = {suffix: root / f"trace{suffix}" for suffix in (".json", ".pftrace")}
         gz = {suffix: root / f"trace{suffix}.gz" for suffix in (".json", ".pftrace")}

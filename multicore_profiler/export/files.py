@@ -1,19 +1,23 @@
 """Trace files written aside and renamed into place: no reader sees half a trace, and a
-failure leaves no file behind and an older one at the path as it was; what a trace
-writer reports it wrote (``ExportedTrace``); the checks of an output, which may not lie
-inside a store or be an input (``check_output``), and of a name that becomes part of a
-file name (``file_name_part``)."""
+failure leaves no file behind and an older one at the path as it was; the file is written
+out to disk behind its writer, so that the rename waits for little (``_written_out_behind``);
+what a trace writer reports it wrote (``ExportedTrace``); the checks of an output, which may
+not lie inside a store or be an input (``check_output``), and of a name that becomes part of
+a file name (``file_name_part``)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import stat
+import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from multicore_profiler.errors import ArgumentError, ExportError, ProfileError
 from multicore_profiler.storage.location import MARKER, special_file
@@ -106,7 +110,8 @@ def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[
     except ValueError as exc:
         raise error(f"cannot write {what} to {path}: {exc}") from None
     try:
-        yield aside
+        with _written_out_behind(aside):
+            yield aside
         os.replace(aside, path)
     except OSError as exc:
         aside.unlink(missing_ok=True)
@@ -114,6 +119,72 @@ def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[
     except BaseException:
         aside.unlink(missing_ok=True)
         raise
+
+
+WRITE_BEHIND_SECONDS = 0.25
+"""How often a file written aside has what was written since started out to disk."""
+
+
+class _SyncFileRange(Protocol):
+    def __call__(self, fd: int, offset: int, nbytes: int, flags: int) -> int: ...
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+"""``sync_file_range``'s flag that starts the write-out of dirty pages and waits for none."""
+
+
+@functools.cache
+def _sync_file_range() -> _SyncFileRange | None:
+    """Linux's ``sync_file_range`` from the C library (``os`` does not offer it); None
+    elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    call = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
+    if call is None:
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
+
+
+@contextmanager
+def _written_out_behind(aside: Path) -> Iterator[None]:
+    """While the block writes ``aside``, a thread starts the disk write of its new pages
+    every ``WRITE_BEHIND_SECONDS`` (``sync_file_range``, which queues the write-out and
+    waits for none of it), so the disk works while the writer renders.
+
+    Why: renaming a file over an existing one makes ext4 write the new file out first
+    (``auto_da_alloc``, so a crash leaves one of the two whole), and the rename then waits
+    for every byte not yet on disk: about 0.7 s per gigabyte on a virtual disk, which a
+    re-export to the same path paid after its work was done. Written behind, the rename
+    waits for the last quarter second's bytes only. An optimisation only: where the call
+    is missing (not Linux) or fails, the file is written as before."""
+    sync = _sync_file_range()
+    if sync is None:
+        yield
+        return
+    done = threading.Event()
+
+    def write_out() -> None:
+        try:
+            fd = os.open(aside, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            while not done.wait(WRITE_BEHIND_SECONDS):
+                sync(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=write_out, name="mcprof-write-behind", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextmanager
