@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from hostile import read_only, snapshot
-from test_store_integrity import fill, flip_bit, records_file
+from test_store_integrity import KERNEL, fill, flip_bit, records_file
 
 from multicore_profiler.errors import IntegrityError
 from multicore_profiler.storage import store as store_module
@@ -74,6 +74,30 @@ def test_a_new_store_reads_no_unchanged_file_again(tmp_path: Path, reads: Counte
     reads.clear()
     assert query(root) == first
     assert reads == Counter()  # every file trusted from the record
+
+
+def test_a_store_reads_the_files_it_wrote_without_checking_them(
+    tmp_path: Path, reads: Counter[str]
+) -> None:
+    """Reading back what it has just written (``trace-buffer``'s temporary store, a trace
+    ingested before its first query) cost the store a whole decode of each file. It now
+    trusts its own files as it trusts those it checked, and tells the record nothing of
+    them: a new ``Store`` checks each once."""
+    root = tmp_path / "store"
+    with open_store(root) as store:
+        fill(store)
+        # The second step's commit read the first's invocation ids: that file was read.
+        [read] = reads
+        assert read.startswith("invocations/")
+        assert reads[read] == 1
+        reads.clear()
+        first = store.sql(QUERY).to_pylist()
+        assert reads == Counter()
+        assert first == [{"run_id": "r", "rank": 0, "n": 4 * KERNEL.records_per_launch}]
+    assert recorded(root) == [read]
+    assert query(root) == first
+    assert reads == once(root) - Counter([read])
+    assert recorded(root) == data_files(root)
 
 
 def test_a_changed_file_is_read_again(tmp_path: Path, reads: Counter[str]) -> None:

@@ -24,7 +24,6 @@ from multicore_profiler.errors import ImportFormatError
 from multicore_profiler.ingest.decode import phase_dictionary
 from multicore_profiler.ingest.step_rows import INVOCATION_ROWS, RECORD_ROWS
 from multicore_profiler.storage.claims import claimed_ids
-from multicore_profiler.storage.partitions import write_partition
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.schema import CORES, RECORDS
 from multicore_profiler.storage.store import Store
@@ -209,7 +208,7 @@ def _write_launch(
         raise ImportFormatError(f"{launch.source}: the launch holds no record")
     cores.check_clocks()
     core_rows = cores.table(launch.rank, invocation_id, write_id)
-    write_partition(store.location, CORES, partition, core_rows, durable=False)
+    store.write_file(CORES, partition, core_rows, durable=False)
     anchor = cores.anchor() if launch.anchor_cycle is None else launch.anchor_cycle
     values = {
         "rank": launch.rank,
@@ -255,7 +254,7 @@ def _written(store: Store, partition: dict[str, object], chunks: Iterator[pa.Tab
         yield first
         yield from chunks
 
-    write_partition(store.location, RECORDS, partition, all_chunks(), durable=False)
+    store.write_file(RECORDS, partition, all_chunks(), durable=False)
     return True
 
 

@@ -35,7 +35,7 @@ from multicore_profiler.ingest.trace_reader import TraceText, file_sha256, regul
 from multicore_profiler.ingest.trace_workers import read_tables
 from multicore_profiler.limits import INT64, RANK
 from multicore_profiler.progress import progress
-from multicore_profiler.storage.partitions import partition_dir, write_partition
+from multicore_profiler.storage.partitions import partition_dir
 from multicore_profiler.storage.schema import TRACE_EVENTS, TRACE_SOURCES
 from multicore_profiler.storage.store import Store
 from multicore_profiler.storage.writes import new_write_id
@@ -272,7 +272,7 @@ def _write_source(
     }
     schema = TRACE_SOURCES.schema
     table = pa.table({name: [row.get(name)] for name in schema.names}, schema)
-    write_partition(store.location, TRACE_SOURCES, {"source_id": source_id}, table)
+    store.write_file(TRACE_SOURCES, {"source_id": source_id}, table)
 
 
 def ingest_trace(
@@ -319,9 +319,7 @@ def ingest_trace(
     try:
         trace, read = read_tables(path, stats, workers=workers)
         with trace, closing(read), closing(_tables(read, path, write_id)) as tables:
-            written = write_partition(
-                store.location, TRACE_EVENTS, {"source_id": source_id}, tables
-            )
+            written = store.write_file(TRACE_EVENTS, {"source_id": source_id}, tables)
         metadata = trace.fields
         rank = _rank(rank, metadata, path)
         _check_ranks_free(store, job_id, [(rank, source_id, path)])

@@ -177,7 +177,8 @@ class Store(Extensible, StoreWrites):
         self._record = VerifiedRecord(location.directory) if location.is_local else None
         """What earlier processes checked (see ``verified``)."""
         self._vouched: set[str] = set()
-        """Files of ``_verified`` that the record vouched for, which this object never read."""
+        """Files of ``_verified`` this object never read: the record vouched for them, or
+        this object wrote them (``_wrote``)."""
         self._shared_files: dict[str, tuple[str, ...]] = {}
         self._discarded = False
         """Whether the store connection's ``invocations`` applies the discards' rules (its
@@ -400,6 +401,16 @@ class Store(Extensible, StoreWrites):
         they are unchanged; see ``verified``. Queries save it; so does ``check_store``."""
         if self._record is not None:
             self._record.save()
+
+    def _wrote(self, path: str) -> None:
+        """A file this object has just written, with its table's current columns (rows are
+        conformed to the spec before they are written): its queries read it without
+        checking it first, as it checks the files it read once. Reading back what it
+        wrote a moment ago (``trace-buffer``'s records, an ingested trace's events before
+        its first query) cost a whole decode of each file. The store's record is not told:
+        a later ``Store`` checks the file once, as for any file it has not read."""
+        self._verified[path] = True
+        self._vouched.add(path)
 
     def _verify(self, spec: TableSpec, path: str) -> None:
         """Check a file before DuckDB's reader, which checks no checksum, reads it."""

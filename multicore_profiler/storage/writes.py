@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -82,9 +82,30 @@ class StoreWrites:
         """Where the store lives: its filesystem, base path and URI."""
         return self._location
 
+    def write_file(
+        self,
+        spec: TableSpec,
+        values: Mapping[str, object],
+        table: pa.Table | Iterable[pa.Table],
+        *,
+        durable: bool = True,
+    ) -> str:
+        """Add one file of rows to a partition of ``spec``'s table (``write_partition``,
+        which says what ``durable`` means); return its path. The writes of this object and
+        the ingest room's go through here, so that a ``Store`` knows its own files
+        (``_wrote``)."""
+        path = write_partition(self._location, spec, values, table, durable=durable)
+        self._wrote(path)
+        return path
+
+    def _wrote(self, path: str) -> None:
+        """A file this object has just written: nothing to note here, as a writer reads
+        none and keeps no list that grows with a job's steps; a ``Store``, which reads,
+        notes it (``Store._wrote``)."""
+
     def write_run(self, run: RunInfo) -> None:
         """Record a run's current state (a newer row for the same run supersedes older ones)."""
-        write_partition(self._location, RUNS, {"run_id": run.run_id}, run.to_table())
+        self.write_file(RUNS, {"run_id": run.run_id}, run.to_table())
 
     def write_step(
         self,
@@ -141,7 +162,7 @@ class StoreWrites:
         partition = {"run_id": run_id, "step": step}
         for spec, table in zip((RECORDS, CORES), rows, strict=True):
             if table.num_rows:
-                write_partition(self._location, spec, partition, table, durable=False)
+                self.write_file(spec, partition, table, durable=False)
         return staged
 
     def stage_steps(self, run_id: str, steps: Sequence[StepRows]) -> list[StagedStep]:
@@ -167,9 +188,7 @@ class StoreWrites:
         for spec, tables in zip((RECORDS, CORES), grouped, strict=True):
             if tables:
                 table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-                write_partition(
-                    self._location, GROUPED[spec.name], {"run_id": run_id}, table, durable=False
-                )
+                self.write_file(GROUPED[spec.name], {"run_id": run_id}, table, durable=False)
         return staged
 
     def _stamped_step(
@@ -227,7 +246,7 @@ class StoreWrites:
             raise StoreError("no staged step to commit")
         tables = [s.invocations for s in steps]
         rows = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-        write_partition(self._location, INVOCATIONS, {"run_id": run_id}, rows)
+        self.write_file(INVOCATIONS, {"run_id": run_id}, rows)
 
     def write_tasks(self, run_id: str, tasks: pa.Table) -> str:
         """Write task graphs (rows of the ``tasks`` table) of a run; return the file.
@@ -237,7 +256,7 @@ class StoreWrites:
         """
         if tasks.num_rows == 0:
             raise StoreError("no task to write")
-        return write_partition(self._location, TASKS, {"run_id": run_id}, _completed(tasks, TASKS))
+        return self.write_file(TASKS, {"run_id": run_id}, _completed(tasks, TASKS))
 
     def discard_writes(
         self,
@@ -265,7 +284,7 @@ class StoreWrites:
                 "generation": pa.nulls(count, pa.int32()),
             }
         )
-        write_partition(self._location, DISCARDS, {"run_id": run_id}, rows)
+        self.write_file(DISCARDS, {"run_id": run_id}, rows)
 
     def __repr__(self) -> str:
         return f"StoreWrites({self._location.uri!r})"
