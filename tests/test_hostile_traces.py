@@ -365,6 +365,43 @@ def test_a_trace_refused_after_its_events_were_written_leaves_no_file(
     assert list((store.root / "trace_events").rglob("*")) == []
 
 
+@pytest.mark.parametrize("where", ["before", "after"], ids=["prologue", "epilogue"])
+def test_no_garbage_collection_starts_inside_the_decoder_of_deeply_nested_fields(
+    store: Store, tmp_path: Path, where: str
+) -> None:
+    """A collection started deep in Python's recursive JSON decoder ran other objects'
+    finalizers near the recursion limit, and their failure printed "Exception ignored in
+    ..." beside the refusal (seen once in a full test run, from the case above). With a
+    collection due at every allocation, collections run during the ingest, none inside
+    the decoder of the top-level fields before or after the events array."""
+    nested = '"x": ' + "[" * 5000 + "]" * 5000
+    event = '{"ph": "X", "ts": 1}'
+    text = (
+        "{" + nested + ', "traceEvents": [' + event + "]}"
+        if where == "before"
+        else trace(event, top=", " + nested)
+    )
+    path = write(tmp_path, text)
+    started_in: list[str] = []
+
+    def started(phase: str, info: dict) -> None:
+        if phase == "start":
+            frame = sys._getframe(1)
+            started_in.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}")
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(started)
+    gc.set_threshold(1)
+    try:
+        with pytest.raises(TraceFormatError, match="top-level fields are not JSON"):
+            ingest_trace(store, path)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(started)
+    assert started_in
+    assert "decoder.py:raw_decode" not in started_in
+
+
 def test_a_fifo_or_a_directory_is_refused_without_blocking(
     capsys, store: Store, tmp_path: Path
 ) -> None:

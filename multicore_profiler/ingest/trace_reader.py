@@ -34,6 +34,7 @@ last, so which events the trace holds would depend on who reads it).
 
 from __future__ import annotations
 
+import gc
 import gzip
 import hashlib
 import json
@@ -591,7 +592,8 @@ class TraceText:
             return {}
         document = _decodable(self.prologue + self.epilogue)
         try:
-            values = msgspec.json.decode(document, type=dict[str, msgspec.Raw])
+            with _collection_paused():
+                values = msgspec.json.decode(document, type=dict[str, msgspec.Raw])
         except (msgspec.DecodeError, RecursionError) as exc:
             raise _fields_refused(self.path, exc) from None
         base = _address(document)
@@ -653,6 +655,22 @@ def file_sha256(path: Path) -> str:
         while chunk := source.read(CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextmanager
+def _collection_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while the top-level fields, a few kB that
+    may nest thousands deep, are decoded by a recursive decoder: a collection that started
+    there, near the interpreter's recursion limit, would run other objects' finalizers
+    with no stack left, and their failure would print "Exception ignored ..." beside the
+    refusal. The decoders' own objects have no finalizers."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _not_json(constant: str) -> None:
@@ -841,7 +859,8 @@ class _Reader:
         array and the object are closed."""
         check_utf8(self.path, prologue, 0)
         try:
-            json.loads(prologue.decode() + "]}", parse_constant=_not_json)
+            with _collection_paused():
+                json.loads(prologue.decode() + "]}", parse_constant=_not_json)
         except (ValueError, RecursionError) as exc:
             raise _fields_refused(self.path, exc) from None
 
@@ -1034,7 +1053,8 @@ class _Reader:
             return
         document = (trace.prologue + trace.epilogue).decode()
         try:
-            fields = json.loads(document, parse_constant=_not_json)
+            with _collection_paused():
+                fields = json.loads(document, parse_constant=_not_json)
         except json.JSONDecodeError as exc:
             if exc.msg == "Extra data":
                 raise TraceFormatError(
