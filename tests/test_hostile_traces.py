@@ -365,41 +365,66 @@ def test_a_trace_refused_after_its_events_were_written_leaves_no_file(
     assert list((store.root / "trace_events").rglob("*")) == []
 
 
-@pytest.mark.parametrize("where", ["before", "after"], ids=["prologue", "epilogue"])
-def test_no_garbage_collection_starts_inside_the_decoder_of_deeply_nested_fields(
-    store: Store, tmp_path: Path, where: str
+@pytest.mark.parametrize(
+    ("where", "decoder", "words"),
+    [
+        ("before", "decoder.py:raw_decode", "top-level fields are not JSON"),
+        ("after", "decoder.py:raw_decode", "top-level fields are not JSON"),
+        ("event", "trace_reader.py:_decoded", "nests too deeply"),
+    ],
+    ids=["prologue", "epilogue", "event"],
+)
+def test_no_garbage_collection_starts_inside_a_decoder_of_deep_nesting(
+    store: Store, tmp_path: Path, where: str, decoder: str, words: str
 ) -> None:
-    """A collection started deep in Python's recursive JSON decoder ran other objects'
-    finalizers near the recursion limit, and their failure printed "Exception ignored in
-    ..." beside the refusal (seen once in a full test run, from the case above). With a
-    collection due at every allocation, collections run during the ingest, none inside
-    the decoder of the top-level fields before or after the events array."""
-    nested = '"x": ' + "[" * 5000 + "]" * 5000
+    """A collection started deep in a recursive decoder ran other objects' finalizers
+    near the recursion limit, and their failure printed "Exception ignored in ..." beside
+    the refusal (seen once in a full test run, from the case above). With a collection due
+    at every allocation, collections run during the ingest, none inside the decoder of
+    the top-level fields (json's) before or after the events array, nor of the events
+    (msgspec's, called from ``_decoded``): each that starts in the decoder's caller has
+    room for a finalizer. On the version before, a collection started deep in the
+    decoder, where counting the frames left aborted the interpreter."""
+    nested = "[" * 5000 + "]" * 5000
     event = '{"ph": "X", "ts": 1}'
-    text = (
-        "{" + nested + ', "traceEvents": [' + event + "]}"
-        if where == "before"
-        else trace(event, top=", " + nested)
-    )
+    text = {
+        "before": '{"x": ' + nested + ', "traceEvents": [' + event + "]}",
+        "after": trace(event, top=', "x": ' + nested),
+        "event": trace(event, '{"ph": "X", "ts": 2, "args": {"x": ' + nested + "}}"),
+    }[where]
     path = write(tmp_path, text)
-    started_in: list[str] = []
+    headroom: list[int] = []
+    """The frames left below the recursion limit at each collection started in the
+    decoder's caller: what another object's finalizer would have there."""
+    collections = []
 
     def started(phase: str, info: dict) -> None:
-        if phase == "start":
-            frame = sys._getframe(1)
-            started_in.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}")
+        if phase != "start":
+            return
+        collections.append(info["generation"])
+        frame = sys._getframe(1)
+        if f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}" == decoder:
+            headroom.append(frames_left())
 
     thresholds = gc.get_threshold()
     gc.callbacks.append(started)
     gc.set_threshold(1)
     try:
-        with pytest.raises(TraceFormatError, match="top-level fields are not JSON"):
+        with pytest.raises(TraceFormatError, match=words):
             ingest_trace(store, path)
     finally:
         gc.set_threshold(*thresholds)
         gc.callbacks.remove(started)
-    assert started_in
-    assert "decoder.py:raw_decode" not in started_in
+    assert collections
+    assert [left for left in headroom if left < 100] == []
+
+
+def frames_left(depth: int = 0) -> int:
+    """How many more Python calls fit below the recursion limit from here."""
+    try:
+        return frames_left(depth + 1)
+    except RecursionError:
+        return depth
 
 
 def test_a_fifo_or_a_directory_is_refused_without_blocking(

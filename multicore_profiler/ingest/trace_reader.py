@@ -659,11 +659,12 @@ def file_sha256(path: Path) -> str:
 
 @contextmanager
 def _collection_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while the top-level fields, a few kB that
-    may nest thousands deep, are decoded by a recursive decoder: a collection that started
-    there, near the interpreter's recursion limit, would run other objects' finalizers
-    with no stack left, and their failure would print "Exception ignored ..." beside the
-    refusal. The decoders' own objects have no finalizers."""
+    """Pause Python's cyclic garbage collector while a recursive decoder (msgspec's, or
+    json's for the top-level fields) reads text that may nest thousands deep: a
+    collection that started there, near the interpreter's recursion limit, would run
+    other objects' finalizers with no stack left, and their failure would print
+    "Exception ignored ..." beside the refusal. The decoders make no cycles and no
+    objects with finalizers, so nothing waits for the collector meanwhile."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -698,13 +699,14 @@ def _decoded(guess: bytes) -> tuple[list[Any], bytes, bool]:
     are views of, and whether that is ``guess`` itself rather than a copy with escapes
     made decodable (whose values are then read from the original text)."""
     decoder = _decoder(EVENT_KEYS)
-    try:
-        return decoder.decode(guess), guess, True
-    except msgspec.DecodeError:
-        safe = _decodable(guess)
-        if safe == guess:
-            raise
-    return decoder.decode(safe), safe, False
+    with _collection_paused():
+        try:
+            return decoder.decode(guess), guess, True
+        except msgspec.DecodeError:
+            safe = _decodable(guess)
+            if safe == guess:
+                raise
+        return decoder.decode(safe), safe, False
 
 
 def _failure_byte(failure: BaseException) -> int | None:
