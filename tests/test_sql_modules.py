@@ -6,7 +6,13 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from multicore_profiler.storage.sql_modules import InstalledModules, ModuleRegistry, SqlModule
+from multicore_profiler.errors import StoreError
+from multicore_profiler.storage.sql_modules import (
+    REGISTRY,
+    InstalledModules,
+    ModuleRegistry,
+    SqlModule,
+)
 
 
 @pytest.fixture
@@ -78,3 +84,78 @@ def test_a_cursor_for_a_known_statement_gets_its_modules_and_those_named(
     assert views(con) == ["base", "costly", "double"]
     modules.prepare(con, "SHOW TABLES", ["double"])
     assert views(con) == ["base", "costly", "double", "other"]
+
+
+def test_a_materialized_table_is_built_again_by_its_own_statement_when_its_data_changes() -> None:
+    """The statement that made a table is the one that makes it again: no view of the same
+    query stands beside it (creating one would bind the query twice)."""
+    registry = ModuleRegistry()
+    registry.register(
+        SqlModule(
+            "totals",
+            "-- Sums of the source.\nCREATE OR REPLACE TABLE totals AS\n"
+            "SELECT sum(x)::BIGINT AS total FROM source;\n"
+            "CREATE OR REPLACE VIEW doubled AS SELECT 2 * total AS total FROM totals;",
+            materialized=("totals",),
+            freshness="SELECT count(*) FROM source",
+        )
+    )
+    modules = InstalledModules(registry)
+    con = duckdb.connect()
+    con.execute("CREATE TABLE source AS SELECT * FROM range(4) t(x)")
+    modules.prepare(con, "SELECT total FROM doubled")
+    assert con.execute("SELECT total FROM doubled").fetchall() == [(12,)]
+    assert views(con) == ["doubled"]
+    con.execute("INSERT INTO source VALUES (10)")
+    modules.prepare(con, "SELECT total FROM doubled")
+    assert con.execute("SELECT total FROM doubled").fetchall() == [(32,)]
+    con.execute("UPDATE source SET x = 0 WHERE x = 10")  # the same count: not built again
+    modules.prepare(con, "SELECT total FROM doubled")
+    assert con.execute("SELECT total FROM doubled").fetchall() == [(32,)]
+
+
+def test_a_materialized_table_without_its_statement_is_named() -> None:
+    module = SqlModule(
+        "broken",
+        "CREATE OR REPLACE VIEW made AS SELECT 1 AS x",
+        materialized=("made", "other"),
+        freshness="SELECT 1",
+    )
+    with pytest.raises(
+        StoreError, match=r"'broken' has no CREATE OR REPLACE TABLE .* \['made', 'other'\]"
+    ):
+        _ = module.builds
+
+
+def test_the_analyses_materialized_tables_each_have_their_statement() -> None:
+    """Each table the analyses materialize is made by one statement of its module, the
+    statements in the module's order (each reads the tables before it)."""
+    import multicore_profiler.analysis.registry  # noqa: F401  (registers the modules)
+
+    expected = {
+        "outer_kernels.device_ops": [
+            "CREATE OR REPLACE TABLE device_ops",
+            "CREATE OR REPLACE TABLE op_launches",
+        ],
+        "outer_kernels.steps": [
+            "CREATE OR REPLACE TABLE step_periods",
+            "CREATE OR REPLACE TABLE kernels",
+            "CREATE OR REPLACE TABLE step_islands",
+        ],
+        "outer_kernels.hccl_ops": ["CREATE OR REPLACE TABLE hccl_op_times"],
+        "cross_rank.steps": [
+            "CREATE OR REPLACE TABLE job_sources",
+            "CREATE OR REPLACE TABLE rank_steps",
+            "CREATE OR REPLACE TABLE job_groups",
+            "CREATE OR REPLACE TABLE pipeline_chains",
+            "CREATE OR REPLACE TABLE job_stages",
+            "CREATE OR REPLACE TABLE rank_parallel_indices",
+        ],
+        "cross_rank.communication": ["CREATE OR REPLACE TABLE collective_instances"],
+    }
+    built = {
+        name: [statement.split(" AS\n", 1)[0].rsplit("\n", 1)[-1] for statement in module.builds]
+        for name in expected
+        for module in [REGISTRY.get(name)]
+    }
+    assert built == expected

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import duckdb
@@ -33,6 +34,7 @@ from multicore_profiler.errors import StoreError
 _CREATED = re.compile(
     r"(?im)^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(?:VIEW|TABLE|MACRO)\s+(\w+)"
 )
+_TABLE_BUILT = re.compile(r"(?im)^\s*CREATE\s+OR\s+REPLACE\s+TABLE\s+(\w+)\s+AS\b")
 _NAME_TOKENS = (duckdb.token_type.identifier, duckdb.token_type.keyword)
 _BY_OTHER_MEANS = frozenset(
     {
@@ -76,10 +78,10 @@ class Setting:
 @dataclass(frozen=True)
 class SqlModule:
     """One named module: its statements, the modules it needs, the tables it materializes
-    (each ``CREATE OR REPLACE TABLE t AS SELECT * FROM _live_t``, rebuilt in this order when
-    the result of ``freshness`` changes) and its setting, if it takes one. ``defines`` adds
-    names a setting's install creates; the names its SQL creates are found in the SQL.
-    ``on_demand`` makes a module of views wait for a query that names it."""
+    (each made by one ``CREATE OR REPLACE TABLE t AS`` statement of its SQL, run again in
+    this order when the result of ``freshness`` changes) and its setting, if it takes one.
+    ``defines`` adds names a setting's install creates; the names its SQL creates are found
+    in the SQL. ``on_demand`` makes a module of views wait for a query that names it."""
 
     name: str
     sql: str = ""
@@ -102,6 +104,23 @@ class SqlModule:
     def __post_init__(self) -> None:
         created = {name.lower() for name in _CREATED.findall(self.sql)}
         object.__setattr__(self, "names", frozenset(created | {n.lower() for n in self.defines}))
+
+    @cached_property
+    def builds(self) -> tuple[str, ...]:
+        """The statements of its SQL that make its ``materialized`` tables, in that order:
+        what rebuilds them. (A view per table, built from, would bind each query twice on
+        install: a tenth of an outer-kernel first query.)"""
+        made = {}
+        for statement in duckdb.extract_statements(self.sql):
+            found = _TABLE_BUILT.search(statement.query)
+            if found is not None:
+                made[found[1].lower()] = statement.query
+        missing = [table for table in self.materialized if table not in made]
+        if missing:
+            raise StoreError(
+                f"SQL module {self.name!r} has no CREATE OR REPLACE TABLE ... AS for {missing}"
+            )
+        return tuple(made[table] for table in self.materialized)
 
     @property
     def lazy(self) -> bool:
@@ -257,8 +276,8 @@ class InstalledModules:
                 if module.sql:
                     con.execute(module.sql)
             elif fresh != self._installed[module.name]:
-                for table in module.materialized:
-                    con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM _live_{table}")
+                for build in module.builds:
+                    con.execute(build)
             self._installed[module.name] = fresh
             if module.computed is not None:
                 module.computed(con)

@@ -8,7 +8,7 @@
 --
 -- Times are the ranks' own clocks, raw: rank_clock_offsets estimates how far apart they
 -- are and nothing here applies it. A job is the ranks of one ingest (trace_sources.job_id).
--- collective_instances is a table, built here from its _live_ view and rebuilt when the
+-- collective_instances is a table, built here and built again by its statement when the
 -- committed traces change: the three views above it read it instead of computing it again.
 
 -- msprof-analyze's double_hash of an HCCL group name, as text: two 32-bit polynomial hashes
@@ -116,7 +116,7 @@ GROUP BY ALL;
 -- complete when each of its group's ranks has exactly one part in it and no other rank has
 -- one; incomplete instances (a rank missing, or ops that do not pair one to one) are listed
 -- here and left out of collective_waits and rank_clock_offsets.
-CREATE OR REPLACE VIEW _live_collective_instances AS
+CREATE OR REPLACE TABLE collective_instances AS
 WITH ascend AS (
     SELECT job_id, rank, step, group_name, op_name,
         coalesce(step::VARCHAR, '') || '/' || op_name AS instance, 'op_name' AS keyed_by,
@@ -179,7 +179,6 @@ SELECT job_id, group_name, instance, rank, step, op_name, start_ns, end_ns, dur_
     parts = group_ranks AND member_parts = group_ranks AND member_ranks = group_ranks
         AS complete
 FROM counted;
-CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM _live_collective_instances;
 
 -- msprof-analyze's cluster_time_summary split of each rank's collective time per step:
 -- for each complete collective instance (see collective_instances), transmit is the

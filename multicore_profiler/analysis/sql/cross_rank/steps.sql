@@ -10,8 +10,8 @@
 -- left out). Times are integer ns; msprof's µs become round(µs * 1000).
 --
 -- job_sources, rank_steps, job_groups, pipeline_chains, job_stages and rank_parallel_indices
--- are tables, each built here from its _live_ view (in that order: each reads the tables
--- before it) and rebuilt when the committed traces change: the views above them, and
+-- are tables, each built here by its statement (in that order: each reads the tables
+-- before it) and built again when the committed traces change: the views above them, and
 -- cross_rank.communication, read them instead of scanning trace_sources and parsing every
 -- source's JSON again (and binding views over views).
 
@@ -21,7 +21,7 @@
 -- others), communication (its profiler_outputs' communication rows, JSON[]),
 -- parallel_group_info and distributed_args (those of its parallel, each where it is a JSON
 -- object, else NULL).
-CREATE OR REPLACE VIEW _live_job_sources AS
+CREATE OR REPLACE TABLE job_sources AS
 SELECT source_id, job_id, rank, device, form,
     CASE WHEN form = 'outputs' THEN from_json(profiler_outputs->'$.step_trace_time', '[{
         "step": "VARCHAR", "computing_us": "DOUBLE",
@@ -35,7 +35,6 @@ SELECT source_id, job_id, rank, device, form,
     CASE WHEN json_type(parallel, '$.distributed_args') = 'OBJECT'
         THEN parallel->'$.distributed_args' END AS distributed_args
 FROM trace_sources;
-CREATE OR REPLACE TABLE job_sources AS SELECT * FROM _live_job_sources;
 
 -- One row per job, rank and step: msprof-analyze's step_trace_time columns in ns. A source
 -- with trace events takes them from step_time_breakdown (basis 'trace'; step: the step
@@ -44,7 +43,7 @@ CREATE OR REPLACE TABLE job_sources AS SELECT * FROM _live_job_sources;
 -- msprof's tables alone (form 'outputs') from its profiler_outputs.step_trace_time rows
 -- (basis 'msprof'; step: the row's Step as an integer, NULL where msprof wrote none;
 -- preparing_ns NULL where the table has no Preparing column, as older msprof writes it).
-CREATE OR REPLACE VIEW _live_rank_steps AS
+CREATE OR REPLACE TABLE rank_steps AS
 WITH sources AS (
     SELECT source_id, job_id, rank, device, form, step_trace_time
     FROM job_sources
@@ -78,12 +77,11 @@ SELECT job_id, rank, TRY_CAST(trim(r.step) AS BIGINT) AS step, source_id, device
         AS communication_not_overlapped_exclude_receive_ns,
     round(r.preparing_us * 1000)::BIGINT AS preparing_ns
 FROM written;
-CREATE OR REPLACE TABLE rank_steps AS SELECT * FROM _live_rank_steps;
 
 -- The communication groups of each job's parallel_group_info (torch_npu's
 -- profiler_metadata.json): its key, its name (pg_name: 'dp', 'pp', ...) and its global
 -- ranks, sorted. A group is taken from the lowest rank whose metadata lists it.
-CREATE OR REPLACE VIEW _live_job_groups AS
+CREATE OR REPLACE TABLE job_groups AS
 SELECT job_id, group_key, pg_name, ranks
 FROM (
     SELECT s.job_id, s.rank, g.key AS group_key, g.value->>'$.group_name' AS pg_name,
@@ -93,7 +91,6 @@ FROM (
     WHERE s.rank IS NOT NULL AND s.parallel_group_info IS NOT NULL
 )
 QUALIFY row_number() OVER (PARTITION BY job_id, group_key ORDER BY rank) = 1;
-CREATE OR REPLACE TABLE job_groups AS SELECT * FROM _live_job_groups;
 
 -- Connected components of an undirected graph per job (a graph walk, apart from the domain
 -- views): each node of the table or view named edges (job_id, a, b; both directions) with
@@ -130,9 +127,8 @@ FROM (
 
 -- pipeline_chains is a table, built before job_stages: DuckDB expands a table macro once
 -- per query, and job_stages walks its own graph with the same macro.
-CREATE OR REPLACE VIEW _live_pipeline_chains AS
+CREATE OR REPLACE TABLE pipeline_chains AS
 SELECT job_id, rank, label AS chain FROM _components('_pipeline_edges');
-CREATE OR REPLACE TABLE pipeline_chains AS SELECT * FROM _live_pipeline_chains;
 
 -- Each job's pipeline stages as msprof-analyze's StageInfoAnalysis derives them from its
 -- groups, in a job with pipeline chains (none without): the groups holding at most one rank
@@ -152,10 +148,9 @@ WITH members AS (
 SELECT DISTINCT job_id, unnest([rank, ranks[1]]) AS a, unnest([ranks[1], rank]) AS b
 FROM members SEMI JOIN bounding USING (job_id, group_key);
 
-CREATE OR REPLACE VIEW _live_job_stages AS
+CREATE OR REPLACE TABLE job_stages AS
 SELECT job_id, list(rank ORDER BY rank) OVER (PARTITION BY job_id, label) AS stage, rank
 FROM _components('_stage_edges');
-CREATE OR REPLACE TABLE job_stages AS SELECT * FROM _live_job_stages;
 
 -- A size of a job's distributed_args (the JSON object args): its integer value, 1 where
 -- absent, NULL where it is anything but an integer (msprof-analyze refuses the layout then).
@@ -174,7 +169,7 @@ END;
 -- NULL where msprof writes none or fails: a size that is not an integer or is below 1, C
 -- other than 1, W other than T*P*D, D or D*C not a multiple of E, more ranks than W, a rank
 -- of W or above.
-CREATE OR REPLACE VIEW _live_rank_parallel_indices AS
+CREATE OR REPLACE TABLE rank_parallel_indices AS
 WITH args AS (
     SELECT job_id, distributed_args AS a FROM job_sources
     WHERE rank IS NOT NULL AND distributed_args IS NOT NULL
@@ -206,7 +201,6 @@ LATERAL (
     SELECT least(l.t, l.p, l.d, l.e) >= 1 AND l.c = 1 AND l.w = l.t * l.p * l.d
         AND l.d % l.e = 0 AND (l.d * l.c) % l.e = 0 AND r.ranks <= l.w AND r.rank < l.w AS valid
 );
-CREATE OR REPLACE TABLE rank_parallel_indices AS SELECT * FROM _live_rank_parallel_indices;
 
 -- msprof-analyze's cluster_step_trace_time, in ns: per job and step, a 'rank' row per rank of
 -- rank_steps, and where the job has pipeline stages (job_stages) a 'stage' row per stage,

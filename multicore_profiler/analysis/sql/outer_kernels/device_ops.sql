@@ -2,8 +2,8 @@
 -- Needs: outer_kernel_rules (the macro kernel_family). Reads the store's trace_events.
 --
 -- Times are exact integer nanoseconds of the trace's clock. device_ops and op_launches are
--- tables, each built here from its _live_ view and rebuilt (SELECT * FROM _live_<name>,
--- in this order) when the committed traces change, so the views above them do not
+-- tables, each built here by its CREATE OR REPLACE TABLE statement and built again by it
+-- (in this order) when the committed traces change, so the views above them do not
 -- recompute them (DuckDB inlines a view at every reference).
 
 -- The runtime type of a torch_npu device task: its Task Type, or its name where the Task
@@ -30,7 +30,7 @@ coalesce(regexp_matches(upper(replace(task_type, ' ', '_')),
 -- The tasks HCCL issues for them (is_communication_task) on a communication stream (one
 -- holding a notify task, so never a compute stream's SDMA memcpys) are their parts: kind
 -- 'communication_task', family 'collective'.
-CREATE OR REPLACE VIEW _live_device_ops AS
+CREATE OR REPLACE TABLE device_ops AS
 WITH hccl AS (
     SELECT DISTINCT source_id, pid, true AS is_hccl FROM trace_events
     WHERE ph = 'M' AND name = 'process_name' AND args->>'$.name' = 'HCCL'
@@ -64,12 +64,11 @@ SELECT ops.*,
     CASE WHEN ops.kind IN ('communication', 'communication_task') THEN 'collective'
          ELSE families.family END AS family
 FROM ops LEFT JOIN families USING (name);
-CREATE OR REPLACE TABLE device_ops AS SELECT * FROM _live_device_ops;
 
 -- Where each device op was launched: the host calls with its correlation id (kineto),
 -- else the starts of the flows that end on the op (torch_npu's async_npu and HostToDevice
 -- flows). One row per link.
-CREATE OR REPLACE VIEW _live_op_launches AS
+CREATE OR REPLACE TABLE op_launches AS
 WITH host_calls AS (
     SELECT source_id, correlation, pid, tid, ts_ns, name
     FROM trace_events
@@ -99,4 +98,3 @@ WITH host_calls AS (
     WHERE f.ts_ns <= o.end_ns
 )
 SELECT * FROM by_correlation UNION ALL SELECT * FROM by_flow;
-CREATE OR REPLACE TABLE op_launches AS SELECT * FROM _live_op_launches;

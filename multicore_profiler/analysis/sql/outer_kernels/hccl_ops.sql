@@ -150,9 +150,9 @@ LEFT JOIN _hccl_payload_windows w
 
 -- One row per torch_npu communication op (hcom_* event of a group thread) of every trace:
 -- msprof's Communication Time Info (see the definitions above), in exact integer ns; the
--- op's event_index (as in device_ops and kernels) identifies it. A table, built here from
--- its _live_ view and rebuilt when the committed traces change.
-CREATE OR REPLACE VIEW _live_hccl_op_times AS
+-- op's event_index (as in device_ops and kernels) identifies it. A table, built here and
+-- built again by this statement when the committed traces change.
+CREATE OR REPLACE TABLE hccl_op_times AS
 WITH masters AS (
     SELECT source_id, op_index,
         CASE WHEN count(DISTINCT plane_id) = 1 THEN min(plane_id)
@@ -195,7 +195,6 @@ FROM ops o
 LEFT JOIN group_names g USING (source_id, pid, tid)
 LEFT JOIN step_periods s USING (source_id, step_index)
 LEFT JOIN times t ON t.source_id = o.source_id AND t.op_index = o.event_index;
-CREATE OR REPLACE TABLE hccl_op_times AS SELECT * FROM _live_hccl_op_times;
 
 -- One row per communication op with plane tasks and transport type (RDMA, HCCS, PCIE, SDMA,
 -- SIO, msprof's order): msprof's Communication Bandwidth Info over all planes (see the

@@ -2,9 +2,9 @@
 -- and launch), step_islands (union intervals per step), steps and step_family_totals.
 -- Needs: outer_kernel_rules (the view step_annotations), outer_kernels.device_ops.
 --
--- step_periods, kernels and step_islands are tables, each built here from its _live_ view
--- and rebuilt in this order, after device_ops and op_launches, when the committed traces
--- change.
+-- step_periods, kernels and step_islands are tables, each built here by its statement
+-- and built again in this order, after device_ops and op_launches, when the committed
+-- traces change.
 
 -- Steps with a GPU period: from the first GPU activity of the step's own launches (host
 -- calls inside the annotation, on its thread) to the next step's (closed_by 'next_step').
@@ -12,7 +12,7 @@
 -- the end of its own last device op (closed_by 'own_end'; rule 'own_end', or 'auto' in a
 -- trace of one step annotation) or is left out ('drop', or 'auto' otherwise). Numbered
 -- by period in each source from 0.
-CREATE OR REPLACE VIEW _live_step_periods AS
+CREATE OR REPLACE TABLE step_periods AS
 WITH annotations AS MATERIALIZED (
     -- Read once: each reference of step_annotations would scan trace_events again.
     SELECT *, count(*) OVER (PARTITION BY source_id) AS annotations FROM step_annotations
@@ -50,12 +50,11 @@ FROM (
     FROM closed
 )
 WHERE closed_by IS NOT NULL;
-CREATE OR REPLACE TABLE step_periods AS SELECT * FROM _live_step_periods;
 
 -- One row per device op (kind kernel, memcpy, memset, communication or communication_task;
 -- see device_ops) of every trace: its family, the step whose period it starts in (NULL
 -- outside every period) and where it was launched.
-CREATE OR REPLACE VIEW _live_kernels AS
+CREATE OR REPLACE TABLE kernels AS
 WITH first_launch AS (
     SELECT * FROM op_launches
     QUALIFY row_number() OVER (
@@ -75,12 +74,11 @@ SELECT
 FROM device_ops o
 LEFT JOIN first_launch l USING (source_id, event_index)
 LEFT JOIN stepped s USING (source_id, event_index);
-CREATE OR REPLACE TABLE kernels AS SELECT * FROM _live_kernels;
 
 -- Islands of GPU time in each step: the union of device-op intervals clipped to the step's
 -- period, per group: each family, '*' (every op) and '~collective' (every op but the
 -- collectives). An op runs into every step its interval overlaps.
-CREATE OR REPLACE VIEW _live_step_islands AS
+CREATE OR REPLACE TABLE step_islands AS
 WITH periods AS (
     -- Integer keys of the steps and groups for the windows below, which sort several
     -- times slower on strings (source ids, family names).
@@ -131,7 +129,6 @@ SELECT source_id, step_index, grp, (row_number() OVER w)::HUGEINT AS island,
     lo AS start_ns, coalesce(lead(reached) OVER w, last_end) AS end_ns
 FROM opening
 WINDOW w AS (PARTITION BY step_key, grp_key ORDER BY lo);
-CREATE OR REPLACE TABLE step_islands AS SELECT * FROM _live_step_islands;
 
 -- One row per step with a GPU period: the annotation and its details, the period, the
 -- device ops that start in it (launches, summed time), the union of every op's time in
