@@ -669,6 +669,19 @@ def test_a_regex_only_python_accepts_is_refused(store: Store) -> None:
         store.use_kernel_rules(KernelRules(families=[("x", "(?=a)")]))
 
 
+def test_the_first_pattern_re2_refuses_is_named_among_many(store: Store) -> None:
+    """The patterns are compiled together; the one named is the first RE2 refuses, after
+    the default families (the step pattern last)."""
+    rules = KernelRules().with_families(
+        [("fine", "(?i)gemm"), ("ahead", "a(?!b)"), ("x", "(?<=c)")]
+    )
+    with pytest.raises(RulesError, match=r"^family rule 1 \('ahead'\): 'a\(\?!b\)' is not"):
+        store.use_kernel_rules(rules)
+    with pytest.raises(RulesError, match=r"^step pattern: '\(\?<=c\)x' is not a valid RE2"):
+        store.use_kernel_rules(KernelRules(steps="(?<=c)x"))
+    assert store.kernel_rules == KernelRules()
+
+
 def test_tables_follow_new_traces_and_rules(store: Store, tmp_path: Path) -> None:
     names = ["ProfilerStep#1", "ProfilerStep#2"]
     first = ingest_trace(store, write_moe_trace(tmp_path / "a.json", rank=0, names=names))
