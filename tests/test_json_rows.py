@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -81,6 +83,35 @@ def test_chunks_and_file_writes_match_one_render(tmp_path: Path, threads: int) -
         assert sum(row.write_at(sink.fileno(), 4, threads)) == count
     assert path.read_bytes() == b"head" + whole
     assert os.path.getsize(path) == 4 + count * row.width
+
+
+def test_threads_write_the_file_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks are rendered side by side but written one after another: the file system
+    would serialize the writes anyway, with the waiting thread spinning on a core."""
+    count = 6 * CHUNK_ROWS
+    row = Row(count).integers('{"v":', np.arange(count, dtype=np.uint64)).text("}")
+    writing, most, lock = [0], [0], threading.Lock()
+    pwrite = os.pwrite
+
+    def watched(fd: int, data: memoryview, at: int) -> int:
+        with lock:
+            writing[0] += 1
+            most[0] = max(most[0], writing[0])
+        time.sleep(0.01)  # long enough for another thread's write to start, were it let
+        try:
+            return pwrite(fd, data, at)
+        finally:
+            with lock:
+                writing[0] -= 1
+
+    monkeypatch.setattr(os, "pwrite", watched)
+    path = tmp_path / "rows"
+    with open(path, "wb") as sink:
+        assert sum(row.write_at(sink.fileno(), 0, 3)) == count
+    assert most[0] == 1
+    assert path.read_bytes() == row.render().tobytes()
 
 
 def test_bad_columns_are_refused() -> None:
