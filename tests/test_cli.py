@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,35 @@ def test_a_reader_closing_the_pipe_ends_the_command_quietly(store_args, fmt, fir
         head = reader.stdout.read(len(first))
         reader.stdout.close()
         assert (head, reader.stderr.read(), reader.wait()) == (first, b"", 141)
+
+
+def test_the_program_ends_with_its_objects_frozen_and_its_scratch_removed(
+    store_args, tmp_path
+) -> None:
+    """``mcprof`` (``cli.command``) freezes every object out of the garbage collector when
+    its command is done, so that the interpreter's last collection does not walk them; its
+    exit handlers still run: the store's DuckDB scratch directory does not outlive it."""
+    open_store(store_args[1], create=True).close()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    script = (
+        "import gc, json, sys\n"
+        "from multicore_profiler.cli import command\n"
+        f"sys.argv = ['mcprof', 'query', *{store_args!r}, 'SELECT 42 AS answer']\n"
+        "status = command()\n"
+        "print(json.dumps({'status': status, 'frozen': gc.get_freeze_count() > 0}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        check=True,
+    )
+    *printed, report = done.stdout.splitlines()
+    assert "42" in "".join(printed)
+    assert json.loads(report) == {"status": 0, "frozen": True}
+    assert list(scratch.iterdir()) == []
 
 
 def test_demo_profiles_and_summarizes(capsys, store_args, tmp_path) -> None:
