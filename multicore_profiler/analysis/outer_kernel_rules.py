@@ -302,12 +302,14 @@ class OuterKernelRules:
         self.check(con)
         tables = (
             _table(
-                "kernel_family_rules (priority INTEGER, family VARCHAR, pattern VARCHAR)",
+                "kernel_family_rules",
+                "priority INTEGER, family VARCHAR, pattern VARCHAR",
                 [(i, f, p) for i, (f, p) in enumerate(self.families)],
             ),
-            _table("layer_sequence (position INTEGER, family VARCHAR)", enumerate(self.layers)),
+            _table("layer_sequence", "position INTEGER, family VARCHAR", enumerate(self.layers)),
             _table(
-                "segment_kind_rules (priority INTEGER, kind VARCHAR, family_glob VARCHAR)",
+                "segment_kind_rules",
+                "priority INTEGER, kind VARCHAR, family_glob VARCHAR",
                 [(i, kind, g) for i, (kind, globs) in enumerate(self.segments) for g in globs],
             ),
         )
@@ -402,20 +404,15 @@ def _tables(document: Mapping[str, Any], key: str, where: str) -> Sequence[Mappi
     return entries
 
 
-def _table(definition: str, rows: Iterable[tuple[int | str, ...]]) -> str:
-    """The statements that create or replace the table ``definition`` (its name, then its
-    columns) holding ``rows``, as literals: a script runs at once, parameters one row at a
-    time."""
+def _table(name: str, columns: str, rows: Iterable[tuple[int | str, ...]]) -> str:
+    """The statements that create or replace the table ``name`` of ``columns`` holding
+    ``rows``, as literals: a script runs at once, parameters one row at a time."""
     values = ", ".join(
         "(" + ", ".join(str(v) if isinstance(v, int) else sql_string(v) for v in row) + ")"
         for row in rows
     )
-    create = f"CREATE OR REPLACE TABLE {definition}"
-    return (
-        f"{create};\nINSERT INTO {definition.split(' ', 1)[0]} VALUES {values}"
-        if values
-        else create
-    )
+    create = f"CREATE OR REPLACE TABLE {name} ({columns})"
+    return f"{create};\nINSERT INTO {name} VALUES {values}" if values else create
 
 
 def _check_regex(con: duckdb.DuckDBPyConnection, pattern: str, what: str) -> None:
