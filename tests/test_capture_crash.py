@@ -83,9 +83,16 @@ seed = torch.Generator().manual_seed(0)
 router, w1, w2 = make_moe_weights({experts}, {hidden}, {inter}, generator=seed)
 x = torch.randn({tokens}, {hidden}, generator=torch.Generator().manual_seed(1))
 batch = (x, *route(x, router, {top_k}))
+
+
+def publish(path, value):  # whole or absent: the test polls for it and reads it at once
+    part = path.with_name(path.name + ".part")
+    part.write_text(str(value))
+    os.replace(part, path)
 """
 """What every job script below starts with: the reference kernel's weights and batch, in
-``root`` (its first argument); ``job_script`` fills in the sizes."""
+``root`` (its first argument), and ``publish`` for the files the test waits for;
+``job_script`` fills in the sizes."""
 
 JOB = (
     JOB_PREAMBLE
@@ -103,8 +110,8 @@ with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=
         if forked == 0:
             time.sleep(600)
             os._exit(0)
-        (root / "forked.pid").write_text(str(forked))
-        (root / "writer.pid").write_text(str(prof.writer_pid))
+        publish(root / "forked.pid", forked)
+        publish(root / "writer.pid", prof.writer_pid)
         time.sleep(600)
 """
 )
@@ -313,7 +320,7 @@ KILLED_AFTER_A_WINDOW = (
     + """
 with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=16) as kernel:
     with mega_kernel_profile(store=store, schedule=schedule(wait=0, warmup=0, active=3)) as prof:
-        (root / "writer.pid").write_text(str(prof.writer_pid))
+        publish(root / "writer.pid", prof.writer_pid)
         for _ in range(4):  # window 0: steps 0 to 2, ended; window 1: step 3, handed over
             kernel(*batch)
             prof.step()
@@ -328,7 +335,7 @@ with open_store(root / "store") as store, ReferenceMoeKernel(w1, w2, token_tile=
     with mega_kernel_profile(store=store) as prof:
         kernel(*batch)
         prof.flush()
-        (root / "writer.pid").write_text(str(prof.writer_pid))
+        publish(root / "writer.pid", prof.writer_pid)
         time.sleep(600)
 """
 )
