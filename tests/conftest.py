@@ -73,6 +73,32 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return env
 
 
+S3Request = tuple[str, str, tuple[str, ...]]
+"""A request the S3 server received: its method, the key (the bucket's name and what
+follows, unquoted) and the names of its query's parameters, sorted."""
+
+
+@pytest.fixture
+def s3_requests(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> list[S3Request]:
+    """The requests the test's S3 server receives from now on, in order. Each is recorded
+    before the server answers it, so the list is complete once the client has its answers."""
+    from urllib.parse import parse_qs, unquote
+
+    from werkzeug.serving import WSGIRequestHandler
+
+    received: list[S3Request] = []
+    answer = WSGIRequestHandler.run_wsgi
+
+    def recorded(handler: WSGIRequestHandler) -> None:
+        path, _, query = handler.path.partition("?")
+        names = tuple(sorted(parse_qs(query, keep_blank_values=True)))
+        received.append((handler.command, unquote(path.lstrip("/")), names))
+        answer(handler)
+
+    monkeypatch.setattr(WSGIRequestHandler, "run_wsgi", recorded)
+    return received
+
+
 @pytest.fixture
 def s3_uri(s3_env: dict[str, str], request: pytest.FixtureRequest) -> str:
     """``s3://<a new bucket>/store``: where a test's remote store goes."""

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import boto3
+import numpy as np
 import pyarrow.fs as pafs
 import pytest
-from remote_writer import KERNEL, LAUNCHES, run_writers
+from remote_writer import KERNEL, LAUNCHES, run_writers, write_step
 from shared_fixtures import shared_fixture
 from simulated_runs import write_run
 
@@ -22,6 +23,7 @@ from multicore_profiler import cli
 from multicore_profiler.errors import QueryError, StoreError
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.kernels.synthetic import SWIGLU, SimulatedMoeKernel
+from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store
 
 WRITER = Path(__file__).parent / "remote_writer.py"
@@ -78,7 +80,10 @@ def test_what_cannot_be_a_remote_store_is_refused(s3_uri: str) -> None:
     client.put_object(Bucket=bucket, Key="other/data.csv", Body=b"a,b\n")
     with pytest.raises(StoreError, match=r"is not a multicore_profiler store \(no mcprof-store"):
         open_store(f"s3://{bucket}/other")
-    with pytest.raises(StoreError, match="cannot open the store at s3://no-such-bucket-x/s"):
+    with pytest.raises(
+        StoreError,
+        match=r"cannot open the store at s3://no-such-bucket-x/s: .*PutObject.*not exist",
+    ):
         open_store("s3://no-such-bucket-x/s")
     with pytest.raises(StoreError, match="names no bucket"):
         open_store("s3://")
@@ -119,6 +124,60 @@ def test_sixteen_writer_processes_lose_and_duplicate_nothing(
         assert remote.sql("SELECT status, ranks_reporting FROM runs").to_pylist() == [
             {"status": "complete", "ranks_reporting": ranks}
         ]
+
+
+def test_each_file_of_a_step_goes_up_in_one_request(
+    s3_uri: str, s3_requests: list[tuple[str, str, tuple[str, ...]]]
+) -> None:
+    """A step's files are small: each is one ``PutObject``, not a multipart upload's three
+    round trips (create, part, complete)."""
+    with open_store(s3_uri) as remote:
+        remote.write_run(RunInfo.begin(run_id="r"))
+        s3_requests.clear()
+        write_step(remote, "r", np.random.default_rng(0), rank=0, step=0)
+    bucket = bucket_of(s3_uri)
+    uploads = [
+        (method, re.sub(r"[0-9a-f]{32}", "*", key.removeprefix(f"{bucket}/store/")), query)
+        for method, key, query in s3_requests
+        if method in ("PUT", "POST")
+    ]
+    assert uploads == [
+        ("PUT", f"invocations/run_id=r/_claim-0-0-{LAUNCHES - 1}-*.json", ()),
+        ("PUT", "records/run_id=r/step=0/part-*.parquet", ()),
+        ("PUT", "cores/run_id=r/step=0/part-*.parquet", ()),
+        ("PUT", "invocations/run_id=r/part-*.parquet", ()),
+        # pyarrow's delete of the claim puts back the "directory" it leaves empty.
+        ("PUT", "invocations/run_id=r/", ()),
+    ]
+    with open_store(s3_uri, create=False) as remote:
+        assert remote.sql("SELECT count(*) AS n FROM records").to_pylist() == [{"n": PER_STEP}]
+
+
+def test_a_file_whose_upload_fails_is_refused(s3_uri: str) -> None:
+    """An upload that fails as its file closes (its one ``PutObject``) fails the write:
+    nothing is taken for written that never went up."""
+    bucket = boto3.resource("s3").Bucket(bucket_of(s3_uri))
+    with open_store(s3_uri) as remote:
+        bucket.objects.all().delete()
+        bucket.delete()
+        with pytest.raises(
+            StoreError, match=r"runs/run_id=r/part-.*PutObject.*The specified bucket does not"
+        ):
+            remote.write_run(RunInfo.begin(run_id="r"))
+
+
+def test_a_uri_that_says_how_to_open_files_is_obeyed(
+    s3_uri: str, s3_requests: list[tuple[str, str, tuple[str, ...]]]
+) -> None:
+    with open_store(f"{s3_uri}?allow_delayed_open=false") as remote:
+        s3_requests.clear()
+        remote.write_run(RunInfo.begin(run_id="r"))
+    key = f"{bucket_of(s3_uri)}/store/runs/run_id=r/"
+    assert [(method, query) for method, name, query in s3_requests if name.startswith(key)] == [
+        ("POST", ("uploads",)),
+        ("PUT", ("partNumber", "uploadId")),
+        ("POST", ("uploadId",)),
+    ]
 
 
 def test_a_writer_killed_before_its_commit_leaves_no_visible_row(

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -85,6 +86,21 @@ def special_file(mode: int) -> str | None:
     return next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
 
 
+def _one_request_uploads(uri: str) -> str:
+    """``uri``, asking an S3 filesystem to upload each small file in one ``PutObject``
+    (``allow_delayed_open``) unless the URI says otherwise. Without it, pyarrow uploads
+    every file, however small, in three round trips (a multipart upload's create, part and
+    complete), and every step a capture writes is a few small files. What it costs, that
+    a missing bucket is refused when the file closes rather than when it opens, changes
+    nothing here: the store writes each file whole inside ``store_write``."""
+    scheme, _, rest = uri.partition("://")
+    query = rest.partition("?")[2]
+    if scheme != "s3" or "allow_delayed_open" in parse_qs(query):
+        return uri
+    separator = "&" if query else "" if "?" in rest else "?"
+    return f"{uri}{separator}allow_delayed_open=true"
+
+
 @dataclass(frozen=True)
 class StoreLocation:
     """A store's filesystem, its base path there, and the URI a user names it by."""
@@ -106,7 +122,7 @@ class StoreLocation:
         if "://" not in text:
             return cls.local(Path(text))
         try:
-            found, path = pafs.FileSystem.from_uri(text)
+            found, path = pafs.FileSystem.from_uri(_one_request_uploads(text))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, OSError) as exc:
             raise StoreError(f"cannot open store {text!r}: {exc}") from exc
         if isinstance(found, pafs.LocalFileSystem):
@@ -221,12 +237,11 @@ class StoreLocation:
         if not object_store:  # where directories are real
             self.filesystem.create_dir(destination.rsplit("/", 1)[0], recursive=True)
         target = destination if object_store else destination + ".tmp"
-        pafs.copy_files(
-            str(local),
-            target,
-            source_filesystem=pafs.LocalFileSystem(),
-            destination_filesystem=self.filesystem,
-        )
+        # Closed here, where a failed upload raises: ``pafs.copy_files`` leaves the close to
+        # the stream's destructor, which drops the error of an upload made at close (one
+        # ``PutObject``, see ``_one_request_uploads``), and the file silently never appears.
+        with open(local, "rb") as source, self.filesystem.open_output_stream(target) as sink:
+            sink.upload(source)
         if target != destination:
             self.filesystem.move(target, destination)
         return destination
