@@ -23,6 +23,7 @@ from multicore_profiler import cli
 from multicore_profiler.errors import QueryError, StoreError
 from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.kernels.synthetic import SWIGLU, SimulatedMoeKernel
+from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store
 
@@ -89,6 +90,25 @@ def test_what_cannot_be_a_remote_store_is_refused(s3_uri: str) -> None:
         open_store("s3://")
     with open_store(s3_uri) as remote, pytest.raises(StoreError, match="is not a local directory"):
         _ = remote.root
+
+
+def test_a_remote_store_made_meanwhile_by_another_rank_opens(
+    s3_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank finds no marker, then lists the prefix: another rank has made the store and
+    written its run meanwhile. The listing shows the marker, so it is a store."""
+    lookup = StoreLocation.info
+
+    def made_by_another_meanwhile(location: StoreLocation, relative: str) -> pafs.FileInfo:
+        monkeypatch.setattr(StoreLocation, "info", lookup)  # the other rank looks as usual
+        with open_store(s3_uri) as other:
+            other.write_run(RunInfo.begin(run_id="other"))
+        return pafs.FileInfo(location.join(relative), pafs.FileType.NotFound)
+
+    monkeypatch.setattr(StoreLocation, "info", made_by_another_meanwhile)
+    with open_store(s3_uri) as remote:
+        assert StoreLocation.info is lookup
+        assert remote.sql("SELECT run_id FROM runs").to_pylist() == [{"run_id": "other"}]
 
 
 def test_a_store_on_a_given_pyarrow_filesystem(tmp_path: Path, s3_env: dict[str, str]) -> None:

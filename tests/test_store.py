@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -305,6 +306,36 @@ def test_opening_what_is_not_a_store(tmp_path: Path) -> None:
     (future / "mcprof-store.json").write_text(json.dumps({"format": 99}))
     with pytest.raises(StoreError, match="store of format 99"):
         open_store(future)
+
+
+def test_a_store_another_process_is_making_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks open a new store at once. One finds what another has made so far, its lock
+    file and its marker written aside, and makes the store too; one whose listing finds
+    files the other wrote after its marker has a store, the other's."""
+    making = tmp_path / "making"
+    making.mkdir()
+    (making / ".mcprof.lock").touch()
+    (making / ".mcprof-store.json.4242.tmp").write_text('{"format"')
+    open_store(making).close()
+    assert json.loads((making / "mcprof-store.json").read_text()) == {
+        "format": store_module.FORMAT_VERSION
+    }
+
+    made = tmp_path / "made"
+    made.mkdir()
+    listing = Path.iterdir
+
+    def made_by_another_meanwhile(directory: Path) -> Iterator[Path]:
+        monkeypatch.setattr(Path, "iterdir", listing)  # the other process lists as usual
+        with open_store(directory) as other:
+            write_golden(other)
+        return listing(directory)
+
+    monkeypatch.setattr(Path, "iterdir", made_by_another_meanwhile)
+    with open_store(made) as store:
+        assert store.sql("SELECT count(*) AS n FROM records").to_pylist() == [{"n": 4}]
 
 
 def test_default_store_comes_from_the_environment(

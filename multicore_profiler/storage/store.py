@@ -908,7 +908,12 @@ def _with_empty(spec: TableSpec, source: str) -> str:
 
 
 def _init_local(root: Path, create: bool) -> None:
-    """Make the directory a store if it is new and empty; refuse any other directory."""
+    """Make the directory a store if it is new and empty; refuse any other directory.
+
+    Processes that open a new store at once (the ranks of a job) all make it: each writes
+    the same marker aside and renames it into place. What another is doing meanwhile (its
+    lock file, its marker aside) does not make the directory someone else's, and once the
+    marker is there, it is a store whatever else has been written since."""
     marker = root / MARKER
     if not root.exists():
         if not create:
@@ -917,7 +922,10 @@ def _init_local(root: Path, create: bool) -> None:
     if not root.is_dir():
         raise StoreError(f"{root} is not a directory, so it cannot hold a store")
     if not marker.exists():
-        if any(root.iterdir()) or not create:
+        foreign = any(not _made_by_creation(entry.name) for entry in root.iterdir())
+        if marker.exists():  # another process made it, and may have written since
+            return
+        if foreign or not create:
             raise StoreError(f"{root} is not a multicore_profiler store (no {MARKER} in it)")
         aside = root / f".{MARKER}.{os.getpid()}.tmp"
         try:
@@ -928,13 +936,22 @@ def _init_local(root: Path, create: bool) -> None:
             aside.unlink(missing_ok=True)
 
 
+def _made_by_creation(name: str) -> bool:
+    """Whether a file at a store's root is one that making the store writes."""
+    return name in (MARKER, LOCK_FILE) or (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))
+
+
 def _init_remote(location: StoreLocation, create: bool) -> None:
     """Write the marker of a new store under an empty prefix; refuse a prefix that holds
-    other files. Two ranks creating the store at once write the same marker."""
+    other files. Two ranks creating the store at once write the same marker; one that
+    finds the other's marker (and what it wrote after) in its listing has a store."""
     if location.info(MARKER).type == pafs.FileType.File:
         return
     if not create:
         raise StoreError(f"no store at {location} (nothing has been written there yet)")
-    if location.files():
+    listed = location.files()
+    if any(info.base_name == MARKER for info in listed):
+        return
+    if listed:
         raise StoreError(f"{location} is not a multicore_profiler store (no {MARKER} in it)")
     location.write_bytes(MARKER, (json.dumps({"format": FORMAT_VERSION}) + "\n").encode())
