@@ -256,6 +256,19 @@ def test_the_cli_compacts_a_remote_store(remote: Store, capsys: pytest.CaptureFi
         remote.compact(grace=timedelta(hours=-1))
 
 
+def test_listing_a_runs_writes_opens_each_file_at_its_listed_size(
+    remote: Store, s3_requests: list[tuple[str, str, tuple[str, ...]]]
+) -> None:
+    """What a compaction's vacuum reads of a run's files (which writes each holds) costs a
+    listing per table and the reads: no request per file for its size."""
+    fill(remote, steps=range(1))
+    remote.write_tasks("run0", KERNEL.tasks_table("graph"))
+    s3_requests.clear()
+    files = run_files(remote.location, "run0")
+    assert (files.writes.num_rows, files.graphs.num_rows) == (3 * RANKS, 1)
+    assert sorted({method for method, _, _ in s3_requests}) == ["GET"]
+
+
 def test_a_query_lists_each_commit_before_what_it_commits(
     remote: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

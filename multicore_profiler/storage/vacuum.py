@@ -140,10 +140,9 @@ def run_files(location: StoreLocation, run_id: str) -> RunFiles:
     )
     tables = []
     for spec in WRITTEN_TABLES:
-        paths = sorted(info.path for info in infos[spec.name])
-        if not paths:
+        if not infos[spec.name]:
             continue
-        keys = _keys(location, paths, ["rank", "write_id", "__filename"])
+        keys = _keys(location, infos[spec.name], ["rank", "write_id", "__filename"])
         found = (
             keys.group_by(["__filename", "rank", "write_id"])
             .aggregate([])
@@ -159,26 +158,33 @@ def run_files(location: StoreLocation, run_id: str) -> RunFiles:
     return RunFiles(infos, writes, leftovers, _graphs(location, infos[TASKS.name]))
 
 
-def _keys(location: StoreLocation, paths: list[str], columns: list[str]) -> pa.Table:
-    """``columns`` of the files at ``paths`` (``__filename``: the file of each row), their
-    checksums verified; a file that cannot be read is named."""
+def _keys(location: StoreLocation, infos: list[pafs.FileInfo], columns: list[str]) -> pa.Table:
+    """``columns`` of the listed files ``infos`` (``__filename``: the file of each row),
+    their checksums verified; a file that cannot be read is named. Each file is opened at
+    the size its listing gave: on an object store, a request saved per file."""
     import pyarrow.dataset as ds  # on use: pandas comes with it
 
-    dataset = ds.dataset(paths, format=verified_parquet(), filesystem=location.filesystem)
+    parquet = verified_parquet()
+    fragments = [
+        parquet.make_fragment(info.path, location.filesystem, file_size=info.size)
+        for info in sorted(infos, key=lambda info: info.path)
+    ]
     try:
+        dataset = ds.FileSystemDataset(
+            fragments, fragments[0].physical_schema, parquet, location.filesystem
+        )
         return dataset.to_table(columns=columns)
     except (pa.ArrowException, OSError):
-        for path in paths:  # name the file that cannot be read
-            read_verified(location, path)
+        for fragment in fragments:  # name the file that cannot be read
+            read_verified(location, fragment.path)
         raise
 
 
 def _graphs(location: StoreLocation, infos: list[pafs.FileInfo]) -> pa.Table:
     """The task graphs (``rank``, ``config_id``) each of the ``tasks`` files holds."""
-    paths = sorted(info.path for info in infos)
-    if not paths:
+    if not infos:
         return GRAPHS.empty_table()
-    keys = _keys(location, paths, ["__filename", "rank", "config_id"])
+    keys = _keys(location, infos, ["__filename", "rank", "config_id"])
     found = keys.group_by(["__filename", "rank", "config_id"]).aggregate([])
     return found.rename_columns(GRAPHS.names).cast(GRAPHS)
 
