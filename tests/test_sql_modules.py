@@ -3,6 +3,8 @@ views where a view may be found by other means than its name."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 import pytest
 
@@ -13,6 +15,7 @@ from multicore_profiler.storage.sql_modules import (
     ModuleRegistry,
     SqlModule,
 )
+from multicore_profiler.storage.store import open_store
 
 
 @pytest.fixture
@@ -44,6 +47,37 @@ def test_a_query_installs_only_the_modules_it_names(modules: InstalledModules) -
     assert views(con) == ["base", "double"]
     modules.prepare(con, "SELECT x FROM costly")
     assert views(con) == ["base", "costly", "double"]
+
+
+def test_a_modules_views_are_bound_by_the_queries_that_read_them() -> None:
+    """Installing a module binds none of its views (binding one over the store's view chain
+    costs up to a tenth of a second, and every query binds it again): a view over a table
+    that is not there installs, and the query that reads it names the table."""
+    registry = ModuleRegistry()
+    registry.register(
+        SqlModule("early", "CREATE OR REPLACE VIEW early AS\nSELECT x FROM later"),
+        SqlModule("unread", "CREATE TEMP VIEW unread AS SELECT 1 AS x"),
+    )
+    modules = InstalledModules(registry)
+    con = duckdb.connect()
+    modules.prepare(con, None)
+    unbound = "SELECT view_name, is_bound FROM duckdb_views() WHERE NOT internal ORDER BY ALL"
+    assert con.execute(unbound).fetchall() == [("early", False), ("unread", False)]
+    with pytest.raises(duckdb.CatalogException, match="Table with name later does not exist"):
+        con.execute("SELECT * FROM early")
+    con.execute("CREATE TABLE later AS SELECT 7 AS x")
+    assert con.execute("SELECT * FROM early").fetchall() == [(7,)]
+    assert con.execute(unbound).fetchall() == [("early", True), ("unread", False)]
+
+
+def test_the_store_creates_its_views_unbound(tmp_path: Path) -> None:
+    with open_store(tmp_path / "store") as store:
+        found = store.cursor().execute(
+            "SELECT view_name, is_bound FROM duckdb_views() WHERE NOT internal ORDER BY ALL"
+        )
+        created = dict(found.fetchall())
+        assert {"raw_records", "records", "runs", "invocations"} <= set(created)
+        assert [name for name, bound in created.items() if bound] == []
 
 
 @pytest.mark.parametrize(

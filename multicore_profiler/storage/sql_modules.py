@@ -35,6 +35,9 @@ _CREATED = re.compile(
     r"(?im)^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(?:VIEW|TABLE|MACRO)\s+(\w+)"
 )
 _TABLE_BUILT = re.compile(r"(?im)^\s*CREATE\s+OR\s+REPLACE\s+TABLE\s+(\w+)\s+AS\b")
+_VIEW_CREATED = re.compile(
+    r"(?im)^(\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?VIEW\s+\w+)\s+AS\b"
+)
 _NAME_TOKENS = (duckdb.token_type.identifier, duckdb.token_type.keyword)
 _BY_OTHER_MEANS = frozenset(
     {
@@ -199,6 +202,16 @@ class ModuleRegistry:
         return found
 
 
+def deferred(sql: str) -> str:
+    """``sql`` with every view it creates left unbound (DuckDB's ``WITH (DEFER_BINDING)``).
+
+    DuckDB binds a view again in every query that reads it; binding it on creation as well
+    only checks it, and costs what binding costs: the analyses' views over the records
+    view chain take up to 0.13 s each to bind, 0.7 s all together, against 0.05 s to
+    create them unbound. A view's error shows when a query reads it instead."""
+    return _VIEW_CREATED.sub(r"\1 WITH (DEFER_BINDING) AS", sql)
+
+
 def query_names(query: str) -> set[str]:
     """The identifiers and keywords of ``query``, lower case, as DuckDB's tokenizer reads
     them (none if it cannot): a name inside a string or a comment is not one."""
@@ -274,7 +287,7 @@ class InstalledModules:
                 if module.setting is not None:
                     module.setting.install(con, self.setting(module.name))
                 if module.sql:
-                    con.execute(module.sql)
+                    con.execute(deferred(module.sql))
             elif fresh != self._installed[module.name]:
                 for build in module.builds:
                     con.execute(build)

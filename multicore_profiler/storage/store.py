@@ -51,7 +51,7 @@ from multicore_profiler.storage.schema import (
     TableSpec,
 )
 from multicore_profiler.storage.selectors import RunSelector
-from multicore_profiler.storage.sql_modules import InstalledModules, query_names
+from multicore_profiler.storage.sql_modules import InstalledModules, deferred, query_names
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string, sql_strings
 from multicore_profiler.storage.swap import LOCK_FILE, StoreLock, pending, recover
 from multicore_profiler.storage.vacuum import GRACE
@@ -189,7 +189,9 @@ class Store(Extensible, StoreWrites):
         """Choices made from queries' plans, by text (see ``_pinned``, ``_dataset_filtered``)."""
         # Over empty tables until a query finds files (see _point).
         views = resources.files(__package__).joinpath("views.sql").read_text()
-        self._db.execute(f"{_empty_tables()}\n{_invocations_view(False, False)};\n{views}")
+        self._db.execute(
+            deferred(f"{_empty_tables()}\n{_invocations_view(False, False)};\n{views}")
+        )
         self._modules = InstalledModules()
 
     @property
@@ -310,19 +312,22 @@ class Store(Extensible, StoreWrites):
                 continue
             if source is not None:
                 cursor.execute(
-                    f"CREATE OR REPLACE TEMP VIEW raw_{spec.name} AS {_with_empty(spec, source)}"
+                    deferred(
+                        f"CREATE OR REPLACE TEMP VIEW raw_{spec.name} AS "
+                        f"{_with_empty(spec, source)}"
+                    )
                 )
                 # The cursor's own discards: its own invocations, unless the shared one's
                 # rules fit (it has none, and neither has the store connection's).
                 if spec is DISCARDS and (files or self._discarded):
-                    cursor.execute(_invocations_view(bool(files), True))
+                    cursor.execute(deferred(_invocations_view(bool(files), True)))
         if moved:
             shared = self._shared_files | {spec.name: files for spec, files in moved}
             discarded = bool(shared.get(DISCARDS.name))
             script = [self._shared_view(spec, files) for spec, files in moved]
             if discarded != self._discarded:
                 script.append(_invocations_view(discarded, False))
-            self._db.execute(";\n".join(script))
+            self._db.execute(deferred(";\n".join(script)))
             self._shared_files, self._discarded = shared, discarded
         self.save_verified()
         return frozenset(datasets)
