@@ -15,7 +15,7 @@ from multicore_profiler.storage.sql_modules import (
     ModuleRegistry,
     SqlModule,
 )
-from multicore_profiler.storage.store import open_store
+from multicore_profiler.storage.store import Store, open_store
 
 
 @pytest.fixture
@@ -78,6 +78,26 @@ def test_the_store_creates_its_views_unbound(tmp_path: Path) -> None:
         created = dict(found.fetchall())
         assert {"raw_records", "records", "runs", "invocations"} <= set(created)
         assert [name for name, bound in created.items() if bound] == []
+
+
+def test_every_view_of_the_store_and_its_modules_binds(runs: Store) -> None:
+    """Views are created unbound, so a mistake in one shows only when it is read: here every
+    view of the store and of every registered module is read once."""
+    with runs.reading(modules=list(REGISTRY._modules)) as cursor:
+        names = cursor.execute(
+            "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY ALL"
+        ).fetchall()
+        assert {"records", "records_ns", "stage_stats", "step_time_breakdown"} <= {
+            name for (name,) in names
+        }
+        for (name,) in names:
+            cursor.execute(f"SELECT * FROM {name} LIMIT 0").fetchall()
+        assert (
+            cursor.execute(
+                "SELECT view_name FROM duckdb_views() WHERE NOT internal AND NOT is_bound"
+            ).fetchall()
+            == []
+        )
 
 
 @pytest.mark.parametrize(
