@@ -9,6 +9,7 @@ checks layers, segment kinds, step details and rank pairing by hand.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import json
 import re
@@ -37,9 +38,11 @@ MI250 = "kineto/mi250_minitoy_train.json.gz"
 NPU = "ascend/torchnpu_advisor_trace_view.json.gz"
 
 
+@functools.cache
 def default_family(name: str) -> str:
     """First-match classification with Python's ``re`` over the default rules (the SQL side
-    compiles the same patterns with RE2)."""
+    compiles the same patterns with RE2). Cached: a trace's thousands of kernels have a
+    few dozen names."""
     for family, pattern in DEFAULT_FAMILIES:
         if re.search(pattern, name):
             return family
