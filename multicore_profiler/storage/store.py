@@ -112,13 +112,21 @@ _UNDISCARDED = (
 def _invocations_view(discarded: bool, temp: bool) -> str:
     """The statement that defines ``invocations`` for the ``raw_discards`` a connection
     (or, ``temp``, a cursor) sees: with the discards' rules where it has files
-    (``invocations.sql``), else as the filter those rules come to."""
+    (``invocations.sql``), else as the filter those rules come to. Unbound, as every view
+    (``deferred``)."""
     if discarded:
         text = resources.files(__package__).joinpath("invocations.sql").read_text()
     else:
         text = _UNDISCARDED
     create = "CREATE OR REPLACE VIEW"
-    return text.replace(create, "CREATE OR REPLACE TEMP VIEW", 1) if temp else text
+    return deferred(text.replace(create, "CREATE OR REPLACE TEMP VIEW", 1) if temp else text)
+
+
+def _raw_view(spec: TableSpec, source: str, *, temp: bool = False) -> str:
+    """The statement that makes ``raw_<table>`` (a ``temp`` one: a cursor's own) read
+    ``source`` with the table's columns (``_with_empty``), unbound (``deferred``)."""
+    kind = "TEMP VIEW" if temp else "VIEW"
+    return deferred(f"CREATE OR REPLACE {kind} raw_{spec.name} AS {_with_empty(spec, source)}")
 
 
 @cache
@@ -133,7 +141,7 @@ def _empty_tables() -> str:
         columns += [(field.name, field.type) for field in spec.schema]
         typed = ", ".join(f"{sql_identifier(name)} {_sql_type(kind)}" for name, kind in columns)
         script.append(f"CREATE TABLE empty_{spec.name} ({typed});")
-        script.append(f"CREATE VIEW raw_{spec.name} AS {_with_empty(spec, f'empty_{spec.name}')};")
+        script.append(f"{_raw_view(spec, f'empty_{spec.name}')};")
     return "\n".join(script)
 
 
@@ -190,7 +198,7 @@ class Store(Extensible, StoreWrites):
         # Over empty tables until a query finds files (see _point).
         views = resources.files(__package__).joinpath("views.sql").read_text()
         self._db.execute(
-            deferred(f"{_empty_tables()}\n{_invocations_view(False, False)};\n{views}")
+            f"{_empty_tables()}\n{_invocations_view(False, False)};\n{deferred(views)}"
         )
         self._modules = InstalledModules()
 
@@ -311,23 +319,18 @@ class Store(Extensible, StoreWrites):
                     moved.append((spec, files))
                 continue
             if source is not None:
-                cursor.execute(
-                    deferred(
-                        f"CREATE OR REPLACE TEMP VIEW raw_{spec.name} AS "
-                        f"{_with_empty(spec, source)}"
-                    )
-                )
+                cursor.execute(_raw_view(spec, source, temp=True))
                 # The cursor's own discards: its own invocations, unless the shared one's
                 # rules fit (it has none, and neither has the store connection's).
                 if spec is DISCARDS and (files or self._discarded):
-                    cursor.execute(deferred(_invocations_view(bool(files), True)))
+                    cursor.execute(_invocations_view(bool(files), True))
         if moved:
             shared = self._shared_files | {spec.name: files for spec, files in moved}
             discarded = bool(shared.get(DISCARDS.name))
             script = [self._shared_view(spec, files) for spec, files in moved]
             if discarded != self._discarded:
                 script.append(_invocations_view(discarded, False))
-            self._db.execute(deferred(";\n".join(script)))
+            self._db.execute(";\n".join(script))
             self._shared_files, self._discarded = shared, discarded
         self.save_verified()
         return frozenset(datasets)
@@ -336,7 +339,7 @@ class Store(Extensible, StoreWrites):
         """The statement that points the store connection's ``raw_<table>`` at ``files``
         (checked first, see ``_native_scan``)."""
         source = self._native_scan(spec, files) if files else f"empty_{spec.name}"
-        return f"CREATE OR REPLACE VIEW raw_{spec.name} AS {_with_empty(spec, source)}"
+        return _raw_view(spec, source)
 
     def _native_scan(self, spec: TableSpec, files: tuple[str, ...]) -> str:
         """``read_parquet`` of local files. Each file is checked once (see ``_verify``),
@@ -628,8 +631,7 @@ class Store(Extensible, StoreWrites):
         cursor = self._db.cursor()
         try:
             for spec in TABLES.values():
-                empty = _with_empty(spec, f"empty_{spec.name}")
-                cursor.execute(f"CREATE TEMP VIEW raw_{spec.name} AS {empty}")
+                cursor.execute(_raw_view(spec, f"empty_{spec.name}", temp=True))
             # Discards hide invocations of their own run only: whatever they hold, a query
             # pinned to runs reads their invocations as the whole store does.
             cursor.execute(_invocations_view(False, True))
