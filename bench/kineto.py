@@ -23,8 +23,9 @@ our ``step_time_breakdown`` query. HTA reads a directory of
 and ours with the trace read by one process (``workers=1``: how much the trace's worker
 processes give) back to back; ratios are taken repetition by repetition.
 
-Goal: ours (ingest + step_family_totals + step_time_breakdown) >= 10x faster than HTA's load
-+ kernel breakdown, on the fixture and at ``--scale 10``.
+Goals (issue 37): ours (ingest + step_family_totals + step_time_breakdown) >= 4x faster than
+HTA's load + kernel breakdown on the fixture, where fixed costs weigh most, and >= 10x at
+``--scale 10`` and above.
 
 ``--scale N`` measures a trace N times the size instead: the fixture's events repeated N
 times with shifted times and ids (as ``bench/fuse.py`` builds its 1 GB trace), written as
@@ -52,7 +53,8 @@ from typing import Any
 
 from fuse import FIXTURE, KERNEL_PATTERN, load_template, write_trace
 
-GOAL = 10.0
+GOALS = {1: 4.0, 10: 10.0}
+"""The goal's ratio to HTA from each scale on (the largest not above ``--scale``)."""
 
 STEP_FAMILY_TOTALS = "SELECT * FROM step_family_totals WHERE source_id = $1"
 STEP_TIME_BREAKDOWN = "SELECT * FROM step_time_breakdown WHERE source_id = $1"
@@ -284,10 +286,11 @@ def bench(args: argparse.Namespace, trace: Path) -> None:
     print()
     ratios = [b / w for b, w in zip(base, walls(ours, "total"), strict=True)]
     ratio = statistics.median(ratios)
+    goal = max(g for scale, g in GOALS.items() if scale <= args.scale)
     print(
         f"ratio: HTA / ours (ingest + both queries) = {ratio:.2f}x "
-        f"[{min(ratios):.2f}-{max(ratios):.2f}] (goal >= {GOAL:g}x) -> "
-        f"{'met' if ratio >= GOAL else 'NOT met'}"
+        f"[{min(ratios):.2f}-{max(ratios):.2f}] (goal >= {goal:g}x) -> "
+        f"{'met' if ratio >= goal else 'NOT met'}"
     )
 
 
