@@ -266,3 +266,44 @@ def test_the_record_is_no_problem_for_the_check(store: Store, reads: Counter[str
     assert (store.root / RECORD).exists()
     report = check_store(store)
     assert (report.ok, report.files_checked) == (True, 2 + DATA_FILES)
+
+
+def test_a_big_stores_record_spares_a_run_query_the_listing_of_other_runs(
+    tmp_path: Path, reads: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether a table is too big for DuckDB's reader decides whether a query naming
+    ``run_id`` is planned for the runs it pins. The record of verified files counts each
+    table's files, so a new ``Store`` (a new command) in a big store lists only the runs a
+    query pins, where it listed the whole store first. Without a record, or where the
+    record counts no big table, it lists the whole store as before."""
+    root = tmp_path / "store"
+    with open_store(root) as store:
+        for run in ("a1", "b2", "c3"):
+            fill(store, steps=1, run_id=run)
+    counts = query(root)  # every file checked, so recorded
+    assert [row["run_id"] for row in counts] == ["a1", "b2", "c3"]
+    listed: list[list[str] | None] = []
+    files = store_module.FileCatalog.files
+
+    def listing(catalog, runs=None, **kwargs):
+        listed.append(None if runs is None else list(runs))
+        return files(catalog, runs, **kwargs)
+
+    monkeypatch.setattr(store_module.FileCatalog, "files", listing)
+    pinned = "SELECT count(*) AS n FROM records_ns WHERE run_id = 'b2'"
+    expected = [{"n": counts[1]["n"]}]
+
+    def first_listings(max_files: int) -> list[list[str] | None]:
+        monkeypatch.setattr(store_module, "NATIVE_MAX_FILES", max_files)
+        listed.clear()
+        with open_store(root) as store:
+            assert store.sql(pinned).to_pylist() == expected
+        return listed
+
+    assert first_listings(0) == [["b2"]]  # every table "big": by the record, no listing
+    assert first_listings(256) == [None, None]  # not big: the whole store, read natively
+    (root / RECORD).unlink()
+    monkeypatch.setattr(verified_module, "RACY_NS", 1 << 62)  # checks recorded no more
+    assert first_listings(0) == [None, ["b2"]]  # no record: a listing says it is big
+    assert reads  # that store checked the files it read, recording none
+    assert not (root / RECORD).exists()

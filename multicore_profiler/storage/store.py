@@ -592,10 +592,16 @@ class Store(Extensible, StoreWrites):
     def _has_big_table(self) -> bool:
         """Whether a table has more files than DuckDB's reader reads for an unscoped
         query (``NATIVE_MAX_FILES``), so that it would be read as a pyarrow dataset, which
-        costs its import and making: as the last whole-store listing found, or one made
-        now for a store's first query (which its query's listing then reuses)."""
+        costs its import and making: as the last whole-store listing found, else as the
+        record of verified files says (a store's first query in a big store then lists
+        none of it before its plan may pin it to its runs), else as a listing made now
+        (which the query's listing then reuses). Only a choice of reading: a wrong
+        answer costs time, never rows."""
         if self._big is None:
-            self._big = _big(self._catalog.files())
+            recorded = self._record.files_per_table() if self._record is not None else {}
+            self._big = any(count > NATIVE_MAX_FILES for count in recorded.values()) or _big(
+                self._catalog.files()
+            )
         return self._big
 
     def _pinned(

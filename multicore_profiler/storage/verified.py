@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import os
 import time
+from collections import Counter
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -97,6 +98,11 @@ class VerifiedRecord:
             if now == entry[0]:
                 found[path] = entry[1]
         return found
+
+    def files_per_table(self) -> Counter[str]:
+        """How many files of each table the record holds now (files removed since
+        included, until a save drops them): a store's size without a listing."""
+        return Counter(path.partition("/")[0] for path in self._entries())
 
     @staticmethod
     def before(path: str) -> tuple[Stamp, int]:
