@@ -190,7 +190,8 @@ def test_the_program_ends_with_its_objects_frozen_and_its_scratch_removed(
 ) -> None:
     """``mcprof`` (``cli.command``) freezes every object out of the garbage collector when
     its command is done, so that the interpreter's last collection does not walk them; its
-    exit handlers still run: the store's DuckDB scratch directory does not outlive it."""
+    exit handlers still run: neither the store's DuckDB scratch directory nor that of the
+    process's database for Arrow statements (``arrow_cursor``) outlives it."""
     open_store(store_args[1], create=True).close()
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -199,6 +200,9 @@ def test_the_program_ends_with_its_objects_frozen_and_its_scratch_removed(
         "from multicore_profiler.cli import command\n"
         f"sys.argv = ['mcprof', 'query', *{store_args!r}, 'SELECT 42 AS answer']\n"
         "status = command()\n"
+        "from multicore_profiler.storage.connection import arrow_cursor\n"
+        "with arrow_cursor() as cursor:\n"
+        "    cursor.execute('SELECT 1')\n"
         "print(json.dumps({'status': status, 'frozen': gc.get_freeze_count() > 0}))"
     )
     done = subprocess.run(

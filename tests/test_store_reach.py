@@ -4,16 +4,19 @@ written to the home or the working directory, even by a query that spills."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 from hostile import refused
 from simulated_runs import write_run
 
 from multicore_profiler.errors import QueryError
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
-from multicore_profiler.storage.connection import REQUIRED_EXTENSIONS
+from multicore_profiler.storage import connection as connection_module
+from multicore_profiler.storage.connection import REQUIRED_EXTENSIONS, arrow_cursor
 from multicore_profiler.storage.store import Store, open_store
 
 WHY = (
@@ -119,3 +122,54 @@ def test_a_query_that_spills_writes_nothing_to_the_working_directory(
     assert sorted(os.listdir(home)) == []
     with pytest.raises(duckdb.ConnectionException):
         store._db.sql("SELECT 1")
+
+
+def spill_directory(cursor: duckdb.DuckDBPyConnection) -> str:
+    return cursor.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+
+
+def test_arrow_cursors_share_one_database_and_leave_nothing_behind(home: Path) -> None:
+    """Statements over Arrow tables take cursors of one database per process: made
+    once (as a store's connection is: no extension at query time, a spill directory of
+    its own), each cursor's registrations gone with it."""
+    with arrow_cursor() as first:
+        first.register("rows", pa.table({"x": [1, 2, 3]}))
+        assert first.execute("SELECT sum(x) FROM rows").fetchone() == (6,)
+        spill = spill_directory(first)
+        with pytest.raises(duckdb.Error, match="sqlite_scanner"):
+            first.execute("SELECT * FROM sqlite_scan('x.db', 't')")
+    with arrow_cursor() as second:
+        assert spill_directory(second) == spill
+        with pytest.raises(duckdb.CatalogException, match="rows"):
+            second.execute("SELECT * FROM rows")
+    assert Path(spill).parent.name.startswith("mcprof-duckdb-")
+    assert sorted(os.listdir(home)) == []
+    assert sorted(os.listdir(Path.cwd())) == []
+
+
+def test_a_forked_child_makes_its_own_arrow_database() -> None:
+    """DuckDB's threads do not survive a fork: a child uses a database of its own, and
+    its exit leaves the parent's spill directory in place."""
+    with arrow_cursor() as cursor:
+        parent = spill_directory(cursor)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's report is what the test checks
+        try:
+            with arrow_cursor() as cursor:
+                (total,) = cursor.execute("SELECT 41 + 1").fetchone()
+                answer = f"{spill_directory(cursor)} {total}"
+            connection_module._close_arrow_database(os.getppid())  # the parent's handler
+            os.write(write, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as report:
+        spill, answer = report.read().split()
+    os.waitpid(child, 0)
+    assert answer == "42"
+    assert spill != parent
+    assert Path(parent).parent.is_dir()  # the parent's handler did nothing in the child
+    with arrow_cursor() as cursor:
+        assert spill_directory(cursor) == parent
+    shutil.rmtree(Path(spill).parent)  # the child ended without its exit handlers

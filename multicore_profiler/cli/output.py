@@ -92,9 +92,9 @@ def emit(table: pa.Table, fmt: str, output: Path | None, store: Store | None = N
         raise ProfileError("--format parquet writes a binary file: give one with -o FILE")
     import duckdb
 
-    from multicore_profiler.storage.connection import connection
+    from multicore_profiler.storage.connection import arrow_cursor
 
-    with connection() if store is None else store.cursor() as con:
+    with arrow_cursor() if store is None else store.cursor() as con:
         con.execute("SET TimeZone = 'UTC'")
         con.register("result", table)
         if fmt == "table":

@@ -25,7 +25,7 @@ from multicore_profiler.analysis.analyze import KernelAnalysis
 from multicore_profiler.analysis.replay import FIDELITY_LIMIT
 from multicore_profiler.export.markdown import markdown_table
 from multicore_profiler.export.terminal_text import printable
-from multicore_profiler.storage.connection import connection
+from multicore_profiler.storage.connection import arrow_cursor
 
 FEW_INVOCATIONS = 8
 """Up to this many invocations the makespan table has a row per invocation; above, one
@@ -94,7 +94,7 @@ class AnalysisReport:
 
 def _query(sql: str, params: dict[str, Any] | None = None, **tables: pa.Table) -> pa.Table:
     """``sql`` over the Arrow ``tables``, registered by name."""
-    with connection() as con:
+    with arrow_cursor() as con:
         for name, table in tables.items():
             con.register(name, table)
         return con.sql(sql, params=params).to_arrow_table()

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from multicore_profiler.analysis.compare import VERDICTS, Comparison
 from multicore_profiler.export.markdown import markdown_table
-from multicore_profiler.storage.connection import connection
+from multicore_profiler.storage.connection import arrow_cursor
 from multicore_profiler.storage.sql_text import sql_identifier
 
 
@@ -108,7 +108,7 @@ def comparison_table(comparison: Comparison) -> pa.Table:
     percentage text, the p-value (two digits), the verdict and the time added per
     invocation in microseconds; for shares, medians in percent (one decimal) and the
     change, its interval and what is added per invocation in points."""
-    with connection() as con:
+    with arrow_cursor() as con:
         con.register("rows", comparison.rows)
         return con.sql(
             f"""SELECT {", ".join(sql_identifier(c) for c in comparison.by)},

@@ -25,7 +25,7 @@ from multicore_profiler.errors import StoreError
 from multicore_profiler.storage.catalog import LISTING_ORDER
 from multicore_profiler.storage.claims import CLAIM_NAME
 from multicore_profiler.storage.compact import COMPACT_LOCK
-from multicore_profiler.storage.connection import connection
+from multicore_profiler.storage.connection import arrow_cursor
 from multicore_profiler.storage.location import MARKER
 from multicore_profiler.storage.partitions import (
     ORPHAN_AGE,
@@ -517,7 +517,7 @@ def _counts(store: StoreHandle, scan: _Scan) -> None:
             "step": pa.array([s for _, s in sorted(scan.broken)], pa.int64()),
         }
     )
-    with connection() as con:
+    with arrow_cursor() as con:
         con.register("visible", visible)
         con.register("broken", broken)
         con.register("invocation_rows", pa.concat_tables(invocations))

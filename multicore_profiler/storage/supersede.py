@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from multicore_profiler.storage.connection import connection
+from multicore_profiler.storage.connection import arrow_cursor
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import read_file, spec_of_file, write_partition
 from multicore_profiler.storage.schema import DISCARDS, INVOCATIONS, TABLES, TableSpec
@@ -133,7 +133,7 @@ class Rewrite:
         renamed = dict(zip(keys, self.writes["replaced_by"].to_pylist(), strict=True))
         origin = ", k.origin AS origin_write_id" if spec is INVOCATIONS else ""
         steps = "f.step, " if "step" in spec.schema.names else ""  # a group's, in order
-        with connection() as con:
+        with arrow_cursor() as con:
             con.register("keys", self.writes)
             for path, whole in files:
                 table = read_file(location, path, spec)
