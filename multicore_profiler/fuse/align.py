@@ -39,6 +39,7 @@ from multicore_profiler.abi import ASCEND_CORE_NAMES
 from multicore_profiler.errors import ArgumentError, FuseError
 from multicore_profiler.export.timeline import CORE_NAMES, LANE_TID_STEP, US_TEXT_MACRO
 from multicore_profiler.limits import COUNT
+from multicore_profiler.storage.connection import arrow_cursor
 from multicore_profiler.storage.sql_text import sql_strings
 
 DEVICE_CATEGORIES = ("kernel", "npu", "ascend", "aicore")
@@ -414,10 +415,10 @@ def check_kernel_pattern(pattern: str, con: duckdb.DuckDBPyConnection | None = N
     """Refuse a ``kernel_pattern`` that cannot select outer kernels: one that matches an empty
     name (``''``, ``.*``, ``(?i)``) matches every outer event (``ArgumentError``), one that is
     no regular expression DuckDB (RE2) runs cannot match any (``FuseError``). ``con`` runs the
-    check (default: a connection of its own)."""
+    check (default: a cursor of the process's database for Arrow statements)."""
     with ExitStack() as stack:
         if con is None:
-            con = stack.enter_context(duckdb.connect())
+            con = stack.enter_context(arrow_cursor())
         try:
             matches_empty = con.execute(
                 "SELECT regexp_matches('', $pattern)", {"pattern": pattern}

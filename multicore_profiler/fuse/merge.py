@@ -74,6 +74,7 @@ from multicore_profiler.limits import (
     check_given,
 )
 from multicore_profiler.progress import Bar, progress
+from multicore_profiler.storage.connection import arrow_cursor
 from multicore_profiler.storage.sql_text import sql_strings
 from multicore_profiler.storage.store import Store, open_store
 
@@ -169,7 +170,7 @@ def merge_chrome_traces(
         raise FuseError(f"cannot write the fused trace to {output}: {exc}") from None
     with ExitStack() as stack:
         # What is checked before any work runs here: the pattern, a trace file's slices.
-        scratch = stack.enter_context(duckdb.connect())
+        scratch = stack.enter_context(arrow_cursor())
         if kernel_pattern is not None:
             check_kernel_pattern(kernel_pattern, scratch)
         if store is None and isinstance(mega_kernel_trace, Store):
