@@ -304,6 +304,10 @@ def test_a_big_stores_record_spares_a_run_query_the_listing_of_other_runs(
     assert first_listings(256) == [None, None]  # not big: the whole store, read natively
     (root / RECORD).unlink()
     monkeypatch.setattr(verified_module, "RACY_NS", 1 << 62)  # checks recorded no more
+    reads.clear()
     assert first_listings(0) == [None, ["b2"]]  # no record: a listing says it is big
-    assert reads  # that store checked the files it read, recording none
+    # It checked the files it read, its run's only (scoped), and recorded none.
+    assert sorted(path.split("/")[:2] for path in reads) == [
+        [table, "run_id=b2"] for table in ("cores", "invocations", "records", "runs")
+    ]
     assert not (root / RECORD).exists()
