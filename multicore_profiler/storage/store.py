@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from functools import cache, partial
@@ -292,7 +292,7 @@ class Store(Extensible, StoreWrites):
             since = time.time_ns()
             listed = self._catalog.files(runs)
             if runs is None:
-                self._big = _big(listed)
+                self._big = _big(map(len, listed.values()))
             if runs is None and self._record is not None:
                 self._record.listed([p for paths in listed.values() for p in paths], since)
         else:
@@ -599,9 +599,7 @@ class Store(Extensible, StoreWrites):
         answer costs time, never rows."""
         if self._big is None:
             recorded = self._record.files_per_table() if self._record is not None else {}
-            self._big = any(count > NATIVE_MAX_FILES for count in recorded.values()) or _big(
-                self._catalog.files()
-            )
+            self._big = _big(recorded.values()) or _big(map(len, self._catalog.files().values()))
         return self._big
 
     def _pinned(
@@ -820,9 +818,9 @@ writes it. An ``optional:`` one is a copy, for pruning, of a filter that DuckDB 
 right above the scan: what it lets through is all the query uses of the scan too."""
 
 
-def _big(listed: Mapping[str, Sequence[str]]) -> bool:
-    """Whether a table of a listing has more than ``NATIVE_MAX_FILES`` files."""
-    return any(len(files) > NATIVE_MAX_FILES for files in listed.values())
+def _big(counts: Iterable[int]) -> bool:
+    """Whether a table of these file counts has more than ``NATIVE_MAX_FILES`` files."""
+    return any(count > NATIVE_MAX_FILES for count in counts)
 
 
 def _plan_scans(
