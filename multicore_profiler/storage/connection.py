@@ -58,9 +58,15 @@ def connection() -> Iterator[duckdb.DuckDBPyConnection]:
     a temporary directory of its own; both go when the block ends."""
     with (
         tempfile.TemporaryDirectory(prefix="mcprof-duckdb-") as scratch,
-        duckdb.connect(config={**_SETTINGS, "temp_directory": str(Path(scratch) / "spill")}) as con,
+        _database(scratch) as con,
     ):
         yield con
+
+
+def _database(scratch: str) -> duckdb.DuckDBPyConnection:
+    """An in-memory database that installs and loads no extension and spills under
+    ``scratch``."""
+    return duckdb.connect(config={**_SETTINGS, "temp_directory": str(Path(scratch) / "spill")})
 
 
 _ARROW_DATABASE: dict[int, tuple[duckdb.DuckDBPyConnection, str]] = {}
@@ -76,13 +82,13 @@ def arrow_cursor() -> Iterator[duckdb.DuckDBPyConnection]:
     and closed at exit), for statements over Arrow tables registered on it: what the
     cursor registers or creates as temporary goes when the block ends. Cursors of other
     threads are other connections to that database."""
+    pid = os.getpid()
     with _ARROW_LOCK:
-        if os.getpid() not in _ARROW_DATABASE:  # a forked child makes its own
+        if pid not in _ARROW_DATABASE:  # a forked child makes its own
             scratch = tempfile.mkdtemp(prefix="mcprof-duckdb-")
-            config = {**_SETTINGS, "temp_directory": str(Path(scratch) / "spill")}
-            _ARROW_DATABASE[os.getpid()] = (duckdb.connect(config=config), scratch)
-            atexit.register(_close_arrow_database, os.getpid())
-        cursor = _ARROW_DATABASE[os.getpid()][0].cursor()
+            _ARROW_DATABASE[pid] = (_database(scratch), scratch)
+            atexit.register(_close_arrow_database, pid)
+        cursor = _ARROW_DATABASE[pid][0].cursor()
     try:
         yield cursor
     finally:
