@@ -26,6 +26,7 @@ from multicore_profiler.storage.catalog import LISTING_ORDER
 from multicore_profiler.storage.claims import CLAIM_NAME
 from multicore_profiler.storage.compact import COMPACT_LOCK
 from multicore_profiler.storage.connection import arrow_cursor
+from multicore_profiler.storage.derived import DERIVED_DIR
 from multicore_profiler.storage.location import MARKER
 from multicore_profiler.storage.partitions import (
     ORPHAN_AGE,
@@ -202,7 +203,8 @@ def check_store(
     scan = _Scan()
     for info in _listing(store, runs):
         relative = relative_path(location, info.path)
-        if relative in RECORD_FILES:  # what the check itself records, not data
+        # What the check itself records, and the tables queries keep: not data.
+        if relative in RECORD_FILES or relative.split("/")[0] == DERIVED_DIR:
             continue
         scan.checked += 1
         scan.infos[info.path] = info

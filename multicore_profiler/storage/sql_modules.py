@@ -25,11 +25,14 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
 from multicore_profiler.errors import StoreError
+
+if TYPE_CHECKING:
+    from multicore_profiler.storage.derived import DerivedTables
 
 _CREATED = re.compile(
     r"(?im)^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(?:VIEW|TABLE|MACRO)\s+(\w+)"
@@ -109,21 +112,35 @@ class SqlModule:
         object.__setattr__(self, "names", frozenset(created | {n.lower() for n in self.defines}))
 
     @cached_property
-    def builds(self) -> tuple[str, ...]:
-        """The statements of its SQL that make its ``materialized`` tables, in that order:
-        what rebuilds them. (A view per table, built from, would bind each query twice on
-        install: a tenth of an outer-kernel first query.)"""
-        made = {}
+    def _statements(self) -> tuple[tuple[str | None, str], ...]:
+        """Its SQL's statements in order, each with the table it builds (``None`` but for
+        a ``CREATE OR REPLACE TABLE ... AS``)."""
+        statements = []
         for statement in duckdb.extract_statements(self.sql):
             found = _TABLE_BUILT.search(statement.query)
-            if found is not None:
-                made[found[1].lower()] = statement.query
-        missing = [table for table in self.materialized if table not in made]
+            statements.append((None if found is None else found[1].lower(), statement.query))
+        missing = [t for t in self.materialized if t not in {t for t, _ in statements}]
         if missing:
             raise StoreError(
                 f"SQL module {self.name!r} has no CREATE OR REPLACE TABLE ... AS for {missing}"
             )
+        return tuple(statements)
+
+    @cached_property
+    def builds(self) -> tuple[str, ...]:
+        """The statements of its SQL that make its ``materialized`` tables, in that order:
+        what rebuilds them. (A view per table, built from, would bind each query twice on
+        install: a tenth of an outer-kernel first query.)"""
+        made = {table: text for table, text in self._statements if table is not None}
         return tuple(made[table] for table in self.materialized)
+
+    def script(self, loads: Sequence[str]) -> str:
+        """Its SQL with the statements that build its ``materialized`` tables replaced by
+        ``loads`` (one per table, in that order): what installs it from kept tables."""
+        made = dict(zip(self.materialized, loads, strict=True))
+        return ";\n".join(
+            text if table is None else made.get(table, text) for table, text in self._statements
+        )
 
     @property
     def lazy(self) -> bool:
@@ -263,11 +280,14 @@ class InstalledModules:
         modules: Sequence[str] = (),
         *,
         scoped: bool = False,
+        kept: DerivedTables | None = None,
     ) -> None:
         """Install, on ``con``, the modules ``query`` names and ``modules``, each after what
         it needs, and the eager ones unless ``query`` names every view it reads (``None``:
-        a cursor for statements to come); rebuild materialized tables whose data changed. A
-        cursor ``scoped`` to given runs also gets each such module's ``per_cursor`` setup."""
+        a cursor for statements to come); rebuild materialized tables whose data changed,
+        loading them from ``kept`` where they are kept there, and keeping them there
+        where not. A cursor ``scoped`` to given runs also gets each such module's
+        ``per_cursor`` setup."""
         names = None if query is None else query_names(query)
         wanted = set(modules)
         if names is None or not _BY_OTHER_MEANS.isdisjoint(names):
@@ -283,17 +303,48 @@ class InstalledModules:
                 fresh = answers[module.freshness]
             if scoped and module.per_cursor is not None:
                 module.per_cursor(con)
-            if module.name not in self._installed:
-                if module.setting is not None:
-                    module.setting.install(con, self.setting(module.name))
-                if module.sql:
-                    con.execute(deferred(module.sql))
-            elif fresh != self._installed[module.name]:
-                for build in module.builds:
-                    con.execute(build)
+            installed = module.name in self._installed
+            if not installed and module.setting is not None:
+                module.setting.install(con, self.setting(module.name))
+            if not installed or fresh != self._installed[module.name]:
+                self._materialize(con, module, fresh, installed, kept)
             self._installed[module.name] = fresh
             if module.computed is not None:
                 module.computed(con)
+
+    def _materialize(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        module: SqlModule,
+        fresh: Any,
+        installed: bool,
+        kept: DerivedTables | None,
+    ) -> None:
+        """Run the module's SQL (``installed``: only what builds its tables), its tables
+        loaded from ``kept`` where they are kept for this state of the data, else built
+        and kept there."""
+        key = None
+        if kept is not None and module.materialized and module.freshness is not None:
+            parts = [repr(fresh)]
+            for need in self._registry.closure([module.name]):
+                parts += [need.name, need.sql]
+                if need.setting is not None:
+                    parts.append(repr(self.setting(need.name)))
+            key = kept.key(parts)
+            loads = kept.loads(key, module.materialized)
+            if loads is not None:
+                try:
+                    con.execute(";\n".join(loads) if installed else deferred(module.script(loads)))
+                    return
+                except duckdb.Error:  # removed or unreadable since: built instead
+                    kept.forget(key)
+        if not installed and module.sql:
+            con.execute(deferred(module.sql))
+        elif installed:
+            for build in module.builds:
+                con.execute(build)
+        if key is not None and kept is not None:
+            kept.save(con, key, module.materialized)
 
     def reads_data(self, names: set[str]) -> bool:
         """Whether a module a query of these names (``query_names``) needs builds tables

@@ -33,6 +33,7 @@ from multicore_profiler.extension import Extensible
 from multicore_profiler.storage.catalog import FileCatalog
 from multicore_profiler.storage.connection import connection, query_error
 from multicore_profiler.storage.default_store import default_store_path
+from multicore_profiler.storage.derived import DerivedTables
 from multicore_profiler.storage.location import MARKER, StoreLocation, store_write
 from multicore_profiler.storage.partitions import (
     CorruptFileError,
@@ -201,6 +202,13 @@ class Store(Extensible, StoreWrites):
             f"{_empty_tables()}\n{_invocations_view(False, False)};\n{deferred(views)}"
         )
         self._modules = InstalledModules()
+        self._kept = (
+            DerivedTables(location.directory, f"{_empty_tables()}\n{views}")
+            if location.is_local
+            else None
+        )
+        """Where the modules' materialized tables are kept between processes (see
+        ``derived``): local stores only."""
 
     @property
     def uri(self) -> str:
@@ -577,7 +585,13 @@ class Store(Extensible, StoreWrites):
                         raise self._culprit(runs) or QueryError(
                             f"cannot read the store's files: {exc}"
                         ) from exc
-                    self._modules.prepare(cursor, query, modules, scoped=runs is not None)
+                    self._modules.prepare(
+                        cursor,
+                        query,
+                        modules,
+                        scoped=runs is not None,
+                        kept=self._kept if files is None else None,
+                    )
                 yield cursor, datasets
             except (duckdb.Error, pa.ArrowException) as exc:
                 # Whoever reads through the cursor: a file that cannot be read is
