@@ -184,6 +184,23 @@ def test_runs_show_the_latest_state_and_what_each_holds(store: Store) -> None:
     run = RunInfo.begin(run_id="r1", label="golden", tags={"model": "moe"})
     store.write_run(run)
     assert store.sql("SELECT status FROM runs")["status"].to_pylist() == ["running"]
+    # A run that holds nothing yet: zeros, and no kernel.
+    (empty,) = store.sql("SELECT * EXCLUDE (start_time) FROM run_summary").to_pylist()
+    assert empty == {
+        "run_id": "r1",
+        "status": "running",
+        "label": "golden",
+        "commit": run.commit,
+        "branch": run.branch,
+        "host": run.host,
+        "end_time": None,
+        "invocations": 0,
+        "ranks": 0,
+        "steps": 0,
+        "records": 0,
+        "dropped": 0,
+        "kernels": None,
+    }
     for step in range(3):
         ingest_buffers(
             store,
