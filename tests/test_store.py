@@ -503,6 +503,44 @@ def test_a_whole_table_scan_of_a_big_store_uses_the_native_reader(
     assert store.sql(pruned.replace("count(*)", "count(*) AS n")).to_pylist() == [{"n": 4}]
 
 
+def test_a_query_of_whole_tables_makes_no_dataset_of_a_big_store(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its plan over the empty tables filters no scan on a partition column: a new store
+    reads its big tables with DuckDB's reader from the start, and makes no dataset that
+    would only give way to it. A query filtered on one still reads datasets."""
+    for run in ("a1", "b2"):
+        write_golden(store, run_id=run)
+    monkeypatch.setattr(store_module, "NATIVE_MAX_FILES", 0)  # every table "big"
+    made: list[str] = []
+    dataset_scan = store_module.Store._dataset_scan
+    monkeypatch.setattr(
+        store_module.Store,
+        "_dataset_scan",
+        lambda self, cursor, spec, files: (
+            made.append(spec.name) or dataset_scan(self, cursor, spec, files)
+        ),
+    )
+    whole = {
+        "SELECT count(*) AS n FROM records_ns": 8,
+        "SELECT count(*) AS n FROM run_summary": 2,
+        "SELECT count(*) AS n FROM records WHERE start_cycle >= 0": 8,
+    }
+    filtered = {
+        "SELECT count(*) AS n FROM records WHERE step = 0": 8,
+        "SELECT count(*) AS n FROM records_ns WHERE run_id >= 'b2'": 4,
+    }
+    with open_store(store.root) as fresh:  # as a new command sees it
+        for query, n in whole.items():
+            assert fresh._read_plan(query, None) == (None, True)
+            assert fresh.sql(query).to_pylist() == [{"n": n}]
+        assert made == []
+        for query, n in filtered.items():
+            assert fresh._read_plan(query, None) == (None, False)
+            assert fresh.sql(query).to_pylist() == [{"n": n}]
+        assert "records" in made
+
+
 def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -573,14 +573,17 @@ class Store(Extensible, StoreWrites):
         modules: Sequence[str],
         runs: Sequence[str] | None,
         files: Mapping[str, Sequence[str]] | None = None,
+        *,
+        native: bool = False,
     ) -> Iterator[tuple[duckdb.DuckDBPyConnection, frozenset[str]]]:
-        """``reading``'s cursor, and the tables it reads as datasets."""
+        """``reading``'s cursor, and the tables it reads as datasets (none with
+        ``native``: see ``_point``)."""
         with self._unswapped():
             cursor = self._db.cursor()
             try:
                 with self._views:
                     try:
-                        datasets = self._point(cursor, runs, given=files)
+                        datasets = self._point(cursor, runs, native, given=files)
                     except (pa.ArrowException, OSError) as exc:
                         raise self._culprit(runs) or QueryError(
                             f"cannot read the store's files: {exc}"
@@ -627,25 +630,39 @@ class Store(Extensible, StoreWrites):
         tables (with the optimizer rules that would fold their scans away turned off);
         the plan's reading is remembered per text without parameters. None for any other
         query, and for one that needs tables built from the data or cannot be planned."""
+        return self._read_plan(query, params)[0]
+
+    def _read_plan(
+        self, query: str, params: Sequence[Any] | Mapping[str, Any] | None
+    ) -> tuple[list[str] | None, bool]:
+        """What the plan of ``query`` over the empty tables says of its reading: the runs
+        it is pinned to (``_pinned``), and, where it is pinned to none, whether it reads
+        whole tables (no scan filtered on a partition column). A query that reads whole
+        tables is read by DuckDB's own reader from the start: a dataset of a big table
+        (its import and making, then a second plan, see ``_dataset_filtered``) would only
+        give way to it. A local store plans any query but one that builds tables from the
+        data; a remote one only a query naming ``run_id`` (it reads datasets either way)."""
         key = ("pinned", query)
         found = self._plans.get(key)
         if found is None:
             found = self._pinned_scans(query, params)
             if params is None:
                 self._remember(key, found)
-        runs, loose = found
+        runs, loose, whole = found
         if not runs or (loose and self._catalog.files(tables=loose)):
-            return None
-        return sorted(runs)
+            return None, whole
+        return sorted(runs), False
 
     def _pinned_scans(
         self, query: str, params: Sequence[Any] | Mapping[str, Any] | None
-    ) -> tuple[set[str], list[TableSpec]]:
-        """``_pinned``'s plan read: the runs its scans of tables of runs are filtered to,
-        and the tables of runs it scans unfiltered (no runs: nothing is pinned)."""
+    ) -> tuple[set[str], list[TableSpec], bool]:
+        """``_read_plan``'s plan read: the runs its scans of tables of runs are filtered
+        to, the tables of runs it scans unfiltered (no runs: nothing is pinned), and
+        whether no scan is filtered on a partition column."""
         names = query_names(query)
-        if "run_id" not in names or self._modules.reads_data(names):
-            return set(), []
+        planned = "run_id" in names or self._location.is_local
+        if not planned or self._modules.reads_data(names):
+            return set(), [], False
         cursor = self._db.cursor()
         try:
             for spec in TABLES.values():
@@ -667,10 +684,11 @@ class Store(Extensible, StoreWrites):
         runs: set[str] = set()
         loose: list[TableSpec] = []
         if scans is None:
-            return runs, loose
+            return runs, loose, False
+        whole = not any(_PARTITION_FILTER.search(str(info.get("Filters", ""))) for info in scans)
         for info in scans:
             if "Function" in info:
-                return set(), []  # a table function
+                return set(), [], False  # a table function
             table = str(info["Table"]).rpartition(".")[2]
             if not table.startswith("empty_"):
                 continue  # a setting's table (the clock correction's): none is built from data
@@ -682,7 +700,7 @@ class Store(Extensible, StoreWrites):
                 loose.append(spec)
             else:
                 runs |= pinned
-        return runs, loose
+        return runs, loose, whole
 
     def _dataset_filtered(
         self,
@@ -746,9 +764,11 @@ class Store(Extensible, StoreWrites):
         """
         try:
             # A remote store reads every table as a dataset, after listing all of it.
+            whole = False
             if runs is None and (not self._location.is_local or self._has_big_table()):
-                runs = self._pinned(query, params)
-            with self._reading(query, (), runs) as (cursor, datasets):
+                runs, whole = self._read_plan(query, params)
+            native = whole and self._location.is_local
+            with self._reading(query, (), runs, native=native) as (cursor, datasets):
                 if (
                     datasets
                     and self._location.is_local
@@ -817,6 +837,8 @@ def open_store(
     )
 
 
+_PARTITION_FILTER = re.compile(rf'\b"?(?:{"|".join(_PARTITION_TYPES)})"?\b')
+"""A partition column named in a scan's filters."""
 _KEPT_SCANS = "statistics_propagation,empty_result_pullup"
 """The optimizer rules that would fold a plan's scans of empty tables away."""
 _RUN = r"'([A-Za-z0-9._-]+)'"
