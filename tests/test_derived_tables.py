@@ -20,25 +20,18 @@ from multicore_profiler.ingest.outer_trace import ingest_trace
 from multicore_profiler.storage import derived
 from multicore_profiler.storage.check import check_store
 from multicore_profiler.storage.derived import DERIVED_DIR
+from multicore_profiler.storage.sql_modules import REGISTRY
 from multicore_profiler.storage.store import Store, open_store
 
 GEMM = "ampere_sgemm_128x64_nn"
 RING = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 KERNELS = "SELECT source_id, name, family, ts_ns, dur_ns FROM kernels ORDER BY ALL"
 MATERIALIZED = {
-    "outer_kernels.device_ops": ("device_ops", "op_launches"),
-    "outer_kernels.steps": ("step_periods", "kernels", "step_islands"),
-    "outer_kernels.hccl_ops": ("hccl_op_times",),
-    "cross_rank.steps": (
-        "job_sources",
-        "rank_steps",
-        "job_groups",
-        "pipeline_chains",
-        "job_stages",
-        "rank_parallel_indices",
-    ),
-    "cross_rank.communication": ("collective_instances",),
+    module.name: module.materialized
+    for module in REGISTRY.closure(["cross_rank.communication", "outer_kernels.hccl_ops"])
+    if module.materialized
 }
+"""Every module that builds tables, and its tables."""
 
 
 def ingest_rank(root: Path, rank: int, shift_us: int = 0) -> None:
@@ -80,6 +73,7 @@ def root(tmp_path: Path) -> Path:
 def test_a_later_store_loads_every_kept_table_as_it_was_built(root: Path) -> None:
     with Store(root) as first:
         built = {t: table_of(first, t) for tables in MATERIALIZED.values() for t in tables}
+    assert len(MATERIALIZED) == 5
     assert kept(root) == sorted(
         sorted([*(f"{t}.parquet" for t in tables), "manifest.json"])
         for tables in MATERIALIZED.values()
