@@ -82,9 +82,8 @@ class DerivedTables:
             statements = []
             for table in tables:
                 path = folder / f"{table}.parquet"
-                data = path.read_bytes()
                 saved = manifest[table]
-                if (saved["bytes"], saved["sha256"]) != (len(data), _digest(data)):
+                if (saved["bytes"], saved["sha256"]) != _digest(path):
                     raise ValueError(f"{path} is not as it was kept")
                 columns = [(str(name), str(kind)) for name, kind in saved["columns"]]
                 statements.append(
@@ -121,8 +120,8 @@ class DerivedTables:
                 )
                 if _columns(con, _read(path, columns)) != columns:
                     return
-                data = path.read_bytes()
-                manifest[table] = {"bytes": len(data), "sha256": _digest(data), "columns": columns}
+                size, digest = _digest(path)
+                manifest[table] = {"bytes": size, "sha256": digest, "columns": columns}
             (aside / _MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
             os.rename(aside, final)  # fails if another process kept the same key first
         except (OSError, duckdb.Error):
@@ -164,8 +163,11 @@ def _versions() -> str:
     return f"{version} {duckdb.__version__}"
 
 
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _digest(path: Path) -> tuple[int, str]:
+    """The size and SHA-256 digest of a file, read a block at a time."""
+    with path.open("rb") as file:
+        digest = hashlib.file_digest(file, "sha256")
+        return file.tell(), digest.hexdigest()
 
 
 def _columns(con: duckdb.DuckDBPyConnection, query: str) -> list[tuple[str, str]]:
