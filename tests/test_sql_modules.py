@@ -181,6 +181,24 @@ def test_a_materialized_table_without_its_statement_is_named() -> None:
         _ = module.builds
 
 
+def test_a_modules_statements_are_cut_at_its_semicolons_only() -> None:
+    """A semicolon in a string, a quoted name or a comment cuts no statement, text before
+    it in any script (µs, —) moves no cut, and ``script`` puts each load where its
+    table's build was, the rest as written."""
+    sql = (
+        "-- times in µs; the view — and the table\n"
+        "CREATE OR REPLACE VIEW a AS SELECT 'x;y' AS \"c;d\";\n"
+        "/* b; first */\nCREATE OR REPLACE TABLE b AS\nSELECT 1 AS n; -- built;\n"
+        "CREATE OR REPLACE MACRO m() AS 2;\n"
+    )
+    module = SqlModule("cut", sql, materialized=("b",), freshness="SELECT 1")
+    (build,) = module.builds
+    assert build.strip() == "/* b; first */\nCREATE OR REPLACE TABLE b AS\nSELECT 1 AS n"
+    con = duckdb.connect()
+    con.execute(module.script(["CREATE OR REPLACE TABLE b AS SELECT 7 AS n"]))
+    assert con.execute('SELECT "c;d", n, m() FROM a, b').fetchall() == [("x;y", 7, 2)]
+
+
 def test_the_analyses_materialized_tables_each_have_their_statement() -> None:
     """Each table the analyses materialize is made by one statement of its module, the
     statements in the module's order (each reads the tables before it)."""

@@ -114,11 +114,24 @@ class SqlModule:
     @cached_property
     def _statements(self) -> tuple[tuple[str | None, str], ...]:
         """Its SQL's statements in order, each with the table it builds (``None`` but for
-        a ``CREATE OR REPLACE TABLE ... AS``)."""
+        a ``CREATE OR REPLACE TABLE ... AS``). Cut at the semicolons DuckDB's tokenizer
+        finds (none in a string or a comment): a tenth of the time its parser takes to
+        split them, which a command would pay for each module it installs."""
+        text = self.sql.encode()  # the tokens' positions are of its UTF-8 bytes
+        texts, start, code = [], 0, False
+        for position, kind in duckdb.tokenize(self.sql):
+            if kind == duckdb.token_type.operator and text[position : position + 1] == b";":
+                if code:
+                    texts.append(text[start:position].decode())
+                start, code = position + 1, False
+            elif kind != duckdb.token_type.comment:
+                code = True
+        if code:
+            texts.append(text[start:].decode())
         statements = []
-        for statement in duckdb.extract_statements(self.sql):
-            found = _TABLE_BUILT.search(statement.query)
-            statements.append((None if found is None else found[1].lower(), statement.query))
+        for statement in texts:
+            found = _TABLE_BUILT.search(statement)
+            statements.append((None if found is None else found[1].lower(), statement))
         missing = [t for t in self.materialized if t not in {t for t, _ in statements}]
         if missing:
             raise StoreError(
