@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -187,6 +189,36 @@ def test_check_counts_no_kept_table(root: Path) -> None:
     assert len(kept(root)) == 2
     assert after.problems == []
     assert after.files_checked == before.files_checked
+
+
+READER = """
+import json, sys
+from multicore_profiler.storage.store import Store
+with Store(sys.argv[1], create=False) as store:
+    print(json.dumps(store.sql(sys.argv[2]).to_pylist()))
+"""
+
+
+def test_processes_that_build_the_same_tables_at_once_keep_one_copy(root: Path) -> None:
+    readers = [
+        subprocess.Popen(
+            [sys.executable, "-c", READER, str(root), KERNELS],
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        )
+        for _ in range(4)
+    ]
+    answers = [json.loads(reader.communicate(timeout=120)[0]) for reader in readers]
+    assert [reader.returncode for reader in readers] == [0] * 4
+    with Store(root) as store:
+        expected = store.sql(KERNELS).to_pylist()
+    assert len(expected) == 4
+    assert answers == [expected] * 4
+    # One directory per module's key, whoever renamed it first; nothing left aside.
+    assert kept(root) == [
+        ["device_ops.parquet", "manifest.json", "op_launches.parquet"],
+        ["kernels.parquet", "manifest.json", "step_islands.parquet", "step_periods.parquet"],
+    ]
 
 
 def test_a_remote_store_keeps_nothing(tmp_path: Path) -> None:
