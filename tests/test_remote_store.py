@@ -232,7 +232,7 @@ def test_a_query_about_one_run_reads_only_that_runs_files(s3_uri: str) -> None:
             for seed in (1, 2, 3)
         ]
         query = f"SELECT * FROM stage_stats WHERE run_id = '{runs[0]}' ORDER BY ALL"
-        assert remote._pinned(query, None) == [runs[0]]  # it lists that run's files only
+        assert remote._read_plan(query, None)[0] == [runs[0]]  # it lists that run's files only
         before = remote.sql(query)
         # Break every file of the other runs: a query that opened one would fail.
         client = boto3.client("s3")

@@ -578,9 +578,11 @@ def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
     }
     monkeypatch.setattr(store_module, "NATIVE_MAX_FILES", 0)  # every table "big"
     store = open_store(store.root)  # as a new command sees it
-    assert {q: store._pinned(q, None) for q in pinned} == {q: r for q, (r, _) in pinned.items()}
-    assert store._pinned(f"{count} WHERE run_id = $1", ["c3"]) == ["c3"]
-    assert [store._pinned(q, None) for q in unpinned] == [None] * len(unpinned)
+    assert {q: store._read_plan(q, None)[0] for q in pinned} == {
+        q: r for q, (r, _) in pinned.items()
+    }
+    assert store._read_plan(f"{count} WHERE run_id = $1", ["c3"])[0] == ["c3"]
+    assert [store._read_plan(q, None)[0] for q in unpinned] == [None] * len(unpinned)
     # The optimizer rules the plans turned off are the whole database's: on again.
     setting = "SELECT current_setting('disabled_optimizers') AS off"
     assert store.sql(setting).to_pylist() == [{"off": ""}]
@@ -612,7 +614,10 @@ def test_a_query_whose_plan_pins_its_runs_reads_as_one_scoped_to_them(
     (write_id,) = store.sql("SELECT write_id FROM invocations WHERE run_id = 'a1'")[0].to_pylist()
     store.discard_writes("a1", 0, [write_id])
     stages = "SELECT count(*) AS n FROM stage_stats WHERE run_id = '{}'"
-    assert [store._pinned(stages.format(run), None) for run in ("a1", "b2")] == [["a1"], ["b2"]]
+    assert [store._read_plan(stages.format(run), None)[0] for run in ("a1", "b2")] == [
+        ["a1"],
+        ["b2"],
+    ]
     scoped.clear()
     assert store.sql(f"{count} WHERE run_id = 'a1'").to_pylist() == [{"n": 0}]
     assert store.sql(stages.format("a1")).to_pylist() == [{"n": 0}]

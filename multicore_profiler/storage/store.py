@@ -195,7 +195,7 @@ class Store(Extensible, StoreWrites):
         self._big: bool | None = None
         """Whether the last whole-store listing found a table too big for DuckDB's reader."""
         self._plans: dict[tuple[str, Any], Any] = {}
-        """Choices made from queries' plans, by text (see ``_pinned``, ``_dataset_filtered``)."""
+        """Choices made from queries' plans, by text (see ``_read_plan``, ``_dataset_filtered``)."""
         # Over empty tables until a query finds files (see _point).
         views = resources.files(__package__).joinpath("views.sql").read_text()
         self._db.execute(
@@ -619,29 +619,26 @@ class Store(Extensible, StoreWrites):
             self._big = _big(recorded.values()) or _big(map(len, self._catalog.files().values()))
         return self._big
 
-    def _pinned(
-        self, query: str, params: Sequence[Any] | Mapping[str, Any] | None
-    ) -> list[str] | None:
-        """The runs ``query`` can read, where DuckDB's plan filters every scan of a table
-        of runs to constant run ids (``run_id = 'r'``, an ``IN`` list or ``OR`` of them)
-        or the table has no file: the rows of other runs then cannot change its answer, so
-        it reads as a query scoped to those runs does (their files only, listed, checked
-        and read natively). Planned before its views point at any file, over the empty
-        tables (with the optimizer rules that would fold their scans away turned off);
-        the plan's reading is remembered per text without parameters. None for any other
-        query, and for one that needs tables built from the data or cannot be planned."""
-        return self._read_plan(query, params)[0]
-
     def _read_plan(
         self, query: str, params: Sequence[Any] | Mapping[str, Any] | None
     ) -> tuple[list[str] | None, bool]:
-        """What the plan of ``query`` over the empty tables says of its reading: the runs
-        it is pinned to (``_pinned``), and, where it is pinned to none, whether it reads
-        whole tables (no scan filtered on a partition column). A query that reads whole
-        tables is read by DuckDB's own reader from the start: a dataset of a big table
-        (its import and making, then a second plan, see ``_dataset_filtered``) would only
-        give way to it. A local store plans any query but one that builds tables from the
-        data; a remote one only a query naming ``run_id`` (it reads datasets either way)."""
+        """What the plan of ``query`` says of its reading: the runs it is pinned to, and,
+        where it is pinned to none, whether it reads whole tables.
+
+        Pinned: DuckDB's plan filters every scan of a table of runs to constant run ids
+        (``run_id = 'r'``, an ``IN`` list or ``OR`` of them) or the table has no file: the
+        rows of other runs then cannot change its answer, so it reads as a query scoped to
+        those runs does (their files only, listed, checked and read natively). Whole: no
+        scan is filtered on a partition column, so it is read by DuckDB's own reader from
+        the start: a dataset of a big table (its import and making, then a second plan,
+        see ``_dataset_filtered``) would only give way to it.
+
+        Planned before its views point at any file, over the empty tables (with the
+        optimizer rules that would fold their scans away turned off); the plan's reading
+        is remembered per text without parameters. A local store plans any query but one
+        that builds tables from the data; a remote one only a query naming ``run_id`` (it
+        reads datasets either way). No runs and not whole for any other query, and for one
+        that cannot be planned."""
         key = ("pinned", query)
         found = self._plans.get(key)
         if found is None:
@@ -759,7 +756,7 @@ class Store(Extensible, StoreWrites):
         ``runs`` scopes the query to those runs (see ``reading``): the way to query a
         set of runs chosen at run time, which a ``WHERE run_id IN (subquery)`` cannot
         prune. A query whose plan pins every scan to constant run ids (``WHERE run_id =
-        '...'``) is read as scoped to them (``_pinned``). Raises ``QueryError`` with
+        '...'``) is read as scoped to them (``_read_plan``). Raises ``QueryError`` with
         DuckDB's reason when the query cannot run.
         """
         try:
