@@ -3,10 +3,12 @@ the clock checks recover of them.
 
 The reference kernel's workers read one host clock, so a run without the knob contradicts
 nothing: every core keeps offset 0 and the check passes. With a core's clock set ahead or
-behind by far more than its release latencies (hundreds of us against tens), its waits
-and triggers contradict causality, the check fails and names it, and each skewed core's
-offset interval (relative to the reference core, AIC/0, whose clock is right) holds minus
-its skew, while every other core's holds 0. Corrected, the records contradict nothing.
+behind by more than a whole launch lasts (hundreds of ms against a few), its waits and
+triggers contradict causality in every launch, the check fails and names it, and each
+skewed core's offset interval (relative to the reference core, AIC/0, whose clock is
+right) holds minus its skew, while every other core's holds 0. Corrected, the records
+contradict nothing. A skew of hundreds of us would not do: on a loaded machine a waiter
+busy or preempted for longer than the skew leaves a launch without a contradiction.
 (A wrong frequency, ``clock_scale``: tests/test_clock_frequency.py.)
 """
 
@@ -20,8 +22,8 @@ from multicore_profiler.analysis.clock_offsets import correct_clocks
 from multicore_profiler.kernels.reference import ReferenceMoeKernel
 from multicore_profiler.storage.store import Store
 
-SKEWS = {(CoreType.AIV, 1): 400_000, (CoreType.AIC, 1): -300_000}
-"""ns each core's clock is set ahead (behind, negative) of the host clock."""
+SKEWS = {(CoreType.AIV, 1): 400_000_000, (CoreType.AIC, 1): -300_000_000}
+"""ns each core's clock is set ahead (behind, negative) of the host clock: 0.4 s and 0.3 s."""
 LAUNCHES = 3
 
 
@@ -73,7 +75,7 @@ def test_every_injected_skew_lies_in_the_interval_the_estimate_reports(store: St
         assert row["high_ns"] is None or truth <= row["high_ns"], row
         assert row["low_ns"] is not None or row["high_ns"] is not None, row
         # Each skewed core moves the way its skew asks, or not at all: AIV/1, ahead, back;
-        # AIC/1, behind, forward (the two share the 700 us between them as the other
+        # AIC/1, behind, forward (the two share the 700 ms between them as the other
         # cores' edges allow, so neither lands on its skew exactly).
         assert row["offset_ns"] * truth >= 0, row
     moved = correct_clocks(store, [run_id])
