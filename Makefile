@@ -11,6 +11,11 @@ DEV := $(VENV)/.installed-dev
 # once); every test is independent of the others' order and process.
 TEST_WORKERS ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# pip byte-compiles what it installs one file at a time; compileall does it on every core.
+# Some packages ship files that are not Python 3 (templates, test data): pip skips them
+# quietly, and so does this (-qq, and its status ignored).
+PIP_INSTALL := $(BIN)/python -m pip install --quiet --no-compile
+COMPILE := $(BIN)/python -m compileall -qq -j 0 $(VENV)/lib >/dev/null || true
 
 .PHONY: demo test lint layers bench clean
 
@@ -18,14 +23,16 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first, so that installing the project never fetches a CUDA one.
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e .
+	$(PIP_INSTALL) torch==2.13.0
+	$(PIP_INSTALL) -e .
+	$(COMPILE)
 	touch $(BASE)
 
 # What the checks and benchmarks add: pytest, ruff, import-linter, Spark, the S3 server, HTA,
 # msprof-analyze.
 $(DEV): $(BASE) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(PIP_INSTALL) -e '.[dev]'
+	$(COMPILE)
 	touch $(DEV)
 
 demo: $(BASE)
@@ -40,12 +47,15 @@ layers: $(DEV)
 	$(BIN)/lint-imports --no-cache
 
 # The HTML report's test opens the page in a headless Chromium; the Spark test needs Java.
+# The tests write bytecode even where PYTHONDONTWRITEBYTECODE is set: every process the
+# tests start (commands, capture writers, trace workers) imports the package again, and
+# would compile it again.
 test: lint layers
 	command -v chromium >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
 	command -v java >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openjdk-17-jre-headless)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(DEV)
 	$(BIN)/python bench/ingest.py
