@@ -34,6 +34,7 @@ UPWARD = {
     "no_pandas": ("multicore_profiler/no_pandas.py", "multicore_profiler.errors"),
     "progress": ("multicore_profiler/progress.py", "multicore_profiler.errors"),
     "extension": ("multicore_profiler/extension.py", "multicore_profiler.errors"),
+    "scratch": ("multicore_profiler/scratch.py", "multicore_profiler.errors"),
     "limits": ("multicore_profiler/limits.py", "multicore_profiler.abi"),
     "abi": ("multicore_profiler/abi.py", "multicore_profiler.kernels"),
     "kernels": ("multicore_profiler/kernels/upward.py", "multicore_profiler.storage"),

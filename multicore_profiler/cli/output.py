@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from multicore_profiler.errors import ArgumentError, ProfileError
+from multicore_profiler.scratch import ScratchDirectory
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -106,8 +106,8 @@ def emit(table: pa.Table, fmt: str, output: Path | None, store: Store | None = N
             "json": "FORMAT json, ARRAY true",
             "parquet": "FORMAT parquet",
         }
-        with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
-            target = output if output is not None else Path(scratch) / f"result.{fmt}"
+        with ScratchDirectory("mcprof-") as scratch:
+            target = output if output is not None else scratch / f"result.{fmt}"
             try:
                 con.execute(
                     f"COPY (SELECT * FROM result) TO $target ({options[fmt]})",

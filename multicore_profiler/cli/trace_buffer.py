@@ -5,12 +5,12 @@ for a user with buffers and no store: ``ingest-buffer`` into a temporary store, 
 from __future__ import annotations
 
 import argparse
-import tempfile
 
 from multicore_profiler.cli.arguments import Parents
 from multicore_profiler.cli.export import add_trace_options, write_trace
 from multicore_profiler.cli.ingest import add_buffers, ingest_given_buffers
 from multicore_profiler.export.timeline import RecordSelection
+from multicore_profiler.scratch import ScratchDirectory
 from multicore_profiler.storage.store import open_store
 
 
@@ -18,8 +18,8 @@ def cmd_trace_buffer(args: argparse.Namespace) -> None:
     """Decode the buffer files into a new store in a temporary directory, write the trace
     of its one run as ``export`` would, and remove the store."""
     with (
-        tempfile.TemporaryDirectory(prefix="mcprof-trace-buffer-") as scratch,
-        open_store(scratch, create=True) as store,
+        ScratchDirectory("mcprof-trace-buffer-") as scratch,
+        open_store(scratch / "store", create=True) as store,
     ):
         run_id = ingest_given_buffers(args, lambda: store, None, None).run_id
         write_trace(args, store, RecordSelection(run=run_id))

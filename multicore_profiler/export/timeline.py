@@ -45,7 +45,6 @@ none does (the usual case); finding one, it finds every lane and raises
 
 from __future__ import annotations
 
-import tempfile
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -71,6 +70,7 @@ from multicore_profiler.analysis.clock_correction import corrected_clocks
 from multicore_profiler.analysis.selection import RecordSelection, SelectedRecords
 from multicore_profiler.errors import ExportError, QueryError
 from multicore_profiler.export.tracks import assign_lanes
+from multicore_profiler.scratch import ScratchDirectory
 from multicore_profiler.storage.sql_text import sql_string
 from multicore_profiler.storage.store import Store
 
@@ -1618,7 +1618,7 @@ def open_timeline(
     selected = selection.resolve(store) if isinstance(selection, RecordSelection) else selection
     modules = _MODULES + (("records.critical_path",) if critical_path else ())
     with (
-        tempfile.TemporaryDirectory(prefix=".mcprof-export-", dir=scratch_dir) as scratch,
+        ScratchDirectory(".mcprof-export-", scratch_dir) as scratch,
         corrected_clocks(store, selected.runs, clock_correction) as correction,
         store.reading(modules=modules, query=selected.sql, runs=selected.runs) as con,
         query_errors(selected.described),
@@ -1626,7 +1626,7 @@ def open_timeline(
         yield Timeline(
             con,
             selected,
-            Path(scratch),
+            scratch,
             detailed_task_names=detailed_task_names,
             group_rows=group_rows,
             critical_path=critical_path,

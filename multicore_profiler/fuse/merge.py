@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -74,6 +73,7 @@ from multicore_profiler.limits import (
     check_given,
 )
 from multicore_profiler.progress import Bar, progress
+from multicore_profiler.scratch import ScratchDirectory
 from multicore_profiler.storage.connection import arrow_cursor
 from multicore_profiler.storage.sql_text import sql_strings
 from multicore_profiler.storage.store import Store, open_store
@@ -176,8 +176,8 @@ def merge_chrome_traces(
         if store is None and isinstance(mega_kernel_trace, Store):
             store = mega_kernel_trace
         if store is None:
-            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="mcprof-fuse-"))
-            store = stack.enter_context(open_store(Path(folder) / "store"))
+            folder = stack.enter_context(ScratchDirectory("mcprof-fuse-"))
+            store = stack.enter_context(open_store(folder / "store"))
         # The MegaKernel side is read first: a refusal there leaves the store as it was.
         side: MegaKernelSide
         events: pa.Table | None = None

@@ -12,7 +12,8 @@ in memory to ``.tmp`` in the working directory. A connection made here does neit
   A query naming anything else fails, naming the function or file and the extension
   (``extension_refusal``);
 - it spills under a directory of its own in the system's temporary directory, removed
-  when the connection's context ends (``arrow_cursor``'s database: when the process ends).
+  when the connection's context ends (``arrow_cursor``'s database: when the process ends),
+  or by a later process where this one was killed first (``scratch``).
 
 A store has a database of its own (``connection``): its views are its own. Statements
 over Arrow tables that a caller registers (a command's summary tables and their
@@ -25,8 +26,6 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from pathlib import Path
 import duckdb
 
 from multicore_profiler.errors import QueryError
+from multicore_profiler.scratch import ScratchDirectory
 
 REQUIRED_EXTENSIONS = ("parquet", "json", "icu")
 """The DuckDB extensions a store uses, all built into the ``duckdb`` package."""
@@ -51,25 +51,25 @@ _MISSING = (
     re.compile(r"File (?P<what>\S+) requires the extension (?P<extension>\w+) to be loaded"),
 )
 
+_SCRATCH_PREFIX = "mcprof-duckdb-"
+"""The name of a database's spill directory, under the system's temporary directory."""
+
 
 @contextmanager
 def connection() -> Iterator[duckdb.DuckDBPyConnection]:
     """An in-memory DuckDB connection that installs and loads no extension and spills to
     a temporary directory of its own; both go when the block ends."""
-    with (
-        tempfile.TemporaryDirectory(prefix="mcprof-duckdb-") as scratch,
-        _database(scratch) as con,
-    ):
+    with ScratchDirectory(_SCRATCH_PREFIX) as scratch, _database(scratch) as con:
         yield con
 
 
-def _database(scratch: str) -> duckdb.DuckDBPyConnection:
+def _database(scratch: Path) -> duckdb.DuckDBPyConnection:
     """An in-memory database that installs and loads no extension and spills under
     ``scratch``."""
-    return duckdb.connect(config={**_SETTINGS, "temp_directory": str(Path(scratch) / "spill")})
+    return duckdb.connect(config={**_SETTINGS, "temp_directory": str(scratch / "spill")})
 
 
-_ARROW_DATABASE: dict[int, tuple[duckdb.DuckDBPyConnection, str]] = {}
+_ARROW_DATABASE: dict[int, tuple[duckdb.DuckDBPyConnection, ScratchDirectory]] = {}
 """``arrow_cursor``'s database and its scratch directory, by the process that made them:
 a forked child inherits its parent's, whose threads did not survive the fork, and
 leaves them alone."""
@@ -85,8 +85,8 @@ def arrow_cursor() -> Iterator[duckdb.DuckDBPyConnection]:
     pid = os.getpid()
     with _ARROW_LOCK:
         if pid not in _ARROW_DATABASE:  # a forked child makes its own
-            scratch = tempfile.mkdtemp(prefix="mcprof-duckdb-")
-            _ARROW_DATABASE[pid] = (_database(scratch), scratch)
+            scratch = ScratchDirectory(_SCRATCH_PREFIX)
+            _ARROW_DATABASE[pid] = (_database(scratch.path), scratch)
             atexit.register(_close_arrow_database, pid)
         cursor = _ARROW_DATABASE[pid][0].cursor()
     try:
@@ -101,7 +101,7 @@ def _close_arrow_database(pid: int) -> None:
     if os.getpid() == pid and pid in _ARROW_DATABASE:
         database, scratch = _ARROW_DATABASE.pop(pid)
         database.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.remove()
 
 
 def extension_refusal(exc: duckdb.Error) -> str | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from multicore_profiler.errors import StoreError
+from multicore_profiler.scratch import ScratchDirectory
 
 OBJECT_STORES = ("s3", "gcs")
 """Filesystems whose directories are only key prefixes: nothing to create."""
@@ -248,8 +248,8 @@ class StoreLocation:
 
     def write_bytes(self, relative: str, data: bytes) -> None:
         """A small file written in one piece (the store's marker)."""
-        with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
-            staged = Path(scratch) / "file"
+        with ScratchDirectory("mcprof-") as scratch:
+            staged = scratch / "file"
             staged.write_bytes(data)
             self.upload(staged, relative)
 

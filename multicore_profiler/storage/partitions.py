@@ -21,7 +21,6 @@ import contextlib
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from functools import cache
@@ -32,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from multicore_profiler.errors import IntegrityError, QueryError, StoreError
+from multicore_profiler.scratch import ScratchDirectory
 from multicore_profiler.storage.location import StoreLocation, store_write
 from multicore_profiler.storage.schema import WIDENED, TableSpec, file_spec
 
@@ -378,8 +378,8 @@ def write_partition(
     relative = f"{partition_dir(spec, values)}/{new_file_name()}"
     with store_write(f"write {spec.name} to the store at {location}"):
         if not location.is_local:
-            with tempfile.TemporaryDirectory(prefix="mcprof-") as scratch:
-                staged = Path(scratch) / "part.parquet"
+            with ScratchDirectory("mcprof-") as scratch:
+                staged = scratch / "part.parquet"
                 write_parquet(staged, conformed, spec, durable=False)  # a scratch copy
                 return location.upload(staged, relative)
         final = location.join(relative)

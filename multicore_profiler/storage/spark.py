@@ -12,15 +12,14 @@ for ``s3://``), configured as the cluster configures it.
 
 from __future__ import annotations
 
-import tempfile
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from multicore_profiler.errors import StoreError
+from multicore_profiler.scratch import ScratchDirectory
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import PARQUET_SUFFIX, files_by_spec
 from multicore_profiler.storage.schema import (
@@ -132,8 +131,8 @@ def _spark_schema(spark: Any, spec: TableSpec) -> Any:
     """The Spark schema of a table's files as they are written now, read from an empty file
     of its schema: Spark cannot merge the schemas of files whose column was widened since
     (``WIDENED``: an int and a bigint), but reads the older ones with the newer types."""
-    with tempfile.TemporaryDirectory(prefix="mcprof-spark-") as scratch:
-        empty = Path(scratch) / f"{spec.name}.parquet"
+    with ScratchDirectory("mcprof-spark-") as scratch:
+        empty = scratch / f"{spec.name}.parquet"
         pq.write_table(spec.schema.empty_table(), empty)
         return spark.read.parquet(empty.as_uri()).schema
 

@@ -1,0 +1,160 @@
+"""Scratch directories: each goes with its block, and one that a killed process left is
+removed by the next process that makes one of its kind in the same place."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from multicore_profiler.scratch import GRACE_SECONDS, OWNER, ScratchDirectory
+
+PREFIX = "mcprof-test-"
+HOLDER = """\
+import sys, time
+from multicore_profiler.scratch import ScratchDirectory
+scratch = ScratchDirectory(sys.argv[1], sys.argv[2])
+(scratch.path / "spill").write_bytes(b"x" * 4096)
+print(scratch.path, flush=True)
+time.sleep(600)
+"""
+"""A process that makes a directory, writes in it, says where, and waits to be killed."""
+SWEEPER = """\
+import sys
+from multicore_profiler.scratch import ScratchDirectory
+ScratchDirectory(sys.argv[1], sys.argv[2]).remove()
+"""
+"""A process that makes a directory and removes it at once: what its first one sweeps."""
+
+
+def holder(parent: Path, prefix: str = PREFIX) -> tuple[subprocess.Popen[str], Path]:
+    """A holding process and its directory, made more than the grace period ago."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, prefix, str(parent)], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    path = Path(process.stdout.readline().strip())
+    assert path.parent == parent
+    assert path.name.startswith(prefix)
+    age(path)
+    return process, path
+
+
+def age(directory: Path) -> None:
+    """Date ``directory``'s owner file back past the grace period."""
+    then = time.time() - 2 * GRACE_SECONDS
+    os.utime(directory / OWNER, (then, then))
+
+
+def killed(process: subprocess.Popen[str]) -> None:
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+
+
+def sweep(parent: Path, prefix: str = PREFIX) -> None:
+    """What a fresh process's first directory of ``prefix`` in ``parent`` does."""
+    subprocess.run([sys.executable, "-c", SWEEPER, prefix, str(parent)], check=True)
+
+
+def test_a_directory_goes_with_its_block(tmp_path: Path) -> None:
+    with ScratchDirectory(PREFIX, tmp_path) as path:
+        assert path.parent == tmp_path
+        assert path.name.startswith(PREFIX)
+        assert sorted(os.listdir(path)) == [OWNER]
+        (path / "spill").write_bytes(b"x")
+    assert os.listdir(tmp_path) == []
+    scratch = ScratchDirectory(PREFIX, tmp_path)
+    scratch.remove()
+    scratch.remove()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_processs_directory_is_removed_by_the_next_one_made(tmp_path: Path) -> None:
+    process, left = holder(tmp_path)
+    killed(process)
+    assert sorted(os.listdir(left)) == [OWNER, "spill"]
+    with ScratchDirectory(PREFIX, tmp_path) as path:
+        assert os.listdir(tmp_path) == [path.name]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_live_processs_directory_stays_until_a_later_process_finds_it_dead(
+    tmp_path: Path,
+) -> None:
+    process, held = holder(tmp_path)
+    try:
+        with ScratchDirectory(PREFIX, tmp_path) as path:
+            assert sorted(os.listdir(tmp_path)) == sorted([held.name, path.name])
+    finally:
+        killed(process)
+    # This process looked once; the next process looks again.
+    with ScratchDirectory(PREFIX, tmp_path):
+        assert held.is_dir()
+    sweep(tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_only_old_unlocked_directories_of_the_prefix_are_removed(tmp_path: Path) -> None:
+    def made(name: str, *, owner: bool = True, old: bool = True) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        if owner:
+            (path / OWNER).touch()
+            if old:
+                age(path)
+        return path
+
+    made(f"{PREFIX}left")  # what a killed process leaves: removed
+    made(f"{PREFIX}young", old=False)  # being made a moment ago
+    made(f"{PREFIX}no-owner", owner=False)  # not a scratch directory of this kind
+    made("mcprof-other-left")  # another prefix: its own kind sweeps it
+    target = made("elsewhere")
+    (tmp_path / f"{PREFIX}link").symlink_to(target)  # never followed
+    (tmp_path / f"{PREFIX}file").write_bytes(b"")
+    sweep(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [
+            f"{PREFIX}young",
+            f"{PREFIX}no-owner",
+            "mcprof-other-left",
+            "elsewhere",
+            f"{PREFIX}link",
+            f"{PREFIX}file",
+        ]
+    )
+    assert os.listdir(target) == [OWNER]
+    sweep(tmp_path, "mcprof-other-")
+    assert "mcprof-other-left" not in os.listdir(tmp_path)
+
+
+def test_a_killed_commands_spill_directory_goes_with_the_next_command(tmp_path: Path) -> None:
+    """A process with a store open, killed, leaves its DuckDB spill directory in $TMPDIR;
+    the next ``mcprof`` command removes it, and its own."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    opened = (
+        "import sys, time\n"
+        "from multicore_profiler.storage.store import open_store\n"
+        "store = open_store(sys.argv[1])\n"
+        "print('open', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", opened, str(tmp_path / "store")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "open\n"
+    killed(process)
+    (left,) = scratch.iterdir()
+    assert left.name.startswith("mcprof-duckdb-")
+    age(left)
+    command = [sys.executable, "-m", "multicore_profiler.cli", "runs", "--store"]
+    subprocess.run([*command, str(tmp_path / "store")], check=True, env=env, capture_output=True)
+    assert os.listdir(scratch) == []
