@@ -1,15 +1,17 @@
-"""Temporary directories that a killed process does not leave behind for good.
+"""Temporary directories and files that a killed process does not leave behind for good.
 
-A process removes its scratch directories when it is done with them, but one killed
-first (SIGKILL, the OOM killer, a scheduler preempting a job) cannot: DuckDB's spill
-files, an export's copy of its selection, a fused trace's store stay in ``$TMPDIR`` or
-beside an output. So each directory made here holds a file, ``OWNER``, that its process
-keeps locked (``flock``) while the directory is in use; the kernel drops the lock when
-the process ends, however it ends. The first time a process makes a directory of a
-prefix in a parent, it removes that parent's leftovers of the prefix: directories of its
-own user whose ``OWNER`` it can lock, made more than ``GRACE_SECONDS`` ago (a directory
-being made is unlocked for a moment). A directory without ``OWNER`` is not one of these,
-and is left alone.
+A process removes its scratch directories and half-written files when it is done with
+them, but one killed first (SIGKILL, the OOM killer, a scheduler preempting a job) cannot:
+DuckDB's spill files, an export's copy of its selection, a fused trace's store stay in
+``$TMPDIR`` or beside an output, and so does a trace written aside before its rename. So
+each directory made here holds a file, ``OWNER``, that its process keeps locked
+(``flock``) while the directory is in use, and a file written aside is locked itself
+(``hold``); the kernel drops a lock when its process ends, however it ends. The first time
+a process makes a directory of a prefix in a parent, it removes that parent's leftovers
+of the prefix: directories of its own user whose ``OWNER`` it can lock, made more than
+``GRACE_SECONDS`` ago (a directory being made is unlocked for a moment). A directory
+without ``OWNER`` is not one of these, and is left alone. ``remove_if_left`` does the same
+for one file.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -80,7 +85,6 @@ def _remove_leftovers(parent: Path, prefix: str) -> None:
             return
         _SWEPT.add(key)
     made_before = time.time() - GRACE_SECONDS
-    user = os.getuid()
     try:
         entries = os.scandir(parent)
     except OSError:
@@ -88,26 +92,60 @@ def _remove_leftovers(parent: Path, prefix: str) -> None:
     with entries:
         for entry in entries:
             try:
-                ours = entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False)
-                if ours and entry.stat(follow_symlinks=False).st_uid == user:
-                    _remove_if_left(Path(entry.path), made_before)
+                if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
+                    _remove_directory_if_left(Path(entry.path), made_before)
             except OSError:
-                continue  # removed meanwhile, or not ours to read
+                continue  # removed meanwhile
 
 
-def _remove_if_left(path: Path, made_before: float) -> None:
-    """Remove ``path`` if its ``OWNER`` is older than ``made_before`` and unlocked."""
+def hold(path: Path) -> int:
+    """A descriptor of ``path`` (made if missing, as ``Path.touch`` makes it) that keeps it
+    locked as this process's until it is closed or the process ends."""
+    held = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
     try:
-        owner = os.open(path / OWNER, os.O_RDONLY | os.O_NOFOLLOW)
+        fcntl.flock(held, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(held)
+        raise
+    return held
+
+
+def remove_if_left(path: Path) -> None:
+    """Remove the file ``path`` if it is its user's, unlocked, and was last written more
+    than ``GRACE_SECONDS`` ago: a process that held it died."""
+    with _left(path, time.time() - GRACE_SECONDS) as left:
+        if left:
+            path.unlink(missing_ok=True)
+
+
+def _remove_directory_if_left(path: Path, made_before: float) -> None:
+    """Remove the directory ``path`` if its ``OWNER`` is older than ``made_before`` and
+    unlocked."""
+    with _left(path / OWNER, made_before) as left:
+        if left:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def _left(owner: Path, made_before: float) -> Iterator[bool]:
+    """Whether ``owner`` is a plain file of this user, last written before ``made_before``
+    and locked by no process; if so, locked by this one for the block."""
+    try:
+        held = os.open(owner, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return  # no owner file: not a scratch directory of this kind
+        yield False  # no such file: not a scratch directory of this kind
+        return
     try:
-        if os.fstat(owner).st_mtime >= made_before:
+        found = os.fstat(held)
+        mine = stat.S_ISREG(found.st_mode) and found.st_uid == os.getuid()
+        if not mine or found.st_mtime >= made_before:
+            yield False
             return
         try:
-            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return  # its process is alive
-        shutil.rmtree(path, ignore_errors=True)
+            yield False  # its process is alive
+            return
+        yield True
     finally:
-        os.close(owner)
+        os.close(held)

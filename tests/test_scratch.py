@@ -1,5 +1,6 @@
-"""Scratch directories: each goes with its block, and one that a killed process left is
-removed by the next process that makes one of its kind in the same place."""
+"""Scratch directories and hidden traces: each goes with its block, and one that a killed
+process left is removed by the next process that makes one of its kind in the same place
+(a hidden trace: by the next export to its path)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+from simulated_runs import write_run
+
+from multicore_profiler.export.chrome_trace import export_chrome_trace
+from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
 from multicore_profiler.scratch import GRACE_SECONDS, OWNER, ScratchDirectory
+from multicore_profiler.storage.store import Store
 
 PREFIX = "mcprof-test-"
 HOLDER = """\
@@ -158,3 +164,58 @@ def test_a_killed_commands_spill_directory_goes_with_the_next_command(tmp_path: 
     command = [sys.executable, "-m", "multicore_profiler.cli", "runs", "--store"]
     subprocess.run([*command, str(tmp_path / "store")], check=True, env=env, capture_output=True)
     assert os.listdir(scratch) == []
+
+
+EXPORTING = """\
+import sys, time
+from pathlib import Path
+from multicore_profiler.errors import ExportError
+from multicore_profiler.export.files import written_aside
+from multicore_profiler.scratch import ScratchDirectory
+path = Path(sys.argv[1])
+with (
+    written_aside(path, ExportError, "the trace") as aside,
+    ScratchDirectory(".mcprof-export-", path.parent) as scratch,
+):
+    aside.write_bytes(b"{" * 4096)
+    (scratch / "selected.parquet").write_bytes(b"PAR1")
+    print(aside.name, scratch.name, flush=True)
+    time.sleep(600)
+"""
+"""An export's files, as the writers make them, held until the process is killed."""
+
+
+def test_a_killed_exports_hidden_files_go_with_the_next_export_to_its_path(
+    store: Store, tmp_path: Path
+) -> None:
+    write_run(store, SimulatedMoeKernel(), seed=1, commit="aaaa0001")
+    out = tmp_path / "out"
+    out.mkdir()
+    trace = out / "trace.json"
+
+    def exporting() -> tuple[subprocess.Popen[str], str, str]:
+        process = subprocess.Popen(
+            [sys.executable, "-c", EXPORTING, str(trace)], stdout=subprocess.PIPE, text=True
+        )
+        assert process.stdout is not None
+        aside, scratch = process.stdout.readline().split()
+        then = time.time() - 2 * GRACE_SECONDS
+        for written in (out / aside, out / scratch / OWNER):
+            os.utime(written, (then, then))
+        return process, aside, scratch
+
+    live, live_aside, live_scratch = exporting()
+    dead, dead_aside, dead_scratch = exporting()  # it leaves the live process's files alone
+    killed(dead)
+    others = [".trace.json.backup.tmp", ".other.json.123.tmp"]  # not this trace's asides
+    for name in others:
+        (out / name).write_bytes(b"")
+        os.utime(out / name, (0, 0))
+    assert sorted(os.listdir(out)) == sorted(
+        [dead_aside, dead_scratch, live_aside, live_scratch, *others]
+    )
+    try:
+        export_chrome_trace(store, trace)
+        assert sorted(os.listdir(out)) == sorted(["trace.json", live_aside, live_scratch, *others])
+    finally:
+        killed(live)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gzip
 import os
+import re
 import stat
 import sys
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from multicore_profiler.errors import ArgumentError, ExportError, ProfileError
+from multicore_profiler.scratch import hold, remove_if_left
 from multicore_profiler.storage.location import MARKER, special_file
 
 
@@ -98,13 +100,16 @@ def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[
     The hidden file is created on entry, before the block does any work, so a path that
     cannot be written (a missing or read-only directory, an existing directory or device,
     a path inside a store: ``check_output``) fails first. An ``OSError`` becomes ``error``
-    ("cannot write <what> to <path>: ...").
+    ("cannot write <what> to <path>: ..."). The hidden file stays locked as this process's
+    while it is written (``scratch.hold``), and the hidden files of ``path`` that killed
+    processes left are removed first.
     """
     try:
         check_output(path)
         _check_target(path)
         aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        aside.touch()
+        _remove_left_asides(path, aside)
+        held = hold(aside)
     except OSError as exc:
         raise error(f"cannot write {what} to {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
@@ -119,6 +124,18 @@ def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[
     except BaseException:
         aside.unlink(missing_ok=True)
         raise
+    finally:
+        os.close(held)
+
+
+def _remove_left_asides(path: Path, ours: Path) -> None:
+    """Remove the hidden files of ``path`` (``.NAME.PID.tmp``) but ``ours`` that their
+    processes, killed while they wrote them, left."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9]+\.tmp")
+    with os.scandir(path.parent) as entries:
+        for entry in entries:
+            if entry.name != ours.name and pattern.fullmatch(entry.name):
+                remove_if_left(Path(entry.path))
 
 
 WRITE_BEHIND_SECONDS = 0.25
