@@ -31,7 +31,7 @@ DuckDB's own ``read_parquet`` over the same files, the floor). Goals:
 With ``--remote``, the store is on S3 (a moto server on loopback, the test suite's), and
 one run's ``WHERE run_id`` query, the first of a new ``Store``, is timed pinned to its
 run (as shipped: only its files listed) against the same query with the whole store
-listed (the baseline: ``Store._pinned`` answering nothing), alternating in one process.
+listed (the baseline: ``Store._read_plan`` pinning nothing), alternating in one process.
 
     .venv/bin/python bench/scale.py --remote [--runs 80] [--records 5000] [--repeat 5]
 """
@@ -242,19 +242,19 @@ def remote_mode(args: argparse.Namespace, steps: list[tuple[pa.Table, ...]]) -> 
             for index in tqdm(range(args.runs), desc="writing runs", unit="run", disable=None):
                 write(store, f"run-{index:04d}", index, steps)
         only = f"SELECT * FROM stage_stats WHERE run_id = 'run-{args.runs // 2:04d}' ORDER BY ALL"
-        pinned = Store._pinned
-        modes = {"whole store listed": lambda *_: None, "pinned to its run": pinned}
+        pinned = Store._read_plan
+        modes = {"whole store listed": lambda *_: (None, False), "pinned to its run": pinned}
         times: dict[str, list[float]] = {name: [] for name in modes}
         answers = {}
         for repeat in range(args.repeat + 1):
             for name, choice in modes.items():
-                Store._pinned = choice  # type: ignore[method-assign]
+                Store._read_plan = choice  # type: ignore[method-assign]
                 with open_store(uri) as fresh:
                     began = time.perf_counter()
                     answers[name] = fresh.sql(only)
                     if repeat:
                         times[name].append(time.perf_counter() - began)
-        Store._pinned = pinned  # type: ignore[method-assign]
+        Store._read_plan = pinned  # type: ignore[method-assign]
         assert answers["whole store listed"].equals(answers["pinned to its run"])
     finally:
         server.stop()
