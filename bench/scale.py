@@ -32,8 +32,13 @@ With ``--remote``, the store is on S3 (a moto server on loopback, the test suite
 one run's ``WHERE run_id`` query, the first of a new ``Store``, is timed pinned to its
 run (as shipped: only its files listed) against the same query with the whole store
 listed (the baseline: ``Store._read_plan`` pinning nothing), alternating in one process.
+Then the same query with the tables that commit nothing listed at once (as shipped)
+against one after another (the baseline: ``catalog._at_once`` calling them in turn).
+``--latency-ms`` makes the server wait that long before it answers each request, as a
+real object store's round trip does (loopback answers in well under a millisecond).
 
     .venv/bin/python bench/scale.py --remote [--runs 80] [--records 5000] [--repeat 5]
+        [--latency-ms 20]
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +61,7 @@ from tqdm import tqdm
 from multicore_profiler.ingest.decode import decode_buffers
 from multicore_profiler.ingest.step_rows import KernelInfo, Launches, step_tables
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
+from multicore_profiler.storage import catalog
 from multicore_profiler.storage.catalog import RACY_NS
 from multicore_profiler.storage.runs import RunInfo
 from multicore_profiler.storage.store import Store, open_store
@@ -223,8 +230,15 @@ def remote_mode(args: argparse.Namespace, steps: list[tuple[pa.Table, ...]]) -> 
 
     import boto3
     from moto.server import ThreadedMotoServer
+    from werkzeug.serving import WSGIRequestHandler
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    answer = WSGIRequestHandler.run_wsgi
+
+    def late(handler: WSGIRequestHandler) -> None:
+        time.sleep(args.latency_ms / 1000)
+        answer(handler)
+
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -241,28 +255,68 @@ def remote_mode(args: argparse.Namespace, steps: list[tuple[pa.Table, ...]]) -> 
         with open_store(uri, create=True) as store:
             for index in tqdm(range(args.runs), desc="writing runs", unit="run", disable=None):
                 write(store, f"run-{index:04d}", index, steps)
+        WSGIRequestHandler.run_wsgi = late  # type: ignore[method-assign]
         only = f"SELECT * FROM stage_stats WHERE run_id = 'run-{args.runs // 2:04d}' ORDER BY ALL"
-        pinned = Store._read_plan
-        modes = {"whole store listed": lambda *_: (None, False), "pinned to its run": pinned}
-        times: dict[str, list[float]] = {name: [] for name in modes}
-        answers = {}
+        pinned = (
+            "one run, WHERE run_id",
+            only,
+            Store,
+            "_read_plan",
+            {"whole store listed": lambda *_: (None, False), "pinned to its run": None},
+        )
+        at_once = (
+            "one run, WHERE run_id",
+            only,
+            catalog,
+            "_at_once",
+            {
+                "one after another": lambda calls: [call() for call in calls],
+                "committed tables at once": None,
+            },
+        )
+        for name, query, owner, attribute, modes in (pinned, at_once):
+            timed_swaps(uri, name, query, owner, attribute, modes, args)
+    finally:
+        WSGIRequestHandler.run_wsgi = answer  # type: ignore[method-assign]
+        server.stop()
+
+
+def timed_swaps(
+    uri: str,
+    name: str,
+    query: str,
+    owner: object,
+    attribute: str,
+    modes: dict[str, Any],
+    args: argparse.Namespace,
+) -> None:
+    """Time ``query``, the first of a new ``Store`` on ``uri``, with ``owner.attribute``
+    swapped for each mode's function (None: as shipped), alternating; print the times
+    and the ratio of the first mode's to the last's, pair by pair."""
+    shipped = getattr(owner, attribute)
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    answers = {}
+    try:
         for repeat in range(args.repeat + 1):
-            for name, choice in modes.items():
-                Store._read_plan = choice  # type: ignore[method-assign]
+            for mode, function in modes.items():
+                setattr(owner, attribute, shipped if function is None else function)
                 with open_store(uri) as fresh:
                     began = time.perf_counter()
-                    answers[name] = fresh.sql(only)
+                    answers[mode] = fresh.sql(query)
                     if repeat:
-                        times[name].append(time.perf_counter() - began)
-        Store._read_plan = pinned  # type: ignore[method-assign]
-        assert answers["whole store listed"].equals(answers["pinned to its run"])
+                        times[mode].append(time.perf_counter() - began)
     finally:
-        server.stop()
-    print(f"one run, WHERE run_id, a new Store's first query, {args.runs} runs on S3 (moto):")
-    for name, seconds in times.items():
-        print(f"  {name:20s} {spread(seconds, ' s')}")
-    ratios = [w / p for w, p in zip(*times.values(), strict=True)]
-    print(f"  whole store listed / pinned = {spread(ratios, 'x')}")
+        setattr(owner, attribute, shipped)
+    first, *_, last = modes
+    assert answers[first].equals(answers[last])
+    print(
+        f"{name}, a new Store's first query, {args.runs} runs on S3 (moto, "
+        f"{args.latency_ms:g} ms a request):"
+    )
+    for mode, seconds in times.items():
+        print(f"  {mode:26s} {spread(seconds, ' s')}")
+    ratios = [a / b for a, b in zip(times[first], times[last], strict=True)]
+    print(f"  {first} / {last} = {spread(ratios, 'x')}")
 
 
 def main() -> None:
@@ -274,6 +328,9 @@ def main() -> None:
     parser.add_argument("--cli", action="store_true", help="time fresh mcprof processes")
     parser.add_argument("--new-runs", type=int, default=1000, help="--cli: runs that arrive")
     parser.add_argument("--remote", action="store_true", help="a store on S3 (a moto server)")
+    parser.add_argument(
+        "--latency-ms", type=float, default=0.0, help="--remote: the server's wait per request"
+    )
     args = parser.parse_args()
     steps = one_run(args.records)
     if args.remote:

@@ -4,6 +4,7 @@ with two compactions racing; a vacuum deletes what no view can show again."""
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -273,24 +274,36 @@ def test_a_query_lists_each_commit_before_what_it_commits(
     remote: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fill(remote)
-    listed = []
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    committed = threading.Barrier(4, timeout=30)  # the tables that commit nothing
     files = StoreLocation.files
 
     def spy(self: StoreLocation, relative: str = "") -> list:
-        listed.append(relative.split("/")[0])
-        return files(self, relative)
+        table = relative.split("/")[0]
+        with lock:
+            events.append(("start", table))
+        if table in ("tasks", "cores", "records", "trace_events"):
+            committed.wait()  # breaks unless all four are listed at once
+        found = files(self, relative)
+        with lock:
+            events.append(("end", table))
+        return found
 
     monkeypatch.setattr(StoreLocation, "files", spy)
     remote.sql("SELECT count(*) AS n FROM records")
-    # supersessions and discards, then invocations (which commit cores and records) and
-    # trace sources (which commit trace events): a commit listed means its files listed
-    assert listed == [
-        "discards",
-        "invocations",
-        "trace_sources",
-        "runs",
-        "tasks",
-        "cores",
-        "records",
-        "trace_events",
+    # supersessions and discards, then invocations (which commit cores and records),
+    # trace sources (which commit trace events) and runs (their task graphs), one after
+    # another: a commit listed means its files listed. Then the four tables that commit
+    # nothing, at once.
+    assert events[:8] == [
+        (edge, table)
+        for table in ("discards", "invocations", "trace_sources", "runs")
+        for edge in ("start", "end")
+    ]
+    assert sorted(events[8:12]) == [
+        ("start", t) for t in sorted(["tasks", "cores", "records", "trace_events"])
+    ]
+    assert sorted(events[12:]) == [
+        ("end", t) for t in sorted(["tasks", "cores", "records", "trace_events"])
     ]

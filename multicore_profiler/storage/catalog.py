@@ -12,7 +12,9 @@ that reading a file needs no request to learn its size.
 Tables are listed in ``LISTING_ORDER``: a table whose rows commit another's is listed
 before it. A file is written before the file that commits it, so a query that lists
 the commit also lists what it commits: no step is seen with its invocations but
-without its records, nor a compaction's supersessions without its merged files.
+without its records, nor a compaction's supersessions without its merged files. On
+object storage, where each listing is a request, the tables that commit nothing
+(``COMMITTED``) are listed at once, after all the others.
 
 A query scoped to some runs (``Store.sql(..., runs=...)``) lists only their directories:
 it costs what it would in a store of those runs alone.
@@ -20,11 +22,14 @@ it costs what it would in a store of those runs alone.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from multicore_profiler.storage.location import StoreLocation
 from multicore_profiler.storage.partitions import PARQUET_SUFFIX, check_run_id
@@ -46,8 +51,11 @@ RACY_NS = 2_000_000_000
 """How long after its last change a directory's listing is not trusted to stay valid."""
 LISTING_ORDER = (DISCARDS, INVOCATIONS, TRACE_SOURCES, RUNS, TASKS, CORES, RECORDS, TRACE_EVENTS)
 """Committing tables before the tables they commit (see the module's docstring)."""
+COMMITTED = (TASKS, CORES, RECORDS, TRACE_EVENTS)
+"""The tables whose rows commit no other's: the last of ``LISTING_ORDER``."""
 REMOTE_SCOPED_LISTINGS = 16
 """Up to this many runs, a scoped query lists each run's prefixes rather than the store."""
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -103,32 +111,47 @@ class FileCatalog:
     def _remote(
         self, wanted: set[str] | None, tables: tuple[TableSpec, ...]
     ) -> dict[str, tuple[str, ...]]:
+        """Each of ``tables`` listed, those that commit others one after another in
+        ``LISTING_ORDER``, then the ``COMMITTED`` ones at once."""
+        committing = [spec for spec in tables if spec not in COMMITTED]
+        committed = [spec for spec in tables if spec in COMMITTED]
+        listings = [self._remote_table(spec, wanted) for spec in committing]
+        listings += _at_once(
+            [functools.partial(self._remote_table, spec, wanted) for spec in committed]
+        )
         found = {}
-        for spec in tables:
-            run_partitioned = spec.partition_by[0] == "run_id"
-            if wanted is None or not run_partitioned or len(wanted) > REMOTE_SCOPED_LISTINGS:
-                prefixes = [spec.name]
-            else:  # a listing per run: fewer requests than the whole table's
-                prefixes = [f"{spec.name}/{part}" for part in sorted(wanted)]
-            table = self._location.join(spec.name) + "/"
-            files = []
-            # The whole table's listing replaces what is known of its files; a run's adds.
-            sizes = {} if prefixes == [spec.name] else self._sizes.get(spec.name, {})
-            for prefix in prefixes:
-                for info in self._location.files(prefix):
-                    *partitions, name = info.path.removeprefix(table).split("/")
-                    if (
-                        name.endswith(PARQUET_SUFFIX)
-                        and file_spec(spec, len(partitions)).partition_by
-                        == tuple(p.split("=")[0] for p in partitions)
-                        and (wanted is None or not run_partitioned or partitions[0] in wanted)
-                    ):
-                        files.append(info.path)
-                        sizes[info.path] = info.size
+        for spec, (files, sizes) in zip(committing + committed, listings, strict=True):
             self._sizes[spec.name] = sizes
             if files:
                 found[spec.name] = tuple(sorted(files))
         return found
+
+    def _remote_table(
+        self, spec: TableSpec, wanted: set[str] | None
+    ) -> tuple[list[str], dict[str, int]]:
+        """The files of ``spec``'s table (of the ``wanted`` run partitions) and the sizes
+        known of its files after listing them."""
+        run_partitioned = spec.partition_by[0] == "run_id"
+        if wanted is None or not run_partitioned or len(wanted) > REMOTE_SCOPED_LISTINGS:
+            prefixes = [spec.name]
+        else:  # a listing per run: fewer requests than the whole table's
+            prefixes = [f"{spec.name}/{part}" for part in sorted(wanted)]
+        table = self._location.join(spec.name) + "/"
+        files = []
+        # The whole table's listing replaces what is known of its files; a run's adds.
+        sizes = {} if prefixes == [spec.name] else dict(self._sizes.get(spec.name, {}))
+        for prefix in prefixes:
+            for info in self._location.files(prefix):
+                *partitions, name = info.path.removeprefix(table).split("/")
+                if (
+                    name.endswith(PARQUET_SUFFIX)
+                    and file_spec(spec, len(partitions)).partition_by
+                    == tuple(p.split("=")[0] for p in partitions)
+                    and (wanted is None or not run_partitioned or partitions[0] in wanted)
+                ):
+                    files.append(info.path)
+                    sizes[info.path] = info.size
+        return files, sizes
 
     def _walk(self, directory: str, depth: int, wanted: set[str] | None = None) -> list[str]:
         """The files ``depth`` levels of partition directories below ``directory``; at the
@@ -167,3 +190,12 @@ class FileCatalog:
                     files.append(entry.path)
         listed = self._listed[directory] = _Listed(mtime, now, directories, files)
         return listed
+
+
+def _at_once(calls: Sequence[Callable[[], _T]]) -> list[_T]:
+    """The results of ``calls``, made on threads of their own (each a request to wait
+    for), in order; the first failure is raised."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(len(calls), thread_name_prefix="mcprof-listing") as pool:
+        return list(pool.map(lambda call: call(), calls))
