@@ -31,7 +31,8 @@ from types import TracebackType
 OWNER = ".mcprof-owner"
 """The file in each scratch directory that its process keeps locked."""
 GRACE_SECONDS = 60.0
-"""How old an unlocked directory must be to count as left behind."""
+"""How long an unlocked directory's ``OWNER``, or an unlocked file, must have gone
+unwritten to count as left behind."""
 
 _SWEPT: set[tuple[int, str, str]] = set()
 """(process, parent, prefix) whose leftovers were removed: once a process is enough."""
@@ -133,7 +134,7 @@ def _left(owner: Path, made_before: float) -> Iterator[bool]:
     try:
         held = os.open(owner, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        yield False  # no such file: not a scratch directory of this kind
+        yield False  # gone, or no file of this kind (a directory without OWNER)
         return
     try:
         found = os.fstat(held)
