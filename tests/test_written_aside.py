@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from multicore_profiler.errors import ExportError
+from multicore_profiler.export import files as files_module
 from multicore_profiler.export.files import aside_sink, written_aside
 
 
@@ -83,3 +84,21 @@ def test_a_file_written_aside_is_written_out_to_disk_while_the_writer_works(
             time.sleep(0.05)
         assert unwritten_pages(aside) == 0
     assert path.read_bytes() == data
+
+
+def test_a_directory_that_cannot_be_listed_is_still_written_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory its user may write but not list (mode -wx): no hidden file left by a
+    killed writer can be found there, and the trace is written all the same."""
+
+    def unlisted(path: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(files_module.os, "scandir", unlisted)
+    path = tmp_path / "trace.json"
+    with written_aside(path, ExportError, "the trace") as aside:
+        aside.write_bytes(b"{}")
+    monkeypatch.undo()
+    assert path.read_bytes() == b"{}"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -132,7 +132,11 @@ def _remove_left_asides(path: Path, ours: Path) -> None:
     """Remove the hidden files of ``path`` (``.NAME.PID.tmp``) but ``ours`` that their
     processes, killed while they wrote them, left."""
     pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9]+\.tmp")
-    with os.scandir(path.parent) as entries:
+    try:
+        entries = os.scandir(path.parent)
+    except OSError:
+        return  # a directory this process may write but not list: nothing to remove
+    with entries:
         for entry in entries:
             if entry.name != ours.name and pattern.fullmatch(entry.name):
                 remove_if_left(Path(entry.path))
