@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 
@@ -53,7 +53,7 @@ class ScratchDirectory:
             self._owner: int | None = os.open(
                 self.path / OWNER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
             )
-            fcntl.flock(self._owner, fcntl.LOCK_EX)
+            _lock(self._owner)
         except BaseException:
             shutil.rmtree(self.path, ignore_errors=True)
             raise
@@ -104,11 +104,18 @@ def hold(path: Path) -> int:
     locked as this process's until it is closed or the process ends."""
     held = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(held, fcntl.LOCK_EX)
+        _lock(held)
     except BaseException:
         os.close(held)
         raise
     return held
+
+
+def _lock(descriptor: int) -> None:
+    """Lock ``descriptor``'s file as this process's, where its filesystem takes ``flock``
+    (some FUSE mounts do not: there nothing is locked, and ``_left`` finds nothing left)."""
+    with suppress(OSError):
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
 
 
 def remove_if_left(path: Path) -> None:
@@ -144,8 +151,8 @@ def _left(owner: Path, made_before: float) -> Iterator[bool]:
             return
         try:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False  # its process is alive
+        except OSError:
+            yield False  # its process is alive, or its filesystem takes no lock
             return
         yield True
     finally:

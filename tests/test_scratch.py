@@ -4,6 +4,8 @@ process left is removed by the next process that makes one of its kind in the sa
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -11,11 +13,18 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from simulated_runs import write_run
 
 from multicore_profiler.export.chrome_trace import export_chrome_trace
 from multicore_profiler.kernels.synthetic import SimulatedMoeKernel
-from multicore_profiler.scratch import GRACE_SECONDS, OWNER, ScratchDirectory
+from multicore_profiler.scratch import (
+    GRACE_SECONDS,
+    OWNER,
+    ScratchDirectory,
+    hold,
+    remove_if_left,
+)
 from multicore_profiler.storage.store import Store
 
 PREFIX = "mcprof-test-"
@@ -219,3 +228,29 @@ def test_a_killed_exports_hidden_files_go_with_the_next_export_to_its_path(
         assert sorted(os.listdir(out)) == sorted(["trace.json", live_aside, live_scratch, *others])
     finally:
         killed(live)
+
+
+def test_a_filesystem_without_flock_keeps_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the filesystem takes no ``flock`` (some FUSE mounts), a directory is made and
+    removed as anywhere, and no directory is taken for left behind: none can be told apart
+    from one in use."""
+
+    def unsupported(descriptor: int, operation: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    old = tmp_path / f"{PREFIX}old"
+    old.mkdir()
+    (old / OWNER).touch()
+    age(old)
+    monkeypatch.setattr(fcntl, "flock", unsupported)
+    with ScratchDirectory(PREFIX, tmp_path) as path:
+        assert sorted(os.listdir(tmp_path)) == sorted([old.name, path.name])
+    assert os.listdir(tmp_path) == [old.name]
+    held = hold(tmp_path / "trace.json")
+    os.close(held)
+    then = time.time() - 2 * GRACE_SECONDS
+    os.utime(tmp_path / "trace.json", (then, then))
+    remove_if_left(tmp_path / "trace.json")
+    assert sorted(os.listdir(tmp_path)) == sorted([old.name, "trace.json"])
