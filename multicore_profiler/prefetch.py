@@ -5,6 +5,7 @@ one is encoded. Imports nothing of the package, so every room may use it."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Generator, Iterator
@@ -26,11 +27,13 @@ def ahead(items: Generator[T, None, None], name: str) -> Iterator[T]:
     stop = threading.Event()
 
     def offer(entry: tuple[object, BaseException | None]) -> bool:
-        """Hand ``entry`` to the consumer unless it has stopped; whether it was handed."""
+        """Hand ``entry`` to the consumer unless it has stopped; whether it was handed (a
+        consumer that stops takes what waits in the slot, so that a blocked offer ends at
+        once, and is then told so)."""
         while not stop.is_set():
             try:
                 slots.put(entry, timeout=0.1)
-                return True
+                return not stop.is_set()
             except queue.Full:
                 continue
         return False
@@ -58,5 +61,7 @@ def ahead(items: Generator[T, None, None], name: str) -> Iterator[T]:
             yield item  # type: ignore[misc]
     finally:
         stop.set()
+        with contextlib.suppress(queue.Empty):
+            slots.get_nowait()  # frees a producer waiting for the slot
         if threading.current_thread() is not worker:
             worker.join()
