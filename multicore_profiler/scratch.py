@@ -10,14 +10,15 @@ each directory made here holds a file, ``OWNER``, that its process keeps locked
 a process makes a directory of a prefix in a parent, it removes that parent's leftovers
 of the prefix: directories of its own user whose ``OWNER`` it can lock, made more than
 ``GRACE_SECONDS`` ago (a directory being made is unlocked for a moment). A directory
-without ``OWNER`` is not one of these, and is left alone. ``remove_if_left`` does the same
-for one file.
+without ``OWNER`` is not one of these, and is left alone. ``remove_left_files`` does the
+same for files written aside.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -50,10 +51,7 @@ class ScratchDirectory:
         _remove_leftovers(where, prefix)
         self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=where))
         try:
-            self._owner: int | None = os.open(
-                self.path / OWNER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
-            )
-            _lock(self._owner)
+            self._owner: int | None = hold(self.path / OWNER)
         except BaseException:
             shutil.rmtree(self.path, ignore_errors=True)
             raise
@@ -77,6 +75,35 @@ class ScratchDirectory:
         self.remove()
 
 
+def hold(path: Path) -> int:
+    """A descriptor of ``path`` (made if missing, as ``Path.touch`` makes it) that keeps it
+    locked as this process's until it is closed or the process ends, where its filesystem
+    takes ``flock`` (some FUSE mounts do not: there nothing is locked, and nothing is taken
+    for left behind)."""
+    held = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+    except OSError:
+        pass
+    except BaseException:
+        os.close(held)
+        raise
+    return held
+
+
+def remove_left_files(parent: Path, name: str) -> None:
+    """Remove the files of ``parent`` whose names match ``name`` (a regular expression,
+    matched whole) that their processes left: their user's, unlocked, and last written
+    more than ``GRACE_SECONDS`` ago."""
+    pattern = re.compile(name)
+    made_before = time.time() - GRACE_SECONDS
+    for entry in _entries(parent):
+        if pattern.fullmatch(entry.name):
+            with suppress(OSError), _left(Path(entry.path), made_before) as left:
+                if left:
+                    os.unlink(entry.path)
+
+
 def _remove_leftovers(parent: Path, prefix: str) -> None:
     """Remove the directories of ``prefix`` in ``parent`` that a dead process left, the
     first time this process asks."""
@@ -86,52 +113,22 @@ def _remove_leftovers(parent: Path, prefix: str) -> None:
             return
         _SWEPT.add(key)
     made_before = time.time() - GRACE_SECONDS
+    for entry in _entries(parent):
+        with suppress(OSError):  # removed meanwhile
+            if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
+                with _left(Path(entry.path) / OWNER, made_before) as left:
+                    if left:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _entries(parent: Path) -> list[os.DirEntry[str]]:
+    """What ``parent`` holds; nothing where it cannot be listed (a directory this process
+    may write but not list, or none: what makes a file there will say so)."""
     try:
-        entries = os.scandir(parent)
+        with os.scandir(parent) as entries:
+            return list(entries)
     except OSError:
-        return  # mkdtemp will say what is wrong with the parent
-    with entries:
-        for entry in entries:
-            try:
-                if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
-                    _remove_directory_if_left(Path(entry.path), made_before)
-            except OSError:
-                continue  # removed meanwhile
-
-
-def hold(path: Path) -> int:
-    """A descriptor of ``path`` (made if missing, as ``Path.touch`` makes it) that keeps it
-    locked as this process's until it is closed or the process ends."""
-    held = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
-    try:
-        _lock(held)
-    except BaseException:
-        os.close(held)
-        raise
-    return held
-
-
-def _lock(descriptor: int) -> None:
-    """Lock ``descriptor``'s file as this process's, where its filesystem takes ``flock``
-    (some FUSE mounts do not: there nothing is locked, and ``_left`` finds nothing left)."""
-    with suppress(OSError):
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-
-
-def remove_if_left(path: Path) -> None:
-    """Remove the file ``path`` if it is its user's, unlocked, and was last written more
-    than ``GRACE_SECONDS`` ago: a process that held it died."""
-    with _left(path, time.time() - GRACE_SECONDS) as left:
-        if left:
-            path.unlink(missing_ok=True)
-
-
-def _remove_directory_if_left(path: Path, made_before: float) -> None:
-    """Remove the directory ``path`` if its ``OWNER`` is older than ``made_before`` and
-    unlocked."""
-    with _left(path / OWNER, made_before) as left:
-        if left:
-            shutil.rmtree(path, ignore_errors=True)
+        return []
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from multicore_profiler.scratch import (
     OWNER,
     ScratchDirectory,
     hold,
-    remove_if_left,
+    remove_left_files,
 )
 from multicore_profiler.storage.store import Store
 
@@ -54,14 +54,14 @@ def holder(parent: Path, prefix: str = PREFIX) -> tuple[subprocess.Popen[str], P
     path = Path(process.stdout.readline().strip())
     assert path.parent == parent
     assert path.name.startswith(prefix)
-    age(path)
+    age(path / OWNER)
     return process, path
 
 
-def age(directory: Path) -> None:
-    """Date ``directory``'s owner file back past the grace period."""
+def age(path: Path) -> None:
+    """Date the file ``path`` (a directory's owner file) back past the grace period."""
     then = time.time() - 2 * GRACE_SECONDS
-    os.utime(directory / OWNER, (then, then))
+    os.utime(path, (then, then))
 
 
 def killed(process: subprocess.Popen[str]) -> None:
@@ -119,7 +119,7 @@ def test_only_old_unlocked_directories_of_the_prefix_are_removed(tmp_path: Path)
         if owner:
             (path / OWNER).touch()
             if old:
-                age(path)
+                age(path / OWNER)
         return path
 
     made(f"{PREFIX}left")  # what a killed process leaves: removed
@@ -169,7 +169,7 @@ def test_a_killed_commands_spill_directory_goes_with_the_next_command(tmp_path: 
     killed(process)
     (left,) = scratch.iterdir()
     assert left.name.startswith("mcprof-duckdb-")
-    age(left)
+    age(left / OWNER)
     command = [sys.executable, "-m", "multicore_profiler.cli", "runs", "--store"]
     subprocess.run([*command, str(tmp_path / "store")], check=True, env=env, capture_output=True)
     assert os.listdir(scratch) == []
@@ -208,9 +208,8 @@ def test_a_killed_exports_hidden_files_go_with_the_next_export_to_its_path(
         )
         assert process.stdout is not None
         aside, scratch = process.stdout.readline().split()
-        then = time.time() - 2 * GRACE_SECONDS
         for written in (out / aside, out / scratch / OWNER):
-            os.utime(written, (then, then))
+            age(written)
         return process, aside, scratch
 
     live, live_aside, live_scratch = exporting()
@@ -243,14 +242,13 @@ def test_a_filesystem_without_flock_keeps_everything(
     old = tmp_path / f"{PREFIX}old"
     old.mkdir()
     (old / OWNER).touch()
-    age(old)
+    age(old / OWNER)
     monkeypatch.setattr(fcntl, "flock", unsupported)
     with ScratchDirectory(PREFIX, tmp_path) as path:
         assert sorted(os.listdir(tmp_path)) == sorted([old.name, path.name])
     assert os.listdir(tmp_path) == [old.name]
     held = hold(tmp_path / "trace.json")
     os.close(held)
-    then = time.time() - 2 * GRACE_SECONDS
-    os.utime(tmp_path / "trace.json", (then, then))
-    remove_if_left(tmp_path / "trace.json")
+    age(tmp_path / "trace.json")
+    remove_left_files(tmp_path, r"trace\.json")
     assert sorted(os.listdir(tmp_path)) == sorted([old.name, "trace.json"])

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from multicore_profiler.errors import ArgumentError, ExportError, ProfileError
-from multicore_profiler.scratch import hold, remove_if_left
+from multicore_profiler.scratch import hold, remove_left_files
 from multicore_profiler.storage.location import MARKER, special_file
 
 
@@ -108,7 +108,7 @@ def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[
         check_output(path)
         _check_target(path)
         aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        _remove_left_asides(path, aside)
+        remove_left_files(path.parent, rf"\.{re.escape(path.name)}\.[0-9]+\.tmp")
         held = hold(aside)
     except OSError as exc:
         raise error(f"cannot write {what} to {path}: {exc.strerror or exc}") from None
@@ -126,20 +126,6 @@ def written_aside(path: Path, error: type[ProfileError], what: str) -> Iterator[
         raise
     finally:
         os.close(held)
-
-
-def _remove_left_asides(path: Path, ours: Path) -> None:
-    """Remove the hidden files of ``path`` (``.NAME.PID.tmp``) but ``ours`` that their
-    processes, killed while they wrote them, left."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9]+\.tmp")
-    try:
-        entries = os.scandir(path.parent)
-    except OSError:
-        return  # a directory this process may write but not list: nothing to remove
-    with entries:
-        for entry in entries:
-            if entry.name != ours.name and pattern.fullmatch(entry.name):
-                remove_if_left(Path(entry.path))
 
 
 WRITE_BEHIND_SECONDS = 0.25
