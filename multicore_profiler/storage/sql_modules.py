@@ -132,7 +132,8 @@ class SqlModule:
         for statement in texts:
             found = _TABLE_BUILT.search(statement)
             statements.append((None if found is None else found[1].lower(), statement))
-        missing = [t for t in self.materialized if t not in {t for t, _ in statements}]
+        built = {table for table, _ in statements}
+        missing = [table for table in self.materialized if table not in built]
         if missing:
             raise StoreError(
                 f"SQL module {self.name!r} has no CREATE OR REPLACE TABLE ... AS for {missing}"
