@@ -11,11 +11,11 @@ DEV := $(VENV)/.installed-dev
 # once); every test is independent of the others' order and process.
 TEST_WORKERS ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# pip byte-compiles every file it installs, one at a time (26 s of a fresh clone's setup,
-# even with compileall on every core): most are never imported. Python compiles a module
-# the first time it is imported instead, and keeps the bytecode, where bytecode may be
-# written: the demo, the import check and the tests clear PYTHONDONTWRITEBYTECODE so that
-# it may.
+# Nothing is byte-compiled at install: compiling all that pip installs took 26 s of a
+# fresh clone's setup, even with compileall on every core, and most of it is never
+# imported. Python compiles a module the first time it is imported and keeps its bytecode
+# where it may write it: the demo, the import check and the tests clear
+# PYTHONDONTWRITEBYTECODE so that it may.
 PIP_INSTALL := $(BIN)/python -m pip install --quiet --no-compile
 WRITE_BYTECODE := PYTHONDONTWRITEBYTECODE=
 
