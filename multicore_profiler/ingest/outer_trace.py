@@ -31,10 +31,11 @@ import pyarrow as pa
 from multicore_profiler.errors import ArgumentError, TraceFormatError
 from multicore_profiler.ingest.event_columns import TimeStats
 from multicore_profiler.ingest.event_columns import events_table as events_table  # fusion's
-from multicore_profiler.ingest.trace_reader import TraceText, file_sha256, regular_file
+from multicore_profiler.ingest.trace_reader import TraceText, regular_file
 from multicore_profiler.ingest.trace_workers import read_tables
 from multicore_profiler.limits import INT64, RANK
 from multicore_profiler.progress import progress
+from multicore_profiler.storage.file_digest import file_sha256
 from multicore_profiler.storage.partitions import partition_dir
 from multicore_profiler.storage.schema import TRACE_EVENTS, TRACE_SOURCES
 from multicore_profiler.storage.store import Store
@@ -174,7 +175,7 @@ def trace_digest(path: Path) -> str:
     the read); ``TraceFormatError`` naming the file where it cannot be read."""
     regular_file(path)
     try:
-        return file_sha256(path)
+        return file_sha256(path)[1]
     except OSError as exc:
         raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import gc
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -646,15 +645,6 @@ def text_size(path: Path) -> int:
             return size
         probe.seek(-4, os.SEEK_END)
         return max(size, int.from_bytes(probe.read(4), "little"))
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes as stored (compressed, for a ``.gz``)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as source:
-        while chunk := source.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @contextmanager

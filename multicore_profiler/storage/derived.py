@@ -40,6 +40,7 @@ from pathlib import Path
 
 import duckdb
 
+from multicore_profiler.storage.file_digest import file_sha256
 from multicore_profiler.storage.sql_text import sql_identifier, sql_string
 
 DERIVED_DIR = ".mcprof.derived"
@@ -83,7 +84,7 @@ class DerivedTables:
             for table in tables:
                 path = folder / f"{table}.parquet"
                 saved = manifest[table]
-                if (saved["bytes"], saved["sha256"]) != _digest(path):
+                if (saved["bytes"], saved["sha256"]) != file_sha256(path):
                     raise ValueError(f"{path} is not as it was kept")
                 columns = [(str(name), str(kind)) for name, kind in saved["columns"]]
                 statements.append(
@@ -120,7 +121,7 @@ class DerivedTables:
                 )
                 if _columns(con, _read(path, columns)) != columns:
                     return
-                size, digest = _digest(path)
+                size, digest = file_sha256(path)
                 manifest[table] = {"bytes": size, "sha256": digest, "columns": columns}
             (aside / _MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
             os.rename(aside, final)  # fails if another process kept the same key first
@@ -161,13 +162,6 @@ def _versions() -> str:
     except metadata.PackageNotFoundError:  # run from a checkout that is not installed
         version = "unknown"
     return f"{version} {duckdb.__version__}"
-
-
-def _digest(path: Path) -> tuple[int, str]:
-    """The size and SHA-256 digest of a file, read a block at a time."""
-    with path.open("rb") as file:
-        digest = hashlib.file_digest(file, "sha256")
-        return file.tell(), digest.hexdigest()
 
 
 def _columns(con: duckdb.DuckDBPyConnection, query: str) -> list[tuple[str, str]]:
