@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
+import struct
 import subprocess
 import sys
 import termios
@@ -48,7 +50,9 @@ def test_a_process_off_a_terminal_never_imports_tqdm():
 
 def test_on_a_terminal_tqdm_draws_the_bars():
     leader, follower = pty.openpty()
-    termios.tcsetwinsize(follower, (24, 100))  # tqdm sizes its bar to the terminal
+    # tqdm sizes its bar to the terminal: 24 rows of 100 columns (termios.tcsetwinsize does
+    # this from Python 3.11 on; the project supports 3.10)
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     try:
         done = subprocess.run(
             [sys.executable, "-c", BAR],
