@@ -51,6 +51,7 @@ def runs_store(store: Store) -> Store:
         ("until:2026-11-22", ["r0", "r1"]),
         ("since:2026-11-21T08:00,until:2026-11-23T08:00", ["r1", "r2"]),
         ("since:2026-11-21T09:00+01:00,until:2026-11-21T08:00:01", ["r1"]),
+        ("since:2026-11-21T08:00Z,until:2026-11-23T08:00Z", ["r1", "r2"]),
         ("latest:2", ["r3", "r4"]),
         ("branch:main,latest:2", ["r1", "r2"]),
         ("label:nightly, tag:tokens=256 ,latest:1", ["r2"]),

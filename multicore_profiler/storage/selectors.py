@@ -7,7 +7,8 @@ A selector is text, the same in Python and on the command line: comma-separated 
 - ``run:<id>`` (or a bare run id), ``commit:<prefix>``, ``branch:<name>``, ``label:<label>``;
 - ``tag:<key>=<value>`` (every tag term must hold);
 - ``since:<time>``, ``until:<time>``: the run's start, ISO 8601 (``2026-11-30`` or
-  ``2026-11-30T08:00``; UTC unless it says otherwise), since inclusive, until exclusive;
+  ``2026-11-30T08:00``; UTC unless it says otherwise, as ``Z`` or ``+01:00`` do), since
+  inclusive, until exclusive;
 - ``latest:<N>``: of the runs the other terms select, the N that started last (N from 1 to
   2^63 - 1).
 
@@ -41,8 +42,11 @@ def _latest(text: str, term: str) -> int:
 
 
 def _time(text: str, key: str) -> datetime:
+    # A "Z" for UTC, which Python 3.10's fromisoformat refuses and 3.11's takes: the same
+    # selector must select the same runs on every Python the project supports.
+    written = f"{text[:-1]}+00:00" if text.endswith("Z") else text
     try:
-        moment = datetime.fromisoformat(text)
+        moment = datetime.fromisoformat(written)
     except ValueError as exc:
         raise SelectorError(
             f"{key}:{text} is not an ISO 8601 date or time (e.g. 2026-11-30T08:00)"
