@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,15 +48,26 @@ def runs(store: Store) -> Store:
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    """A real S3-compatible server (moto) on loopback, for the tests' session."""
-    from moto.server import ThreadedMotoServer
+    """A real S3-compatible server (moto) on loopback, for the tests' session.
+
+    Moto's S3 app alone: moto's ``ThreadedMotoServer`` serves every service through a
+    dispatcher that, for each request, lists moto's package directory and matches the host
+    against every AWS service's URL patterns. That was a fifth to a quarter of a small
+    request's time (a HEAD 2.4 ms against 1.7 ms, a GET 4.9 against 3.7) and about 12 % of
+    the CPU the S3 tests take."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    server = make_server(
+        "127.0.0.1", 0, create_backend_app("s3"), threaded=True, request_handler=MotoRequestHandler
+    )
+    serving = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    serving.start()
+    host, port = server.server_address[:2]
     yield f"http://{host}:{port}"
-    server.stop()
+    server.shutdown()
+    serving.join()
 
 
 @pytest.fixture
