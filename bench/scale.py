@@ -28,7 +28,7 @@ DuckDB's own ``read_parquet`` over the same files, the floor). Goals:
     .venv/bin/python bench/scale.py [--runs 200] [--records 500000] [--repeat 5] [--dir D]
     .venv/bin/python bench/scale.py --cli [--runs 200] [--records 100000] [--new-runs 1000]
 
-With ``--remote``, the store is on S3 (a moto server on loopback, the test suite's), and
+With ``--remote``, the store is on S3 (moto's server on loopback), and
 one run's ``WHERE run_id`` query, the first of a new ``Store``, is timed pinned to its
 run (as shipped: only its files listed) against the same query with the whole store
 listed (the baseline: ``Store._read_plan`` pinning nothing), alternating in one process.
